@@ -1,0 +1,57 @@
+"""Shared set-up for the examples: arguments, a small MLP and synthetic data.
+
+Every example is a normal torchrun script: ``torchrun --nproc-per-node 2 ddp_no_sync.py``.
+The model size is set so that communication matters when you ask it to (``--hidden 1024
+--layers 8``) and stays tiny for tests (the defaults).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--steps", type=int, default=3, help="optimizer steps (windows)")
+    parser.add_argument("--accum", type=int, default=4, help="micro-batches per step")
+    parser.add_argument("--hidden", type=int, default=32)
+    parser.add_argument("--layers", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--quiet", action="store_true")
+    return parser.parse_args()
+
+
+def init() -> int:
+    """Join the process group torchrun prepared (gloo on CPU); returns this rank."""
+    if "RANK" in os.environ and not dist.is_initialized():
+        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+    torch.manual_seed(0)
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def make_model(args: argparse.Namespace) -> nn.Module:
+    layers: list[nn.Module] = []
+    for _ in range(args.layers):
+        layers += [nn.Linear(args.hidden, args.hidden), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+def batch(args: argparse.Namespace, rank: int, step: int, micro: int) -> torch.Tensor:
+    """Different data on every rank and micro-batch, reproducible."""
+    g = torch.Generator().manual_seed(1000 * step + 10 * micro + rank)
+    return torch.randn(args.batch, args.hidden, generator=g)
+
+
+def report(args: argparse.Namespace, rank: int, step: int, loss: float) -> None:
+    if rank == 0 and not args.quiet:
+        print(f"step {step} loss {loss:.6f}", flush=True)
+
+
+def finish() -> None:
+    if dist.is_initialized():
+        dist.destroy_process_group()

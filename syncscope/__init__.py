@@ -1,0 +1,24 @@
+"""syncscope: find redundant, missing and misplaced gradient synchronizations.
+
+``import syncscope`` stays light (no torch import); ``syncscope.track`` imports torch when
+first used.
+"""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+__version__ = "0.1.0"
+
+if TYPE_CHECKING:
+    from syncscope.track import Stats, track
+
+__all__ = ["Stats", "__version__", "track"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in ("track", "Stats"):
+        from syncscope import track as _track_module
+
+        return getattr(_track_module, name)
+    raise AttributeError(f"module 'syncscope' has no attribute {name!r}")

@@ -1,0 +1,400 @@
+"""Build the run model from captured events: the one place where windows are cut.
+
+``load_run(RUN_DIR)`` reads a run directory; ``build_rank(events)`` turns one rank's event
+list into a ``RankRun`` and ``assemble(meta, ranks)`` compares ranks (gradient fingerprints)
+and makes the ``Run``. All of it is pure apart from reading the files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from syncscope.errors import BadRunDirectory
+from syncscope.model import (
+    GRAD_REDUCING_OPS,
+    Collective,
+    GradReset,
+    MicroBatch,
+    PendingCollective,
+    RankRun,
+    Run,
+    RunMeta,
+    SourceLocation,
+    SyncToggle,
+    Window,
+    WrapperInfo,
+    compress_ranks,
+)
+from syncscope.rundir import is_run_dir, rank_files, read_events, read_meta
+
+
+def _site(value: Any) -> SourceLocation | None:
+    if not isinstance(value, dict) or "file" not in value:
+        return None
+    return SourceLocation(str(value["file"]), int(value.get("line", 0)), str(value.get("function", "")))
+
+
+def is_grad_sync(event: dict[str, Any]) -> bool:
+    """A collective reduces gradients: a wrapper's reduction during backward, or the user's
+    own all-reduce/reduce-scatter of ``.grad`` tensors (same storage, or the numel of one
+    gradient or of all of them flattened)."""
+    if event.get("op") not in GRAD_REDUCING_OPS:
+        return False
+    issuer = event.get("issuer")
+    if issuer in ("ddp", "fsdp"):
+        return event.get("phase") == "backward"
+    if issuer == "user":
+        return bool(event.get("grad_storage") or event.get("grad_numel"))
+    return False
+
+
+class _WindowBuilder:
+    """Accumulates one window's pieces while events stream by."""
+
+    def __init__(self, index: int) -> None:
+        self.index = index
+        self.start_ns: int | None = None
+        self.micro_batches: list[MicroBatch] = []
+        self.collectives: list[Collective] = []
+        self.resets: list[GradReset] = []
+        self.toggles: list[SyncToggle] = []
+        self.peak_memory = 0
+        self.fingerprint: tuple[float, ...] | None = None
+        self.fp_sharded = False
+        self.step_site: SourceLocation | None = None
+        self.step_start = 0
+
+    def touch(self, t: int) -> None:
+        if self.start_ns is None:
+            self.start_ns = t
+
+    def empty(self) -> bool:
+        return not (self.micro_batches or self.collectives or self.resets)
+
+    def build(self, end_ns: int, complete: bool, step_ns: int = 0) -> Window:
+        start = self.start_ns if self.start_ns is not None else end_ns
+        return Window(
+            index=self.index,
+            complete=complete,
+            start_ns=start,
+            end_ns=max(start, end_ns),
+            micro_batches=tuple(self.micro_batches),
+            collectives=tuple(self.collectives),
+            grad_resets=tuple(self.resets),
+            toggles=tuple(self.toggles),
+            step_site=self.step_site,
+            step_ns=step_ns,
+            peak_memory_bytes=self.peak_memory,
+            fingerprint=self.fingerprint,
+            fingerprint_sharded=self.fp_sharded,
+        )
+
+
+def build_rank(events: Sequence[dict[str, Any]], rank: int | None = None) -> RankRun:
+    """One rank's events, in the order written, to its windows."""
+    done = {e["seq"]: int(e["t"]) for e in events if e.get("type") == "done"}
+    late_fp = {e["window"]: e["fp"] for e in events if e.get("type") == "fp"}
+    header: dict[str, Any] = {}
+    footer: dict[str, Any] | None = None
+    wrappers: list[WrapperInfo] = []
+    windows: list[Window] = []
+    sequence: list[tuple[str, int, tuple[int, ...] | None]] = []
+    pending_ops: dict[int, PendingCollective] = {}
+    last_completed: PendingCollective | None = None
+    current = _WindowBuilder(0)
+    pending_fwd: dict[str, Any] | None = None
+    backward: dict[str, Any] | None = None
+    no_sync_active = False
+    no_sync_at_forward = False
+    last_t = 0
+
+    for ev in events:
+        kind = ev.get("type")
+        t = int(ev.get("t", last_t) or last_t)
+        last_t = max(last_t, t)
+        if kind == "header":
+            header = ev
+        elif kind == "exit":
+            footer = ev
+        elif kind == "wrapper":
+            wrappers.append(
+                WrapperInfo(
+                    kind=ev.get("kind", "none"),
+                    label=str(ev.get("label", "")),
+                    param_count=int(ev.get("params", 0) or 0),
+                    param_bytes=int(ev.get("param_bytes", 0) or 0),
+                    shard_world=int(ev.get("shard_world", 1) or 1),
+                    bucket_cap_bytes=ev.get("bucket_cap_bytes"),
+                    site=_site(ev.get("site")),
+                )
+            )
+        elif kind == "fwd":
+            if int(ev.get("depth", 0)) == 0:
+                current.touch(t)
+                pending_fwd = ev
+                no_sync_at_forward = no_sync_active
+        elif kind == "toggle":
+            if ev.get("how") == "no_sync":
+                no_sync_active = not ev.get("value", True)
+            current.toggles.append(
+                SyncToggle(
+                    how=str(ev.get("how", "")),
+                    value=bool(ev.get("value")),
+                    micro_batch=len(current.micro_batches),
+                    before_forward=pending_fwd is None and backward is None,
+                    site=_site(ev.get("site")),
+                )
+            )
+        elif kind == "bwd":
+            current.touch(t)
+            backward = ev
+        elif kind == "bwd_end" and backward is not None:
+            fwd = pending_fwd or {}
+            sync_states = list((backward.get("sync") or {}).values())
+            accel = fwd.get("accelerate") or {}
+            current.micro_batches.append(
+                MicroBatch(
+                    index=len(current.micro_batches),
+                    start_ns=int(fwd.get("t", backward["t"])),
+                    end_ns=t,
+                    wrapper=fwd.get("wrapper", "none") if fwd else _default_wrapper(wrappers),
+                    forward_sync=fwd.get("sync") if fwd else None,
+                    backward_sync=all(sync_states) if sync_states else None,
+                    in_no_sync_at_forward=no_sync_at_forward if fwd else False,
+                    in_no_sync_at_backward=no_sync_active,
+                    forward_site=_site(fwd.get("site")),
+                    backward_site=_site(backward.get("site")),
+                    sync_each_batch=accel.get("sync_each_batch") if accel else None,
+                )
+            )
+            current.peak_memory = max(current.peak_memory, int(ev.get("mem", 0) or 0))
+            pending_fwd = None
+            backward = None
+        elif kind == "reset":
+            if current.micro_batches or backward is not None:
+                current.resets.append(
+                    GradReset(
+                        after_micro_batches=len(current.micro_batches),
+                        how=str(ev.get("how", "")),
+                        site=_site(ev.get("site")),
+                    )
+                )
+        elif kind == "coll":
+            current.touch(t)
+            position = _position(str(ev.get("phase", "other")), len(current.micro_batches))
+            coll = _collective(ev, position, done.get(ev["seq"]))
+            current.collectives.append(coll)
+            sequence.append((coll.op, coll.bytes, coll.group_ranks))
+            summary = PendingCollective(
+                seq=coll.seq,
+                op=coll.op,
+                bytes=coll.bytes,
+                group_ranks=coll.group_ranks,
+                start_ns=coll.start_ns,
+                window=current.index,
+                micro_batch=position,
+                phase=coll.phase,
+            )
+            if coll.done_ns is None:
+                pending_ops[coll.seq] = summary
+            elif last_completed is None or coll.done_ns >= done.get(last_completed.seq, 0):
+                last_completed = summary
+        elif kind == "step":
+            current.touch(t)
+            current.step_site = _site(ev.get("site"))
+            current.step_start = t
+            memory = int(ev.get("cuda_peak", 0) or 0) or int(ev.get("mem", 0) or 0)
+            current.peak_memory = max(current.peak_memory, memory)
+            if ev.get("fp") is not None:
+                current.fingerprint = tuple(float(v) for v in ev["fp"])
+            current.fp_sharded = bool(ev.get("fp_sharded", False))
+        elif kind == "step_end":
+            if current.fingerprint is None and current.index in late_fp:
+                current.fingerprint = tuple(float(v) for v in late_fp[current.index])
+            step_ns = max(0, t - current.step_start) if current.step_start else 0
+            if current.empty() and windows:
+                previous = windows[-1]
+                windows[-1] = dataclasses.replace(
+                    previous, steps=previous.steps + 1, end_ns=t, step_ns=previous.step_ns + step_ns
+                )
+            else:
+                windows.append(current.build(t, True, step_ns))
+            current = _WindowBuilder(len(windows))
+            no_sync_at_forward = False
+    if not current.empty():
+        windows.append(current.build(last_t, False))
+
+    status = footer.get("status") if footer else None
+    dist_initialized = bool(footer.get("dist_initialized", True)) if footer else True
+    return RankRun(
+        rank=int(header.get("rank", rank if rank is not None else 0)),
+        windows=tuple(windows),
+        local_rank=int(header.get("local_rank", 0)),
+        host=str(header.get("host", "")),
+        pid=int(header.get("pid", 0)),
+        device="cuda" if _cuda(events) else "cpu",
+        wrappers=tuple(wrappers),
+        finished=footer is not None,
+        exit_status=int(status) if isinstance(status, int) else None,
+        exit_reason=str(footer.get("reason", "")) if footer else "no exit record (killed or hung)",
+        last_event_ns=last_t,
+        last_completed=last_completed,
+        pending=tuple(pending_ops.values()),
+        dist_initialized=dist_initialized,
+        backend=str(footer.get("backend", "")) if footer else "",
+        collective_sequence=tuple(sequence),
+    )
+
+
+def _cuda(events: Sequence[dict[str, Any]]) -> bool:
+    return any(e.get("type") == "step" and e.get("cuda_peak") for e in events)
+
+
+def _default_wrapper(wrappers: list[WrapperInfo]) -> str:
+    return wrappers[0].kind if wrappers else "none"
+
+
+def _position(phase: str, completed: int) -> int:
+    """Micro-batch position of a collective, given backward passes completed in the window."""
+    if phase in ("forward", "backward"):
+        return completed
+    return max(completed - 1, 0)
+
+
+def _collective(ev: dict[str, Any], position: int, done_ns: int | None) -> Collective:
+    group = ev.get("group")
+    return Collective(
+        seq=int(ev["seq"]),
+        op=str(ev.get("op", "other")),
+        raw_op=str(ev.get("raw", "")),
+        bytes=int(ev.get("bytes", 0) or 0),
+        dtype=str(ev.get("dtype", "")),
+        group_ranks=tuple(int(r) for r in group) if isinstance(group, list) else None,
+        group_name=str(ev.get("pg", "")),
+        start_ns=int(ev["t"]),
+        end_ns=int(ev.get("t_end", ev["t"])),
+        done_ns=done_ns,
+        phase=ev.get("phase", "other"),
+        micro_batch=position,
+        grad_sync=is_grad_sync(ev),
+        issuer=ev.get("issuer", "torch") if ev.get("issuer") in ("ddp", "fsdp", "user") else "torch",
+        bucket=ev.get("bucket"),
+        module=str(ev.get("detail", "")),
+        site=_site(ev.get("site")),
+    )
+
+
+def _fingerprints_match(values: list[tuple[float, ...]]) -> bool:
+    first = values[0]
+    return all(
+        len(v) == len(first)
+        and all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12) for a, b in zip(v, first, strict=True))
+        for v in values[1:]
+    )
+
+
+def compare_fingerprints(ranks: Sequence[RankRun]) -> tuple[RankRun, ...]:
+    """Fill ``Window.fingerprint_match``: do all ranks hold the same gradients at step i?"""
+    if len(ranks) < 2:
+        return tuple(ranks)
+    count = max((len(r.windows) for r in ranks), default=0)
+    verdicts: dict[int, bool | None] = {}
+    for i in range(count):
+        values = [
+            r.windows[i].fingerprint
+            for r in ranks
+            if i < len(r.windows) and r.windows[i].complete and not r.windows[i].fingerprint_sharded
+        ]
+        present = [v for v in values if v is not None]
+        verdicts[i] = _fingerprints_match(present) if len(present) >= 2 else None
+    return tuple(
+        dataclasses.replace(
+            r,
+            windows=tuple(
+                dataclasses.replace(w, fingerprint_match=verdicts.get(w.index)) for w in r.windows
+            ),
+        )
+        for r in ranks
+    )
+
+
+def assemble(meta: RunMeta, ranks: Iterable[RankRun]) -> Run:
+    ordered = sorted(ranks, key=lambda r: r.rank)
+    notes = list(meta.notes)
+    if ordered and not any(r.dist_initialized for r in ordered):
+        notes.append("torch.distributed was never initialised: the script ran as world size 1")
+    present = {r.rank for r in ordered}
+    missing = [r for r in range(meta.world_size) if r not in present]
+    if missing:
+        notes.append(
+            f"no events from rank(s) {compress_ranks(missing)} of {meta.world_size}; "
+            "if they ran on other nodes, merge their directories: syncscope analyze DIR DIR ..."
+        )
+    unfinished = [r.rank for r in ordered if not r.finished]
+    if unfinished:
+        notes.append(
+            f"rank(s) {compress_ranks(unfinished)} stopped without an exit record "
+            "(killed, crashed hard or hung): their events up to then are reported"
+        )
+    return Run(
+        meta=dataclasses.replace(meta, notes=tuple(notes)), ranks=compare_fingerprints(ordered)
+    )
+
+
+def _meta_from(data: dict[str, Any], headers: list[dict[str, Any]]) -> RunMeta:
+    world = int(data.get("world_size") or 0)
+    world = max([world] + [int(h.get("world_size", 1) or 1) for h in headers] or [1])
+    first = headers[0] if headers else {}
+    command = data.get("command") or [first.get("target", ""), *first.get("argv", [])]
+    return RunMeta(
+        command=tuple(str(c) for c in command if c != ""),
+        script=str(data.get("script", "")),
+        script_sha256=str(data.get("script_sha256", "")),
+        world_size=max(world, 1),
+        created=str(data.get("created", "")),
+        syncscope_version=str(data.get("syncscope_version", first.get("syncscope", ""))),
+        torch_version=str(data.get("torch_version", first.get("torch", ""))),
+        launcher={str(k): str(v) for k, v in (data.get("launcher") or {}).items()},
+        nodes=tuple(sorted({str(h.get("host", "")) for h in headers})),
+        source="live",
+        hang_timeout_s=data.get("hang_timeout_s"),
+        hung=bool(data.get("hung", False)),
+        notes=tuple(str(n) for n in data.get("notes", ())),
+    )
+
+
+def load_run(path: Path | Sequence[Path]) -> Run:
+    """Read one run directory, or several (one per node) merged into one job."""
+    paths = [path] if isinstance(path, Path) else list(path)
+    ranks: dict[int, RankRun] = {}
+    headers: list[dict[str, Any]] = []
+    meta_data: dict[str, Any] = {}
+    for run_dir in paths:
+        if not run_dir.is_dir():
+            raise BadRunDirectory(f"{run_dir}: no such run directory")
+        if not is_run_dir(run_dir):
+            raise BadRunDirectory(f"{run_dir}: not a syncscope run directory (no meta.json or ranks/)")
+        data = read_meta(run_dir)
+        meta_data = {**data, **meta_data} if meta_data else data
+        for file in rank_files(run_dir):
+            events = list(read_events(file))
+            if not events:
+                continue
+            if events[0].get("type") == "header":
+                headers.append(events[0])
+            rank_run = build_rank(events)
+            if rank_run.rank in ranks:
+                raise BadRunDirectory(f"{file}: rank {rank_run.rank} appears twice")
+            ranks[rank_run.rank] = rank_run
+    if not ranks and not meta_data:
+        raise BadRunDirectory(f"{paths[0]}: the run holds no events")
+    return assemble(_meta_from(meta_data, headers), ranks.values())
+
+
+def build_run(meta: RunMeta, events_by_rank: dict[int, list[dict[str, Any]]]) -> Run:
+    """Build a run from in-memory events (the ``track()`` API)."""
+    return assemble(meta, (build_rank(events, rank) for rank, events in events_by_rank.items()))

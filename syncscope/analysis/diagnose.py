@@ -1,0 +1,356 @@
+"""Diagnoses: pure functions from a Run to Findings.
+
+All rules follow one principle: per window, gradients are reduced exactly once, after the
+last micro-batch's backward and before the optimizer step, with every micro-batch's gradient
+still present, identical across ranks. Each rule compares what a rank was *measured* doing
+with that principle; the wrapper's sync intent (DDP decides at forward, FSDP at backward)
+is used only to name the cause and pick the fix.
+
+Per-window observations are grouped into one Finding per (kind, cause) with the ranks and
+windows affected, so a 1,024-rank job yields a handful of findings, not a million.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from syncscope.analysis.advice import SNIPPETS, fix_style, mean
+from syncscope.analysis.crossrank import collective_mismatch, hang, rank_divergence
+from syncscope.model import Finding, RankRun, Run, Severity, SourceLocation, Window
+
+FRAGMENT_MIN_COLLECTIVES = 16
+FRAGMENT_MAX_MEAN_BYTES = 256 * 1024
+
+
+@dataclass
+class Observation:
+    """One window of one rank that breaks the principle in one way."""
+
+    kind: str
+    severity: Severity
+    cause: str
+    rank: int
+    window: int
+    evidence: dict[str, object]
+    cost: dict[str, float]
+    sources: list[tuple[str, SourceLocation]] = field(default_factory=list)
+    fix: str | None = None
+
+
+def _sources(window: Window, micro_batch: int) -> list[tuple[str, SourceLocation]]:
+    out: list[tuple[str, SourceLocation]] = []
+    if 0 <= micro_batch < len(window.micro_batches):
+        mb = window.micro_batches[micro_batch]
+        if mb.forward_site:
+            out.append(("forward", mb.forward_site))
+        if mb.backward_site:
+            out.append(("backward", mb.backward_site))
+    for toggle in window.toggles:
+        if toggle.site is not None and not toggle.value:
+            out.append((toggle.how, toggle.site))
+            break
+    if window.step_site:
+        out.append(("step", window.step_site))
+    return out
+
+
+def _redundant_cause(rank: RankRun, window: Window, position: int) -> tuple[str, Severity]:
+    mb = window.micro_batches[position]
+    if mb.sync_each_batch:
+        return "sync-each-batch", "info"
+    toggled = bool(window.toggles)
+    if mb.wrapper == "fsdp":
+        if mb.forward_sync is False and mb.backward_sync:
+            return "no_sync-forward-only", "warning"
+        if not toggled:
+            return "fsdp-sharded-accumulation", "info"
+        return "other", "warning"
+    if mb.wrapper == "ddp":
+        if mb.forward_sync and (mb.in_no_sync_at_backward or mb.backward_sync is False):
+            return "no_sync-backward-only", "warning"
+        if mb.forward_sync and not toggled:
+            return "no-no_sync", "warning"
+        if mb.forward_sync is False and sum(w.kind == "ddp" for w in rank.wrappers) > 1:
+            return "inner-wrapper", "warning"
+        return "other", "warning"
+    return ("no-no_sync" if not toggled else "other"), "warning"
+
+
+def _redundant(rank: RankRun, window: Window) -> Iterator[Observation]:
+    n = len(window.micro_batches)
+    if n < 2:
+        return
+    early = [c for c in window.grad_sync_collectives if c.micro_batch < n - 1]
+    if not early:
+        return
+    positions = sorted({c.micro_batch for c in early})
+    cause, severity = _redundant_cause(rank, window, positions[0])
+    wasted_ns = sum(c.duration_ns for c in early)
+    duration = max(window.duration_ns, 1)
+    cost: dict[str, float] = {
+        "wasted_bytes_per_window": sum(c.bytes for c in early),
+        "redundant_collectives_per_window": len(early),
+        "redundant_time_ns_per_window": wasted_ns,
+        "share_of_window_time": min(1.0, wasted_ns / duration),
+        "window_ns": window.duration_ns,
+        "projected_window_ns": max(0, window.duration_ns - wasted_ns),
+    }
+    fix = fix_style(rank, window)
+    if cause == "fsdp-sharded-accumulation":
+        fsdp = [w for w in rank.wrappers if w.kind == "fsdp"]
+        unsharded = sum(w.param_bytes for w in fsdp)
+        shard = max((w.shard_world for w in fsdp), default=1)
+        cost["extra_memory_bytes_if_skipped"] = int(unsharded * (1 - 1 / max(shard, 1)))
+        fix = "fsdp-sharded"
+    elif cause == "sync-each-batch":
+        fix = "sync-each-batch"
+    yield Observation(
+        "redundant-sync",
+        severity,
+        cause,
+        rank.rank,
+        window.index,
+        {
+            "micro_batches": n,
+            "expected_grad_syncs": 1,
+            "expected_micro_batches": [n - 1],
+            "grad_syncs": window.grad_syncs,
+            "grad_sync_micro_batches": window.grad_sync_micro_batches,
+            "grad_sync_collectives": len(window.grad_sync_collectives),
+        },
+        cost,
+        _sources(window, positions[0]),
+        fix,
+    )
+
+
+def _missing_cause(rank: RankRun, window: Window) -> str:
+    last = window.micro_batches[-1]
+    hows = {t.how for t in window.toggles}
+    if not window.grad_sync_collectives:
+        if last.wrapper == "fsdp" or "set_requires_gradient_sync" in hows:
+            return "fsdp-sync-never-re-enabled"
+        if last.wrapper == "none" and rank.wrappers:
+            return "wrapper-bypassed"
+        if last.wrapper == "ddp" and last.in_no_sync_at_forward and last.in_no_sync_at_backward:
+            return "step-inside-no_sync"
+        if not rank.wrappers:
+            return "no-sync"
+    if "require_backward_grad_sync" in hows and any(
+        not t.before_forward for t in window.toggles if t.how == "require_backward_grad_sync"
+    ):
+        return "flag-after-forward"
+    return "misplaced-sync"
+
+
+def _missing(rank: RankRun, window: Window) -> Iterator[Observation]:
+    n = len(window.micro_batches)
+    if n == 0 or any(c.micro_batch == n - 1 for c in window.grad_sync_collectives):
+        return
+    cause = _missing_cause(rank, window)
+    fix = fix_style(rank, window)
+    yield Observation(
+        "missing-sync",
+        "error",
+        cause,
+        rank.rank,
+        window.index,
+        {
+            "micro_batches": n,
+            "expected_grad_syncs": 1,
+            "expected_micro_batches": [n - 1],
+            "grad_syncs": window.grad_syncs,
+            "grad_sync_micro_batches": window.grad_sync_micro_batches,
+            "unsynced_micro_batches": [i for i in range(n) if i > max(window.grad_sync_micro_batches, default=-1)],
+        },
+        {"window_ns": window.duration_ns},
+        _sources(window, n - 1),
+        fix,
+    )
+
+
+def _grad_reset(rank: RankRun, window: Window) -> Iterator[Observation]:
+    n = len(window.micro_batches)
+    wiped = [r for r in window.grad_resets if 0 < r.after_micro_batches]
+    if not wiped:
+        return
+    lost = max(r.after_micro_batches for r in wiped)
+    sources = [(r.how, r.site) for r in wiped if r.site is not None][:1]
+    yield Observation(
+        "grad-reset-mid-window",
+        "error",
+        wiped[0].how,
+        rank.rank,
+        window.index,
+        {
+            "micro_batches": n,
+            "reset_after_micro_batches": sorted({r.after_micro_batches for r in wiped}),
+            "micro_batches_lost": lost,
+        },
+        {"lost_share_of_gradient": lost / n if n else 1.0},
+        sources + _sources(window, n - 1)[-1:],
+        "zero-grad",
+    )
+
+
+def _fragmented(rank: RankRun, window: Window) -> Iterator[Observation]:
+    rounds: dict[tuple[int, str, str], list[int]] = {}
+    durations: list[int] = []
+    for c in window.grad_sync_collectives:
+        rounds.setdefault((c.micro_batch, c.phase, c.issuer), []).append(c.bytes)
+        durations.append(c.duration_ns)
+    if not rounds:
+        return
+    sizes = max(rounds.values(), key=len)
+    average = mean(sizes)
+    if len(sizes) < FRAGMENT_MIN_COLLECTIVES or average > FRAGMENT_MAX_MEAN_BYTES:
+        return
+    ideal = max(1, -(-sum(sizes) // (25 * 1024 * 1024)))
+    per_collective = mean(durations)
+    yield Observation(
+        "fragmented-sync",
+        "warning",
+        "unbucketed",
+        rank.rank,
+        window.index,
+        {
+            "collectives_per_round": len(sizes),
+            "mean_bytes": int(average),
+            "rounds": len(rounds),
+        },
+        {
+            "mean_collective_ns": per_collective,
+            "estimated_latency_overhead_ns_per_window": per_collective
+            * (len(sizes) - ideal)
+            * len(rounds),
+        },
+        [("collective", c.site) for c in window.grad_sync_collectives if c.site][:1],
+        "bucket",
+    )
+
+
+def _unsharded_memory(rank: RankRun, window: Window) -> Iterator[Observation]:
+    mbs = window.micro_batches
+    if len(mbs) < 2 or mbs[-1].wrapper != "fsdp":
+        return
+    skipped = [mb for mb in mbs[:-1] if mb.backward_sync is False]
+    if not skipped or any(c.micro_batch < len(mbs) - 1 for c in window.grad_sync_collectives):
+        return
+    fsdp = [w for w in rank.wrappers if w.kind == "fsdp"]
+    unsharded = sum(w.param_bytes for w in fsdp)
+    shard = max((w.shard_world for w in fsdp), default=1)
+    yield Observation(
+        "unsharded-grad-memory",
+        "info",
+        "sync-skipped",
+        rank.rank,
+        window.index,
+        {"micro_batches_holding_unsharded_grads": len(skipped)},
+        {
+            "estimated_extra_memory_bytes": int(unsharded * (1 - 1 / max(shard, 1))),
+            "peak_memory_bytes": window.peak_memory_bytes,
+        },
+        _sources(window, 0),
+        "fsdp-sharded",
+    )
+
+
+WINDOW_RULES: tuple[Callable[[RankRun, Window], Iterator[Observation]], ...] = (
+    _redundant,
+    _missing,
+    _grad_reset,
+    _fragmented,
+    _unsharded_memory,
+)
+
+
+def _irregular(rank: RankRun) -> Iterator[Observation]:
+    complete = [w for w in rank.windows if w.complete and w.micro_batches]
+    if len(complete) < 2:
+        return
+    sizes = Counter(len(w.micro_batches) for w in complete)
+    usual, _ = sizes.most_common(1)[0]
+    for w in complete:
+        n = len(w.micro_batches)
+        if n != usual:
+            cause = "first-window" if w.index == 0 else "uneven-window"
+            yield Observation(
+                "irregular-window",
+                "warning",
+                cause,
+                rank.rank,
+                w.index,
+                {"micro_batches": n, "usual_micro_batches": usual},
+                {"effective_batch_share": n / usual},
+                [("step", w.step_site)] if w.step_site else [],
+                "step-gate",
+            )
+
+
+MESSAGES = {
+    "redundant-sync": "gradients reduced on micro-batches other than the window's last",
+    "missing-sync": "the last micro-batch's gradients were not reduced before optimizer.step()",
+    "grad-reset-mid-window": "gradients wiped between micro-batches of a window",
+    "fragmented-sync": "many small gradient collectives where one bucketed collective would do",
+    "unsharded-grad-memory": "FSDP holds unsharded gradients between micro-batches",
+    "irregular-window": "windows of unequal size",
+}
+
+
+def _group(observations: list[Observation]) -> list[Finding]:
+    groups: dict[tuple[str, str], list[Observation]] = {}
+    for o in observations:
+        groups.setdefault((o.kind, o.cause), []).append(o)
+    findings: list[Finding] = []
+    for (kind, cause), items in groups.items():
+        first = items[0]
+        numeric = {
+            k: mean([float(o.cost[k]) for o in items if k in o.cost]) for k in first.cost
+        }
+        windows = sorted({o.window for o in items})
+        ranks = sorted({o.rank for o in items})
+        findings.append(
+            Finding(
+                kind=kind,
+                severity=max((o.severity for o in items), key=_SEVERITY_ORDER.index),
+                cause=cause,
+                message=f"{MESSAGES.get(kind, kind)} ({cause})",
+                ranks=tuple(ranks),
+                windows=tuple(windows),
+                evidence={**first.evidence, "example_rank": first.rank, "example_window": first.window},
+                cost={**numeric, "windows_affected": len(windows)},
+                sources=tuple(first.sources),
+                fix=SNIPPETS.get(first.fix) if first.fix else None,
+            )
+        )
+    return findings
+
+
+_SEVERITY_ORDER: list[Severity] = ["info", "warning", "error"]
+
+
+def sync_applies(run: Run) -> bool:
+    """Gradient-sync rules only make sense where more than one rank could disagree."""
+    return run.world_size > 1 and any(r.dist_initialized for r in run.ranks)
+
+
+def diagnose(run: Run) -> list[Finding]:
+    observations: list[Observation] = []
+    if sync_applies(run):
+        for rank in run.ranks:
+            for window in rank.windows:
+                if not window.complete:
+                    continue
+                for rule in WINDOW_RULES:
+                    observations.extend(rule(rank, window))
+    for rank in run.ranks:
+        observations.extend(_irregular(rank))
+    findings = _group(observations)
+    findings.extend(rank_divergence(run, findings))
+    findings.extend(collective_mismatch(run))
+    findings.extend(hang(run))
+    order = {"error": 0, "warning": 1, "info": 2}
+    findings.sort(key=lambda f: (order[f.severity], f.kind, f.cause))
+    return findings

@@ -1,0 +1,136 @@
+"""Run one rank of a training script under syncscope: ``python -m syncscope.attach``.
+
+This is what ``syncscope profile`` starts on every rank through torch's elastic agent, and
+what a user with their own launcher runs instead of the script::
+
+    torchrun --nproc-per-node 8 -m syncscope.attach [--out DIR] train.py --lr 3e-4
+    torchrun ... -m syncscope.attach [--out DIR] -m my_package.train ...
+
+Each rank appends its events to ``DIR/ranks/rank-NNNNN.jsonl``. Without ``--out`` (or the
+``SYNCSCOPE_OUT`` variable) every rank of a torchrun job picks the same directory,
+``syncscope-out/<script>-<TORCHELASTIC_RUN_ID>``. Ranks on other nodes write their own
+directory there; ``syncscope analyze DIR_NODE0 DIR_NODE1 ...`` merges them.
+"""
+
+from __future__ import annotations
+
+import os
+import runpy
+import signal
+import sys
+import time
+from pathlib import Path
+from types import FrameType
+
+ENV_OUT = "SYNCSCOPE_OUT"
+ENV_TRACE = "SYNCSCOPE_TRACE_WINDOWS"  # "A:B" or "" for all windows; unset: no trace
+
+USAGE = "usage: python -m syncscope.attach [--out DIR] (SCRIPT | -m MODULE) [ARGS...]"
+
+
+def _die(message: str) -> None:
+    print(f"syncscope: error: {message}", file=sys.stderr)
+    raise SystemExit(2)
+
+
+def parse(argv: list[str]) -> tuple[Path | None, bool, str, list[str]]:
+    out: Path | None = None
+    i = 0
+    while i < len(argv) and argv[i].startswith("--out"):
+        if argv[i] == "--out" and i + 1 < len(argv):
+            out = Path(argv[i + 1])
+            i += 2
+        elif argv[i].startswith("--out="):
+            out = Path(argv[i].split("=", 1)[1])
+            i += 1
+        else:
+            _die(f"--out needs a directory; {USAGE}")
+    if i >= len(argv):
+        _die(USAGE)
+    if argv[i] == "-m":
+        if i + 1 >= len(argv):
+            _die(USAGE)
+        return out, True, argv[i + 1], argv[i + 2 :]
+    return out, False, argv[i], argv[i + 1 :]
+
+
+def default_out(target: str) -> Path:
+    stem = Path(target).stem if not target.endswith(".py") else Path(target).stem
+    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or time.strftime("%Y%m%d-%H%M%S")
+    return Path("syncscope-out") / f"{stem.split('.')[-1]}-{run_id}"
+
+
+def _trace_windows() -> tuple[int, int] | None | bool:
+    value = os.environ.get(ENV_TRACE)
+    if value is None:
+        return False
+    if not value:
+        return None
+    start, _, stop = value.partition(":")
+    return int(start or 0), int(stop or 10**9)
+
+
+def main(argv: list[str] | None = None) -> int:
+    out, is_module, target, script_args = parse(list(sys.argv[1:] if argv is None else argv))
+    if not is_module and not Path(target).is_file():
+        _die(f"script not found: {target}")
+    run_dir = out or (Path(os.environ[ENV_OUT]) if os.environ.get(ENV_OUT) else None)
+    run_dir = run_dir or default_out(target)
+    rank = int(os.environ.get("RANK", "0"))
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+
+    from syncscope.capture.session import CaptureSession
+
+    trace = _trace_windows()
+    session = CaptureSession.to_run_dir(
+        run_dir,
+        rank=rank,
+        world_size=world_size,
+        local_rank=local_rank,
+        trace_windows=trace if trace is not False else None,
+        trace=trace is not False,
+        extra={"target": target, "module": is_module, "argv": script_args},
+    )
+
+    def on_signal(signum: int, frame: FrameType | None) -> None:
+        session.close(128 + signum, f"killed by signal {signal.Signals(signum).name}")
+        signal.signal(signum, signal.SIG_DFL)
+        os.kill(os.getpid(), signum)
+
+    for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
+        try:
+            signal.signal(sig, on_signal)
+        except (ValueError, OSError):
+            pass
+
+    sys.argv = [target, *script_args]
+    status = 0
+    reason = "finished"
+    session.start()
+    try:
+        if is_module:
+            runpy.run_module(target, run_name="__main__", alter_sys=True)
+        else:
+            sys.path.insert(0, str(Path(target).resolve().parent))
+            runpy.run_path(target, run_name="__main__")
+    except SystemExit as exc:
+        code = exc.code
+        status = code if isinstance(code, int) else (0 if code is None else 1)
+        reason = "exit" if status == 0 else f"exit status {status}"
+        if status and not isinstance(code, int):
+            print(code, file=sys.stderr)
+    except KeyboardInterrupt:
+        status, reason = 130, "interrupted"
+    except BaseException as exc:
+        import traceback
+
+        traceback.print_exc()
+        status, reason = 1, f"{type(exc).__name__}: {exc}"[:500]
+    finally:
+        session.close(status, reason)
+    return status
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,337 @@
+"""Instrumentation: the patches and the dispatch mode that feed a Recorder.
+
+Everything is installed by ``install(recorder)`` and undone by the returned callable, with
+no change to the user's script:
+
+- a ``TorchDispatchMode`` that looks only at ops in the ``c10d`` namespace sees every
+  collective (DDP's C++ reducer and FSDP2 included) with its tensors, group and work;
+- ``Tensor.backward`` / ``torch.autograd.backward`` mark micro-batches;
+- DDP ``forward`` / ``require_backward_grad_sync`` / ``no_sync`` and FSDP2's pre/post forward
+  and ``set_requires_gradient_sync`` give the wrapper's sync intent;
+- the global optimizer step hooks mark windows; ``zero_grad`` patches mark gradient resets.
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode
+
+from syncscope.capture import sites
+from syncscope.capture.recorder import Recorder
+
+Undo = Callable[[], None]
+
+_ACTIVE: list[Recorder] = []
+
+
+def active_recorder() -> Recorder | None:
+    return _ACTIVE[-1] if _ACTIVE else None
+
+
+class CollectiveMode(TorchDispatchMode):
+    """Passes every op through; records those of the ``c10d`` namespace."""
+
+    def __init__(self, recorder: Recorder) -> None:
+        super().__init__()
+        self.recorder = recorder
+        self._is_c10d: dict[Any, bool] = {}
+
+    def __torch_dispatch__(
+        self,
+        func: Any,
+        types: Any,
+        args: tuple[Any, ...] = (),
+        kwargs: dict[str, Any] | None = None,
+    ) -> Any:
+        is_c10d = self._is_c10d.get(func)
+        if is_c10d is None:
+            is_c10d = self._is_c10d[func] = getattr(func, "namespace", "") == "c10d"
+        if not is_c10d or self.recorder.internal():
+            return func(*args, **(kwargs or {}))
+        rec = self.recorder
+        t0 = rec.now()
+        out = func(*args, **(kwargs or {}))
+        t1 = rec.now()
+        try:
+            pg, work = _unbox(args, out)
+            rec.on_collective(str(func._opname), args, pg, work, t0, t1)
+        except Exception as exc:  # never break the user's job because of a record
+            rec.emit({"type": "warning", "t": t1, "message": f"collective not recorded: {exc}"})
+        return out
+
+
+def _unbox(args: tuple[Any, ...], out: Any) -> tuple[Any, Any]:
+    from torch._C._distributed_c10d import ProcessGroup, Work
+
+    pg = None
+    for arg in args:
+        if isinstance(arg, torch.ScriptObject):
+            try:
+                pg = ProcessGroup.unbox(arg)
+                break
+            except Exception:
+                continue
+    work = None
+    candidates = out if isinstance(out, (tuple, list)) else (out,)
+    for item in candidates:
+        if isinstance(item, torch.ScriptObject):
+            try:
+                work = Work.unbox(item)
+                break
+            except Exception:
+                continue
+    return pg, work
+
+
+def _patch(obj: Any, name: str, value: Any, undo: list[Undo]) -> None:
+    had = name in vars(obj)
+    original = vars(obj).get(name)
+    setattr(obj, name, value)
+
+    def restore() -> None:
+        if had:
+            setattr(obj, name, original)
+        else:
+            delattr(obj, name)
+
+    undo.append(restore)
+
+
+def _install_backward(rec: Recorder, undo: list[Undo]) -> None:
+    tensor_backward = torch.Tensor.backward
+    autograd_backward = torch.autograd.backward
+
+    def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
+        @functools.wraps(fn)
+        def backward(*args: Any, **kwargs: Any) -> Any:
+            outermost = rec.on_backward_begin()
+            try:
+                return fn(*args, **kwargs)
+            finally:
+                rec.on_backward_end(outermost)
+
+        return backward
+
+    _patch(torch.Tensor, "backward", wrap(tensor_backward), undo)
+    _patch(torch.autograd, "backward", wrap(autograd_backward), undo)
+
+
+def _install_optimizer(rec: Recorder, undo: list[Undo]) -> None:
+    from torch.optim import Optimizer
+    from torch.optim.optimizer import (
+        register_optimizer_step_post_hook,
+        register_optimizer_step_pre_hook,
+    )
+
+    pre = register_optimizer_step_pre_hook(lambda opt, a, k: rec.on_step_begin(opt))
+    post = register_optimizer_step_post_hook(lambda opt, a, k: rec.on_step_end())
+    undo.append(pre.remove)
+    undo.append(post.remove)
+
+    init = Optimizer.__init__
+
+    @functools.wraps(init)
+    def optimizer_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        init(self, *args, **kwargs)
+        rec.optimizers.add(self)
+
+    _patch(Optimizer, "__init__", optimizer_init, undo)
+
+    zero_grad = Optimizer.zero_grad
+
+    @functools.wraps(zero_grad)
+    def optimizer_zero_grad(self: Any, set_to_none: bool = True) -> None:
+        rec.on_grad_reset("optimizer.zero_grad", set_to_none)
+        zero_grad(self, set_to_none)
+
+    _patch(Optimizer, "zero_grad", optimizer_zero_grad, undo)
+
+    module_zero_grad = torch.nn.Module.zero_grad
+
+    @functools.wraps(module_zero_grad)
+    def zero_grad_module(self: Any, set_to_none: bool = True) -> None:
+        rec.on_grad_reset("module.zero_grad", set_to_none)
+        module_zero_grad(self, set_to_none)
+
+    _patch(torch.nn.Module, "zero_grad", zero_grad_module, undo)
+
+
+def _accelerate_state() -> dict[str, Any] | None:
+    import sys
+
+    state_module = sys.modules.get("accelerate.state")
+    if state_module is None:
+        return None
+    shared = getattr(getattr(state_module, "GradientState", None), "_shared_state", None) or {}
+    if not shared:
+        return None
+    kwargs = shared.get("plugin_kwargs") or {}
+    return {
+        "sync_each_batch": bool(kwargs.get("sync_each_batch", False)),
+        "sync_gradients": bool(shared.get("sync_gradients", True)),
+        "num_steps": kwargs.get("num_steps"),
+    }
+
+
+def _install_ddp(rec: Recorder, undo: list[Undo]) -> None:
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    init = DDP.__init__
+
+    @functools.wraps(init)
+    def ddp_init(self: Any, *args: Any, **kwargs: Any) -> None:
+        self.__dict__["_syncscope_init"] = True
+        init(self, *args, **kwargs)
+        self.__dict__.pop("_syncscope_init", None)
+        params = [p for p in self.module.parameters() if p.requires_grad]
+        rec.on_wrapper(
+            "ddp",
+            self,
+            {
+                "params": len(params),
+                "param_bytes": sum(p.numel() * p.element_size() for p in params),
+                "bucket_cap_bytes": getattr(self, "bucket_bytes_cap", None),
+                "site": sites.site_dict(sites.user_site(1)),
+            },
+        )
+
+    _patch(DDP, "__init__", ddp_init, undo)
+
+    forward = DDP.forward
+
+    @functools.wraps(forward)
+    def ddp_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        label = rec.ddp_modules.get(self) or rec.on_wrapper("ddp", self, {})
+        armed = torch.is_grad_enabled() and bool(self.require_backward_grad_sync)
+        extra = {"accelerate": acc} if (acc := _accelerate_state()) else None
+        rec.on_forward_begin("ddp", label, armed, extra)
+        try:
+            return forward(self, *args, **kwargs)
+        finally:
+            rec.on_forward_end()
+
+    _patch(DDP, "forward", ddp_forward, undo)
+
+    def get_flag(self: Any) -> bool:
+        d = self.__dict__
+        if "_syncscope_rbgs" in d:
+            return bool(d["_syncscope_rbgs"])
+        return bool(d.get("require_backward_grad_sync", True))
+
+    def set_flag(self: Any, value: bool) -> None:
+        self.__dict__["_syncscope_rbgs"] = value
+        if "_syncscope_init" in self.__dict__:
+            return
+        import sys
+
+        frame = sys._getframe(1)
+        callers = []
+        while frame is not None and len(callers) < 4:
+            callers.append(frame.f_code.co_name)
+            frame = frame.f_back
+        how = "no_sync" if "no_sync" in callers else "require_backward_grad_sync"
+        label = rec.ddp_modules.get(self, "ddp:?")
+        rec.on_toggle(how, bool(value), label)
+
+    _patch(DDP, "require_backward_grad_sync", property(get_flag, set_flag), undo)
+
+
+def _install_fsdp2(rec: Recorder, undo: list[Undo]) -> None:
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+        from torch.distributed.fsdp._fully_shard._fully_shard import FSDPModule
+    except ImportError:
+        return
+    from syncscope.capture.recorder import _fsdp_reduce_grads
+
+    pre_forward = FSDPState._pre_forward
+    post_forward = FSDPState._post_forward
+
+    @functools.wraps(pre_forward)
+    def fsdp_pre_forward(self: Any, module: Any, args: Any, kwargs: Any) -> Any:
+        ctx = getattr(self, "_state_ctx", None)
+        was_root = ctx is not None and ctx.iter_forward_root is not None
+        result = pre_forward(self, module, args, kwargs)
+        ctx = getattr(self, "_state_ctx", None)
+        if not was_root and ctx is not None and ctx.iter_forward_root is self:
+            label = rec.fsdp_roots.get(self) or rec.on_wrapper("fsdp", module, _fsdp_info(self))
+            extra = {"accelerate": acc} if (acc := _accelerate_state()) else None
+            rec.on_forward_begin("fsdp", label, _fsdp_reduce_grads(self), extra)
+            self.__dict__["_syncscope_fwd"] = True
+        return result
+
+    @functools.wraps(post_forward)
+    def fsdp_post_forward(self: Any, module: Any, input: Any, output: Any) -> Any:
+        result = post_forward(self, module, input, output)
+        if self.__dict__.pop("_syncscope_fwd", False):
+            rec.on_forward_end()
+        return result
+
+    _patch(FSDPState, "_pre_forward", fsdp_pre_forward, undo)
+    _patch(FSDPState, "_post_forward", fsdp_post_forward, undo)
+
+    for setter, how in (
+        ("set_requires_gradient_sync", "set_requires_gradient_sync"),
+        ("set_requires_all_reduce", "set_requires_all_reduce"),
+    ):
+        original = getattr(FSDPModule, setter)
+
+        def make(original: Any, how: str) -> Any:
+            @functools.wraps(original)
+            def wrapper(self: Any, value: bool, *args: Any, **kwargs: Any) -> Any:
+                result = original(self, value, *args, **kwargs)
+                state = self._get_fsdp_state()
+                label = rec.fsdp_roots.get(state, f"fsdp:{type(self).__name__}")
+                rec.on_toggle(how, bool(value), label)
+                return result
+
+            return wrapper
+
+        _patch(FSDPModule, setter, make(original, how), undo)
+
+
+def _fsdp_info(state: Any) -> dict[str, Any]:
+    params = 0
+    param_bytes = 0
+    shard_world = 1
+    ctx = getattr(state, "_state_ctx", None)
+    for s in list(getattr(ctx, "all_states", None) or [state]):
+        for group in getattr(s, "_fsdp_param_groups", ()):
+            mesh = getattr(group, "mesh_info", None)
+            shard_world = max(shard_world, int(getattr(mesh, "shard_mesh_size", 1) or 1))
+            for fp in getattr(group, "fsdp_params", ()):
+                size = getattr(fp, "_orig_size", None)
+                sharded = getattr(fp, "sharded_param", None)
+                if size is None or sharded is None:
+                    continue
+                params += 1
+                param_bytes += int(size.numel()) * sharded.element_size()
+    return {"params": params, "param_bytes": param_bytes, "shard_world": shard_world}
+
+
+def install(rec: Recorder) -> Undo:
+    """Install every hook for ``rec``; returns a callable that removes them all."""
+    undo: list[Undo] = []
+    _install_backward(rec, undo)
+    _install_optimizer(rec, undo)
+    _install_ddp(rec, undo)
+    _install_fsdp2(rec, undo)
+    mode = CollectiveMode(rec)
+    mode.__enter__()
+    _ACTIVE.append(rec)
+
+    def uninstall() -> None:
+        try:
+            mode.__exit__(None, None, None)
+        except Exception:
+            pass
+        if rec in _ACTIVE:
+            _ACTIVE.remove(rec)
+        for restore in reversed(undo):
+            restore()
+
+    return uninstall

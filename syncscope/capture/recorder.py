@@ -1,0 +1,535 @@
+"""The per-rank recorder: turns what the instrumentation sees into events in a sink.
+
+The recorder keeps only the little state capture needs (which window and micro-batch we are
+in, the phase, the DDP bucket order); everything else is derived later from the events by
+``syncscope.analysis.build``. Event kinds and fields are documented in docs/formats.md.
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import sys
+import threading
+import time
+import weakref
+from typing import Any, Protocol
+
+import torch
+
+import syncscope
+from syncscope.capture import sites
+from syncscope.capture.fingerprint import (
+    PendingFingerprint,
+    cuda_peak_and_reset,
+    fingerprint,
+    rss_bytes,
+)
+from syncscope.rundir import EVENTS_FORMAT, EVENTS_FORMAT_VERSION
+
+
+class Sink(Protocol):
+    def write(self, event: dict[str, Any]) -> None: ...
+
+    def close(self) -> None: ...
+
+
+class MemorySink:
+    """Keeps events in a list (the in-process ``track()`` API)."""
+
+    def __init__(self) -> None:
+        self.events: list[dict[str, Any]] = []
+        self._lock = threading.Lock()
+
+    def write(self, event: dict[str, Any]) -> None:
+        with self._lock:
+            self.events.append(event)
+
+    def close(self) -> None:
+        pass
+
+
+class TraceHooks(Protocol):
+    """What ``--trace`` needs to hear about (see syncscope.capture.profiler.ProfilerTrace)."""
+
+    def window_begin(self, index: int) -> None: ...
+    def micro_batch_begin(self, window: int, micro_batch: int) -> None: ...
+    def micro_batch_end(self, window: int, micro_batch: int) -> None: ...
+    def grad_sync(self, op: str, nbytes: int) -> None: ...
+    def window_end(self, index: int) -> None: ...
+    def close(self) -> None: ...
+
+
+def _normalize_op(name: str) -> str:
+    n = name.lower()
+    if "allreduce" in n or "all_reduce" in n:
+        return "all_reduce"
+    if "reduce_scatter" in n:
+        return "reduce_scatter"
+    if "allgather" in n or "all_gather" in n:
+        return "all_gather"
+    if "broadcast" in n:
+        return "broadcast"
+    if "alltoall" in n or "all_to_all" in n:
+        return "all_to_all"
+    if "barrier" in n:
+        return "barrier"
+    if n.startswith("send"):
+        return "send"
+    if n.startswith("recv"):
+        return "recv"
+    return "other"
+
+
+def _tensors(value: Any) -> list[torch.Tensor]:
+    if isinstance(value, torch.Tensor):
+        return [value]
+    if isinstance(value, (list, tuple)):
+        out: list[torch.Tensor] = []
+        for item in value:
+            out.extend(_tensors(item))
+        return out
+    return []
+
+
+_INPUT_SECOND = ("allgather", "reduce_scatter", "alltoall", "gather", "scatter")
+
+
+class Recorder:
+    """Receives callbacks from the instrumentation and writes events for one rank."""
+
+    def __init__(
+        self,
+        sink: Sink,
+        *,
+        rank: int,
+        world_size: int,
+        local_rank: int = 0,
+        trace: TraceHooks | None = None,
+    ) -> None:
+        self.sink = sink
+        self.rank = rank
+        self.world_size = world_size
+        self.local_rank = local_rank
+        self.trace = trace
+        self._wall0 = time.time_ns()
+        self._perf0 = time.perf_counter_ns()
+        self._lock = threading.RLock()
+        self._internal = threading.local()
+        self.window = 0
+        self.micro_batch = 0  # backward passes completed in the current window
+        self.fwd_depth = 0
+        self.bwd_depth = 0
+        self.step_depth = 0
+        self.after_backward = False
+        self.bucket = 0
+        self.seq = 0
+        self.events = 0
+        self.ddp_modules: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        self.fsdp_roots: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
+        self._labels = 0
+        self._pending_fp: list[tuple[int, PendingFingerprint]] = []
+        self._grads_after_backward = -1
+        self._reset_since_backward = False
+        self._grad_ptrs: set[int] | None = None
+        self._grad_numels: set[int] = set()
+        self._pg_cache: dict[str, list[int] | None] = {}
+        self._window_open = False
+        self._closed = False
+        self.dist_info: dict[str, Any] = {}
+
+    def _note_dist(self) -> None:
+        """Remember the default group while it exists (scripts often destroy it at the end)."""
+        if self.dist_info:
+            return
+        dist = torch.distributed
+        if dist.is_available() and dist.is_initialized():
+            self.dist_info = {
+                "backend": str(dist.get_backend()),
+                "world_size": dist.get_world_size(),
+                "rank": dist.get_rank(),
+            }
+
+    # -- plumbing -------------------------------------------------------------------------
+    def now(self) -> int:
+        return self._wall0 + (time.perf_counter_ns() - self._perf0)
+
+    def emit(self, event: dict[str, Any]) -> None:
+        self.events += 1
+        self.sink.write(event)
+
+    def internal(self) -> bool:
+        """True while syncscope itself runs collectives (they are not the job's)."""
+        return bool(getattr(self._internal, "active", False))
+
+    def set_internal(self, active: bool) -> None:
+        self._internal.active = active
+
+    def new_label(self, kind: str, module: Any) -> str:
+        self._labels += 1
+        inner = getattr(module, "module", module)
+        return f"{kind}:{type(inner).__name__}#{self._labels - 1}"
+
+    def header(self, extra: dict[str, Any]) -> None:
+        self.emit(
+            {
+                "type": "header",
+                "format": EVENTS_FORMAT,
+                "version": EVENTS_FORMAT_VERSION,
+                "rank": self.rank,
+                "local_rank": self.local_rank,
+                "world_size": self.world_size,
+                "host": socket.gethostname(),
+                "pid": os.getpid(),
+                "t": self.now(),
+                "syncscope": syncscope.__version__,
+                "torch": torch.__version__,
+                "python": sys.version.split()[0],
+                **extra,
+            }
+        )
+
+    def footer(self, status: int | None, reason: str) -> None:
+        if self._closed:
+            return
+        self._resolve_fingerprints(wait=True)
+        self._note_dist()
+        self.emit(
+            {
+                "type": "exit",
+                "t": self.now(),
+                "status": status,
+                "reason": reason,
+                "dist_initialized": bool(self.dist_info),
+                **self.dist_info,
+            }
+        )
+        if self.trace is not None:
+            self.trace.close()
+        self._closed = True
+
+    # -- wrappers -------------------------------------------------------------------------
+    def on_wrapper(self, kind: str, module: Any, info: dict[str, Any]) -> str:
+        self._note_dist()
+        label = self.new_label(kind, module)
+        (self.ddp_modules if kind == "ddp" else self.fsdp_roots)[module] = label
+        self.emit({"type": "wrapper", "kind": kind, "label": label, "t": self.now(), **info})
+        return label
+
+    def _window_begin(self) -> None:
+        if not self._window_open:
+            self._window_open = True
+            if self.trace is not None:
+                self.trace.window_begin(self.window)
+
+    def on_forward_begin(
+        self, wrapper: str, label: str, sync: bool, extra: dict[str, Any] | None = None
+    ) -> None:
+        depth = self.fwd_depth
+        self.fwd_depth += 1
+        if not torch.is_grad_enabled():
+            return
+        if depth == 0:
+            self._window_begin()
+            if self.trace is not None:
+                self.trace.micro_batch_begin(self.window, self.micro_batch)
+        event: dict[str, Any] = {
+            "type": "fwd",
+            "t": self.now(),
+            "wrapper": wrapper,
+            "module": label,
+            "sync": sync,
+            "depth": depth,
+            "site": sites.site_dict(sites.user_site(2)),
+        }
+        if extra:
+            event.update(extra)
+        self.emit(event)
+
+    def on_forward_end(self) -> None:
+        self.fwd_depth = max(0, self.fwd_depth - 1)
+        if torch.is_grad_enabled():
+            self.emit({"type": "fwd_end", "t": self.now(), "depth": self.fwd_depth})
+
+    def sync_state(self) -> dict[str, bool]:
+        state: dict[str, bool] = {}
+        for module, label in list(self.ddp_modules.items()):
+            state[label] = bool(module.require_backward_grad_sync)
+        for fsdp_state, label in list(self.fsdp_roots.items()):
+            state[label] = _fsdp_reduce_grads(fsdp_state)
+        return state
+
+    # -- backward -------------------------------------------------------------------------
+    def on_backward_begin(self) -> bool:
+        """Returns True for an outermost backward (the one that counts as a micro-batch)."""
+        self.bwd_depth += 1
+        if self.bwd_depth > 1:
+            return False
+        self._window_begin()
+        if self.micro_batch > 0 and not self._reset_since_backward:
+            present = self._count_grads()
+            if 0 <= present < self._grads_after_backward:
+                self.emit(
+                    {
+                        "type": "reset",
+                        "t": self.now(),
+                        "how": "grad=None",
+                        "site": None,
+                        "params": self._grads_after_backward - present,
+                    }
+                )
+        self.bucket = 0
+        self.emit(
+            {
+                "type": "bwd",
+                "t": self.now(),
+                "sync": self.sync_state(),
+                "site": sites.site_dict(sites.user_site(2)),
+            }
+        )
+        if self.fwd_depth == 0 and self.trace is not None:
+            self.trace.micro_batch_begin(self.window, self.micro_batch)
+        return True
+
+    def on_backward_end(self, outermost: bool) -> None:
+        self.bwd_depth = max(0, self.bwd_depth - 1)
+        if not outermost:
+            return
+        self.emit({"type": "bwd_end", "t": self.now(), "mem": rss_bytes()})
+        if self.trace is not None:
+            self.trace.micro_batch_end(self.window, self.micro_batch)
+        self.micro_batch += 1
+        self.after_backward = True
+        self._reset_since_backward = False
+        self._grad_ptrs = None
+        self._grads_after_backward = self._count_grads()
+
+    def _params(self) -> list[torch.Tensor]:
+        seen: dict[int, torch.Tensor] = {}
+        for opt in list(self.optimizers):
+            for group in opt.param_groups:
+                for p in group["params"]:
+                    seen[id(p)] = p
+        if not seen:
+            for module in list(self.ddp_modules) + [
+                m for s in list(self.fsdp_roots) for m in getattr(s, "_modules", ())
+            ]:
+                for p in module.parameters():
+                    seen[id(p)] = p
+        return list(seen.values())
+
+    def _count_grads(self) -> int:
+        return sum(1 for p in self._params() if p.grad is not None)
+
+    def on_grad_reset(self, how: str, set_to_none: bool | None) -> None:
+        self._reset_since_backward = True
+        self._grad_ptrs = None
+        self.emit(
+            {
+                "type": "reset",
+                "t": self.now(),
+                "how": how,
+                "set_to_none": set_to_none,
+                "site": sites.site_dict(sites.user_site(2)),
+            }
+        )
+
+    def on_toggle(self, how: str, value: bool, label: str) -> None:
+        self.emit(
+            {
+                "type": "toggle",
+                "t": self.now(),
+                "how": how,
+                "value": bool(value),
+                "module": label,
+                "site": sites.site_dict(sites.user_site(3)),
+            }
+        )
+
+    # -- optimizer --------------------------------------------------------------------------
+    def on_step_begin(self, optimizer: Any) -> None:
+        self.step_depth += 1
+        if self.step_depth > 1:
+            return
+        self.optimizers.add(optimizer)
+        self._resolve_fingerprints(wait=False)
+        event: dict[str, Any] = {
+            "type": "step",
+            "t": self.now(),
+            "optimizer": type(optimizer).__name__,
+            "site": sites.site_dict(sites.user_site(2)),
+            "mem": rss_bytes(),
+            "cuda_peak": cuda_peak_and_reset(),
+        }
+        fp = fingerprint(optimizer)
+        if fp is not None:
+            event["fp_sharded"] = fp.sharded
+            event["fp_count"] = fp.count
+            if fp.ready():
+                event["fp"] = fp.result()
+            else:
+                self._pending_fp.append((self.window, fp))
+        self.emit(event)
+
+    def on_step_end(self) -> None:
+        self.step_depth = max(0, self.step_depth - 1)
+        if self.step_depth:
+            return
+        self.emit({"type": "step_end", "t": self.now()})
+        if self.trace is not None and self._window_open:
+            self.trace.window_end(self.window)
+        self._window_open = False
+        self.window += 1
+        self.micro_batch = 0
+        self.after_backward = False
+        self._grad_ptrs = None
+        self._grads_after_backward = -1
+
+    def _resolve_fingerprints(self, wait: bool) -> None:
+        keep: list[tuple[int, PendingFingerprint]] = []
+        for window, fp in self._pending_fp:
+            if wait or fp.ready():
+                self.emit({"type": "fp", "window": window, "fp": fp.result()})
+            else:
+                keep.append((window, fp))
+        self._pending_fp = keep
+
+    # -- collectives --------------------------------------------------------------------------
+    def phase(self) -> str:
+        if self.step_depth:
+            return "optimizer"
+        if self.bwd_depth:
+            return "backward"
+        if self.fwd_depth:
+            return "forward"
+        if self.after_backward:
+            return "after-backward"
+        return "other"
+
+    def _group_ranks(self, pg: Any) -> tuple[str, list[int] | None]:
+        name = str(getattr(pg, "group_name", "") or "")
+        if name in self._pg_cache:
+            return name, self._pg_cache[name]
+        ranks: list[int] | None
+        try:
+            ranks = list(torch.distributed.get_process_group_ranks(pg))
+        except Exception:
+            ranks = None
+        self._pg_cache[name] = ranks
+        return name, ranks
+
+    def _grad_facts(self, tensors: list[torch.Tensor]) -> tuple[bool, bool]:
+        """(shares storage with a .grad, numel equals one grad or all grads)."""
+        if self._grad_ptrs is None:
+            ptrs: set[int] = set()
+            numels: set[int] = set()
+            total = 0
+            for p in self._params():
+                g = p.grad
+                if g is None:
+                    continue
+                local = g.to_local() if hasattr(g, "to_local") else g
+                try:
+                    ptrs.add(local.untyped_storage().data_ptr())
+                except Exception:
+                    continue
+                numels.add(local.numel())
+                total += local.numel()
+            if total:
+                numels.add(total)
+            self._grad_ptrs, self._grad_numels = ptrs, numels
+        storage = False
+        numel = False
+        for t in tensors:
+            try:
+                storage = storage or t.untyped_storage().data_ptr() in self._grad_ptrs
+            except Exception:
+                pass
+            numel = numel or (t.is_floating_point() and t.numel() in self._grad_numels)
+        return storage, numel
+
+    def on_collective(
+        self,
+        opname: str,
+        args: tuple[Any, ...],
+        pg: Any,
+        work: Any,
+        t0: int,
+        t1: int,
+    ) -> None:
+        self._note_dist()
+        op = _normalize_op(opname)
+        lname = opname.lower()
+        index = 1 if any(k in lname for k in _INPUT_SECOND) and "allreduce" not in lname else 0
+        tensors = _tensors(args[index]) if len(args) > index else []
+        if op == "barrier":
+            tensors = []
+        nbytes = sum(t.numel() * t.element_size() for t in tensors)
+        dtype = str(tensors[0].dtype).replace("torch.", "") if tensors else ""
+        issuer, site, detail = sites.issuer_of_collective(2)
+        phase = self.phase()
+        bucket: int | None = None
+        if issuer == "autograd":
+            issuer = "ddp" if phase == "backward" and self.ddp_modules else "torch"
+        if issuer == "ddp" and phase == "backward" and op == "all_reduce":
+            bucket = self.bucket
+            self.bucket += 1
+        grad_storage = grad_numel = False
+        if issuer == "user" and op in ("all_reduce", "reduce_scatter"):
+            grad_storage, grad_numel = self._grad_facts(tensors)
+        group_name, group_ranks = self._group_ranks(pg) if pg is not None else ("", None)
+        with self._lock:
+            seq = self.seq
+            self.seq += 1
+        self.emit(
+            {
+                "type": "coll",
+                "seq": seq,
+                "t": t0,
+                "t_end": t1,
+                "op": op,
+                "raw": opname,
+                "bytes": nbytes,
+                "dtype": dtype,
+                "pg": group_name,
+                "group": group_ranks,
+                "phase": phase,
+                "issuer": issuer,
+                "detail": detail,
+                "bucket": bucket,
+                "grad_storage": grad_storage,
+                "grad_numel": grad_numel,
+                "site": sites.site_dict(site),
+            }
+        )
+        if self.trace is not None and (issuer in ("ddp", "fsdp") or grad_storage):
+            self.trace.grad_sync(op, nbytes)
+        if work is not None:
+            self._watch(work, seq)
+
+    def _watch(self, work: Any, seq: int) -> None:
+        try:
+            future = work.get_future()
+        except Exception:
+            return
+
+        def done(_: Any) -> None:
+            self.emit({"type": "done", "seq": seq, "t": self.now()})
+
+        try:
+            future.add_done_callback(done)
+        except Exception:
+            return
+
+
+def _fsdp_reduce_grads(state: Any) -> bool:
+    """FSDP2: whether the root's param groups will reduce gradients at the next backward."""
+    ctx = getattr(state, "_state_ctx", None)
+    states = list(getattr(ctx, "all_states", None) or [state])
+    flags = [
+        bool(getattr(group, "reduce_grads", True))
+        for s in states
+        for group in getattr(s, "_fsdp_param_groups", ())
+    ]
+    return all(flags) if flags else True

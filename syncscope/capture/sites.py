@@ -1,0 +1,113 @@
+"""Find the user's call site and the library that issued a call, from the Python stack.
+
+A frame is *library* when its file lies in the standard library, in site-packages, in torch
+or in syncscope itself; the first non-library frame up the stack is the user's call site.
+Results are cached per code object, so a lookup costs a short walk of the stack.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import sysconfig
+from types import CodeType, FrameType
+
+import syncscope
+
+_SYNCSCOPE_DIR = os.path.dirname(os.path.abspath(syncscope.__file__))
+_LIBRARY_PREFIXES: tuple[str, ...] = tuple(
+    {
+        os.path.abspath(p)
+        for p in (
+            sysconfig.get_paths().get("stdlib", ""),
+            sysconfig.get_paths().get("platstdlib", ""),
+            sysconfig.get_paths().get("purelib", ""),
+            sysconfig.get_paths().get("platlib", ""),
+            _SYNCSCOPE_DIR,
+        )
+        if p
+    }
+)
+_library_cache: dict[CodeType, bool] = {}
+
+Site = tuple[str, int, str]
+# torch's own call plumbing, never the issuer of a collective
+_PLUMBING = ("/_python_dispatch.py", "/_ops.py", "/torch/_compile.py")
+
+
+def _is_library(code: CodeType) -> bool:
+    cached = _library_cache.get(code)
+    if cached is None:
+        filename = code.co_filename
+        cached = (
+            filename.startswith("<")
+            or "site-packages" in filename
+            or "dist-packages" in filename
+            or os.path.abspath(filename).startswith(_LIBRARY_PREFIXES)
+        )
+        _library_cache[code] = cached
+    return cached
+
+
+def user_site(skip: int = 1) -> Site | None:
+    """The innermost frame of the user's own code above the caller, as (file, line, function)."""
+    frame: FrameType | None = sys._getframe(skip + 1)
+    while frame is not None:
+        code = frame.f_code
+        if not _is_library(code):
+            return (os.path.abspath(code.co_filename), frame.f_lineno, code.co_name)
+        frame = frame.f_back
+    return None
+
+
+def site_dict(site: Site | None) -> dict[str, object] | None:
+    if site is None:
+        return None
+    return {"file": site[0], "line": site[1], "function": site[2]}
+
+
+_TORCH_MARKERS = (
+    ("/torch/distributed/fsdp/", "fsdp"),
+    ("/torch/distributed/_composable/fsdp/", "fsdp"),
+    ("/torch/nn/parallel/distributed.py", "ddp"),
+    ("/torch/distributed/algorithms/ddp_comm_hooks/", "ddp"),
+)
+
+
+def issuer_of_collective(skip: int = 1) -> tuple[str, Site | None, str]:
+    """Classify who issued the collective being dispatched.
+
+    Returns (issuer, user call site, detail). ``issuer`` is "fsdp" or "ddp" when a frame of
+    those wrappers is on the stack, "user" when the innermost non-library frame called it
+    through ``torch.distributed``, "autograd" when the stack enters it straight from the
+    autograd engine (DDP's C++ reducer), and "torch" otherwise.
+    """
+    frame: FrameType | None = sys._getframe(skip + 1)
+    innermost_torch: str | None = None
+    via_c10d_python = False
+    while frame is not None:
+        code = frame.f_code
+        filename = code.co_filename.replace("\\", "/")
+        if not _is_library(code):
+            if via_c10d_python:
+                site = (os.path.abspath(code.co_filename), frame.f_lineno, code.co_name)
+                return ("user", site, "")
+            break
+        for marker, kind in _TORCH_MARKERS:
+            if marker in filename:
+                return (kind, None, code.co_name)
+        if "/torch/distributed/distributed_c10d.py" in filename or "/torch/distributed/c10d" in filename:
+            via_c10d_python = True
+        if (
+            innermost_torch is None
+            and "/torch/" in filename
+            and not filename.endswith(_PLUMBING)
+            and "/torch/_dynamo/" not in filename
+        ):
+            innermost_torch = filename
+        frame = frame.f_back
+    if via_c10d_python:
+        return ("torch", None, "")
+    if innermost_torch is None or "/torch/autograd/" in innermost_torch:
+        return ("autograd", None, "")
+    return ("torch", None, "")

@@ -1,0 +1,315 @@
+"""The run model: plain, typed, immutable data that every output is rendered from.
+
+A *run* is one training job seen from every rank. Each rank's activity is cut into
+*windows*: the span of micro-batches that ends in one optimizer step. A *micro-batch* is
+one backward pass (plus the forward that fed it). A *collective* is one c10d operation; a
+*grad sync* is a collective that reduces gradients. A *round* is one reduction of the
+gradient set: all the bucket all-reduces of one DDP backward, or one user loop of
+per-parameter all-reduces, count as one round.
+
+Nothing here does I/O. Builders (``syncscope.analysis.build`` for live captures,
+``syncscope.trace`` for Kineto traces) make these objects; diagnoses and renderers read them.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+Op = Literal[
+    "all_reduce",
+    "reduce_scatter",
+    "all_gather",
+    "broadcast",
+    "all_to_all",
+    "send",
+    "recv",
+    "barrier",
+    "other",
+]
+Phase = Literal["forward", "backward", "after-backward", "optimizer", "other"]
+Wrapper = Literal["ddp", "fsdp", "none"]
+Issuer = Literal["ddp", "fsdp", "user", "torch"]
+Severity = Literal["info", "warning", "error"]
+Verdict = Literal["clean", "warnings", "errors"]
+Source = Literal["live", "trace"]
+
+OPS: tuple[str, ...] = (
+    "all_reduce",
+    "reduce_scatter",
+    "all_gather",
+    "broadcast",
+    "all_to_all",
+    "send",
+    "recv",
+    "barrier",
+    "other",
+)
+GRAD_REDUCING_OPS = frozenset({"all_reduce", "reduce_scatter"})
+
+
+@dataclass(frozen=True)
+class SourceLocation:
+    """A place in the user's code (file and 1-based line)."""
+
+    file: str
+    line: int
+    function: str = ""
+
+    def __str__(self) -> str:
+        return f"{self.file}:{self.line}"
+
+
+@dataclass(frozen=True)
+class Collective:
+    """One c10d collective as one rank issued it."""
+
+    seq: int  # order of issue on this rank, from 0
+    op: str  # normalized, one of OPS
+    raw_op: str  # as observed, e.g. "c10d.allreduce_" or "c10d::allreduce_"
+    bytes: int
+    dtype: str
+    group_ranks: tuple[int, ...] | None  # global ranks of the process group, None if unknown
+    group_name: str
+    start_ns: int  # host-side issue, wall-clock-aligned nanoseconds
+    end_ns: int  # host-side return of the issuing call
+    done_ns: int | None  # completion (work finished), None if never seen
+    phase: Phase
+    micro_batch: int  # 0-based position within its window
+    grad_sync: bool
+    issuer: Issuer
+    bucket: int | None = None  # DDP bucket index (order within one backward)
+    module: str = ""  # FSDP module name or DDP wrapper label
+    site: SourceLocation | None = None  # user call site, when the user issued it
+
+    @property
+    def duration_ns(self) -> int:
+        """Issue to completion when known, else the host-side call duration."""
+        end = self.done_ns if self.done_ns is not None else self.end_ns
+        return max(0, end - self.start_ns)
+
+
+@dataclass(frozen=True)
+class MicroBatch:
+    """One backward pass within a window and the forward(s) that fed it."""
+
+    index: int  # 0-based position within its window
+    start_ns: int
+    end_ns: int
+    wrapper: Wrapper
+    # Sync intent, as the wrapper saw it: DDP decides at forward, FSDP at backward.
+    forward_sync: bool | None  # DDP: reducer armed at forward; FSDP: flag at forward
+    backward_sync: bool | None  # DDP: require_backward_grad_sync at backward; FSDP: reduce_grads
+    in_no_sync_at_forward: bool = False
+    in_no_sync_at_backward: bool = False
+    forward_site: SourceLocation | None = None
+    backward_site: SourceLocation | None = None
+    sync_each_batch: bool | None = None  # Accelerate GradientAccumulationPlugin setting
+
+
+@dataclass(frozen=True)
+class GradReset:
+    """Gradients wiped after ``after_micro_batches`` backward passes of a window."""
+
+    after_micro_batches: int
+    how: str  # "optimizer.zero_grad", "module.zero_grad", "grad=None"
+    site: SourceLocation | None = None
+
+
+@dataclass(frozen=True)
+class SyncToggle:
+    """A change of sync intent made by the user's code (no_sync, flag, FSDP setter)."""
+
+    how: str  # "no_sync", "require_backward_grad_sync", "set_requires_gradient_sync", ...
+    value: bool
+    micro_batch: int  # backward passes already done in the window when it happened
+    before_forward: bool  # True if made before this micro-batch's forward
+    site: SourceLocation | None = None
+
+
+@dataclass(frozen=True)
+class Window:
+    """The micro-batches that end in one optimizer step (``complete``), or a trailing span."""
+
+    index: int
+    complete: bool
+    start_ns: int
+    end_ns: int
+    micro_batches: tuple[MicroBatch, ...]
+    collectives: tuple[Collective, ...]
+    grad_resets: tuple[GradReset, ...] = ()
+    toggles: tuple[SyncToggle, ...] = ()
+    steps: int = 1  # optimizer.step calls that closed this window (several optimizers)
+    step_site: SourceLocation | None = None
+    step_ns: int = 0  # time spent in optimizer.step
+    peak_memory_bytes: int = 0
+    fingerprint: tuple[float, ...] | None = None
+    fingerprint_sharded: bool = False
+    fingerprint_match: bool | None = None  # filled in across ranks
+    # Overlap, where a trace could measure it (None: not measured).
+    comm_ns: int | None = None  # union of time in collectives (kernels on GPU)
+    exposed_comm_ns: int | None = None  # of which not overlapped with compute
+    compute_ns: int | None = None
+
+    @property
+    def grad_sync_collectives(self) -> tuple[Collective, ...]:
+        return tuple(c for c in self.collectives if c.grad_sync)
+
+    @property
+    def grad_sync_rounds(self) -> list[tuple[int, str, str]]:
+        """Distinct reductions of the gradient set: (micro-batch, phase, issuer) keys."""
+        seen: dict[tuple[int, str, str], None] = {}
+        for c in self.collectives:
+            if c.grad_sync:
+                seen.setdefault((c.micro_batch, c.phase, c.issuer), None)
+        return list(seen)
+
+    @property
+    def grad_syncs(self) -> int:
+        return len(self.grad_sync_rounds)
+
+    @property
+    def grad_sync_micro_batches(self) -> list[int]:
+        return sorted({c.micro_batch for c in self.collectives if c.grad_sync})
+
+    @property
+    def grad_sync_bytes(self) -> int:
+        return sum(c.bytes for c in self.collectives if c.grad_sync)
+
+    @property
+    def duration_ns(self) -> int:
+        return max(0, self.end_ns - self.start_ns)
+
+    def op_counts(self) -> dict[str, int]:
+        counts = dict.fromkeys(OPS, 0)
+        for c in self.collectives:
+            counts[c.op] = counts.get(c.op, 0) + 1
+        return counts
+
+
+@dataclass(frozen=True)
+class WrapperInfo:
+    """A DDP or FSDP root module the rank ran."""
+
+    kind: Wrapper
+    label: str  # e.g. "DistributedDataParallel(Sequential)#0"
+    param_count: int = 0
+    param_bytes: int = 0  # unsharded parameter bytes
+    shard_world: int = 1  # FSDP shard group size
+    bucket_cap_bytes: int | None = None
+    site: SourceLocation | None = None
+
+
+@dataclass(frozen=True)
+class PendingCollective:
+    """A collective issued but never seen to complete (what a hung rank is blocked in)."""
+
+    seq: int
+    op: str
+    bytes: int
+    group_ranks: tuple[int, ...] | None
+    start_ns: int
+    window: int
+    micro_batch: int
+    phase: Phase
+
+
+@dataclass(frozen=True)
+class RankRun:
+    rank: int
+    windows: tuple[Window, ...]
+    local_rank: int = 0
+    host: str = ""
+    pid: int = 0
+    device: str = "cpu"
+    wrappers: tuple[WrapperInfo, ...] = ()
+    finished: bool = True  # the rank wrote its footer (exited through syncscope)
+    exit_status: int | None = 0
+    exit_reason: str = ""
+    last_event_ns: int = 0
+    last_completed: PendingCollective | None = None
+    pending: tuple[PendingCollective, ...] = ()
+    dist_initialized: bool = True
+    backend: str = ""
+    collective_sequence: tuple[tuple[str, int, tuple[int, ...] | None], ...] = field(
+        default=(), repr=False
+    )  # (op, bytes, group) per collective, in issue order, for cross-rank matching
+
+
+@dataclass(frozen=True)
+class RunMeta:
+    command: tuple[str, ...] = ()
+    script: str = ""  # absolute path of the profiled script ("" for -m MODULE or traces)
+    script_sha256: str = ""  # its content hash when profiled (fix --from refuses a changed file)
+    world_size: int = 1
+    created: str = ""
+    syncscope_version: str = ""
+    torch_version: str = ""
+    launcher: dict[str, str] = field(default_factory=dict)
+    nodes: tuple[str, ...] = ()
+    source: Source = "live"
+    hang_timeout_s: float | None = None
+    hung: bool = False  # the launcher stopped the job because it made no progress
+    notes: tuple[str, ...] = ()  # what the data cannot tell, said plainly
+
+
+@dataclass(frozen=True)
+class Run:
+    meta: RunMeta
+    ranks: tuple[RankRun, ...]
+
+    @property
+    def world_size(self) -> int:
+        return self.meta.world_size
+
+    def rank(self, rank: int) -> RankRun | None:
+        for r in self.ranks:
+            if r.rank == rank:
+                return r
+        return None
+
+
+@dataclass(frozen=True)
+class Fix:
+    """How to fix a finding, in the idiom of the wrapper the script uses."""
+
+    style: str  # "ddp-no_sync", "ddp-flag", "accelerate", "fsdp2", "hsdp", ...
+    summary: str
+    snippet: str
+
+
+@dataclass(frozen=True)
+class Finding:
+    kind: str  # stable name, e.g. "redundant-sync"
+    severity: Severity
+    cause: str
+    message: str
+    ranks: tuple[int, ...]
+    windows: tuple[int, ...]
+    evidence: dict[str, object] = field(default_factory=dict)
+    cost: dict[str, object] = field(default_factory=dict)
+    sources: tuple[tuple[str, SourceLocation], ...] = ()  # (role, location)
+    fix: Fix | None = None
+
+
+def verdict_of(findings: list[Finding] | tuple[Finding, ...]) -> Verdict:
+    severities = {f.severity for f in findings}
+    if "error" in severities:
+        return "errors"
+    if "warning" in severities:
+        return "warnings"
+    return "clean"
+
+
+def compress_ranks(ranks: list[int] | tuple[int, ...]) -> str:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2,5,7-8"``: readable rank sets at any world size."""
+    out: list[str] = []
+    values = sorted(set(ranks))
+    i = 0
+    while i < len(values):
+        j = i
+        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
+            j += 1
+        out.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
+        i = j + 1
+    return ",".join(out)

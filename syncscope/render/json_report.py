@@ -1,0 +1,102 @@
+"""report.json: the stable, versioned contract CI users script against (docs/formats.md)."""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from typing import Any
+
+from syncscope.model import Finding, RankRun, Run, SourceLocation, Window, verdict_of
+
+SCHEMA_VERSION = 1
+
+
+def _site(site: SourceLocation | None) -> dict[str, Any] | None:
+    return None if site is None else {"file": site.file, "line": site.line, "function": site.function}
+
+
+def window_dict(w: Window) -> dict[str, Any]:
+    comm = sum(c.duration_ns for c in w.collectives)
+    return {
+        "index": w.index,
+        "complete": w.complete,
+        "micro_batches": len(w.micro_batches),
+        "grad_syncs": w.grad_syncs,
+        "expected_grad_syncs": 1 if w.micro_batches else 0,
+        "grad_sync_micro_batches": w.grad_sync_micro_batches,
+        "grad_sync_collectives": len(w.grad_sync_collectives),
+        "grad_sync_bytes": w.grad_sync_bytes,
+        "collectives": w.op_counts(),
+        "collective_bytes": sum(c.bytes for c in w.collectives),
+        "collective_time_ns": comm,
+        "grad_sync_time_ns": sum(c.duration_ns for c in w.grad_sync_collectives),
+        "grad_resets": len([r for r in w.grad_resets if r.after_micro_batches > 0]),
+        "fingerprint_match": w.fingerprint_match,
+        "peak_memory_bytes": w.peak_memory_bytes,
+        "start_ns": w.start_ns,
+        "duration_ns": w.duration_ns,
+        "steps": w.steps,
+        "comm_ns": w.comm_ns,
+        "exposed_comm_ns": w.exposed_comm_ns,
+        "compute_ns": w.compute_ns,
+    }
+
+
+def rank_dict(r: RankRun) -> dict[str, Any]:
+    return {
+        "rank": r.rank,
+        "local_rank": r.local_rank,
+        "host": r.host,
+        "device": r.device,
+        "finished": r.finished,
+        "exit_status": r.exit_status,
+        "exit_reason": r.exit_reason,
+        "wrappers": [
+            {"kind": w.kind, "label": w.label, "params": w.param_count, "param_bytes": w.param_bytes}
+            for w in r.wrappers
+        ],
+        "windows": [window_dict(w) for w in r.windows],
+    }
+
+
+def finding_dict(f: Finding) -> dict[str, Any]:
+    return {
+        "kind": f.kind,
+        "severity": f.severity,
+        "cause": f.cause,
+        "message": f.message,
+        "ranks": list(f.ranks),
+        "windows": list(f.windows),
+        "evidence": f.evidence,
+        "cost": f.cost,
+        "sources": [{"role": role, **(_site(site) or {})} for role, site in f.sources],
+        "fix": dataclasses.asdict(f.fix) if f.fix else None,
+    }
+
+
+def report_dict(run: Run, findings: Sequence[Finding]) -> dict[str, Any]:
+    meta = run.meta
+    return {
+        "schema_version": SCHEMA_VERSION,
+        "source": meta.source,
+        "world_size": meta.world_size,
+        "command": list(meta.command),
+        "script": {"path": meta.script, "sha256": meta.script_sha256} if meta.script else None,
+        "created": meta.created,
+        "versions": {"syncscope": meta.syncscope_version, "torch": meta.torch_version},
+        "launcher": meta.launcher,
+        "nodes": list(meta.nodes),
+        "notes": list(meta.notes),
+        "hung": meta.hung,
+        "grad_syncs_per_window": grad_syncs_per_window(run),
+        "ranks": [rank_dict(r) for r in run.ranks],
+        "findings": [finding_dict(f) for f in findings],
+        "verdict": verdict_of(list(findings)),
+    }
+
+
+def grad_syncs_per_window(run: Run) -> list[int]:
+    """Grad-sync rounds per complete window on the lowest rank (the headline number)."""
+    if not run.ranks:
+        return []
+    return [w.grad_syncs for w in run.ranks[0].windows if w.complete]

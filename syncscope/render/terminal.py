@@ -1,0 +1,176 @@
+"""The terminal summary (rich): window shapes, findings with their fixes, and a verdict."""
+
+from __future__ import annotations
+
+import io
+from collections.abc import Sequence
+
+from rich.console import Console, Group, RenderableType
+from rich.panel import Panel
+from rich.syntax import Syntax
+from rich.table import Table
+from rich.text import Text
+
+from syncscope.model import Finding, RankRun, Run, Window, compress_ranks, verdict_of
+
+SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
+VERDICT_STYLE = {"errors": "bold white on red", "warnings": "bold black on yellow", "clean": "bold white on green"}
+
+
+def human_bytes(n: float) -> str:
+    value = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(value) < 1024 or unit == "TiB":
+            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1024
+    return f"{value:.1f} TiB"
+
+
+def human_ns(ns: float) -> str:
+    if ns >= 1e9:
+        return f"{ns / 1e9:.2f} s"
+    if ns >= 1e6:
+        return f"{ns / 1e6:.1f} ms"
+    return f"{ns / 1e3:.0f} µs"
+
+
+def _shape(w: Window) -> tuple[object, ...]:
+    return (w.complete, len(w.micro_batches), w.grad_syncs, tuple(w.grad_sync_micro_batches))
+
+
+def _runs_of_windows(rank: RankRun) -> list[list[Window]]:
+    """Consecutive windows of the same shape, so 1,000 identical windows are one row."""
+    groups: list[list[Window]] = []
+    for w in rank.windows:
+        if groups and _shape(groups[-1][-1]) == _shape(w):
+            groups[-1].append(w)
+        else:
+            groups.append([w])
+    return groups
+
+
+def _rank_signature(rank: RankRun) -> tuple[tuple[object, ...], ...]:
+    return tuple(_shape(w) for w in rank.windows)
+
+
+def window_table(run: Run) -> Table:
+    table = Table(title="Gradient syncs per window", title_justify="left", expand=False)
+    for column in ("ranks", "windows", "micro-batches", "grad syncs (expected 1)", "on micro-batch",
+                   "grad-sync bytes", "time in collectives", "window time"):
+        table.add_column(column, justify="right" if column not in ("ranks", "windows") else "left")
+    by_signature: dict[tuple[tuple[object, ...], ...], list[RankRun]] = {}
+    for r in run.ranks:
+        by_signature.setdefault(_rank_signature(r), []).append(r)
+    for ranks in by_signature.values():
+        label = compress_ranks([r.rank for r in ranks])
+        for group in _runs_of_windows(ranks[0]):
+            first, last = group[0], group[-1]
+            windows = str(first.index) if first is last else f"{first.index}-{last.index}"
+            if not first.complete:
+                windows += " (incomplete)"
+            syncs = first.grad_syncs
+            expected = 1 if first.micro_batches else 0
+            style = "green" if syncs == expected or not first.complete else "red"
+            n = len(group)
+            table.add_row(
+                label,
+                windows,
+                str(len(first.micro_batches)),
+                Text(str(syncs), style=style),
+                ",".join(map(str, first.grad_sync_micro_batches)) or "-",
+                human_bytes(sum(w.grad_sync_bytes for w in group) / n),
+                human_ns(sum(sum(c.duration_ns for c in w.collectives) for w in group) / n),
+                human_ns(sum(w.duration_ns for w in group) / n),
+            )
+    return table
+
+
+def _cost_line(f: Finding) -> str:
+    parts = []
+    c = f.cost
+    if "wasted_bytes_per_window" in c:
+        parts.append(f"{human_bytes(float(c['wasted_bytes_per_window']))} wasted per window")  # type: ignore[arg-type]
+    if "redundant_time_ns_per_window" in c:
+        share = float(c.get("share_of_window_time", 0.0))  # type: ignore[arg-type]
+        parts.append(
+            f"{human_ns(float(c['redundant_time_ns_per_window']))} in redundant collectives "  # type: ignore[arg-type]
+            f"({share:.0%} of window time)"
+        )
+    if "projected_window_ns" in c and "window_ns" in c:
+        parts.append(
+            f"window {human_ns(float(c['window_ns']))} -> ~{human_ns(float(c['projected_window_ns']))} after the fix"  # type: ignore[arg-type]
+        )
+    if "extra_memory_bytes_if_skipped" in c:
+        parts.append(f"skipping would hold ~{human_bytes(float(c['extra_memory_bytes_if_skipped']))} more gradient memory")  # type: ignore[arg-type]
+    if "estimated_extra_memory_bytes" in c:
+        parts.append(f"~{human_bytes(float(c['estimated_extra_memory_bytes']))} extra gradient memory held")  # type: ignore[arg-type]
+    if "estimated_latency_overhead_ns_per_window" in c:
+        parts.append(f"~{human_ns(float(c['estimated_latency_overhead_ns_per_window']))} of per-call latency per window")  # type: ignore[arg-type]
+    if "lost_share_of_gradient" in c:
+        parts.append(f"{float(c['lost_share_of_gradient']):.0%} of the window's gradient lost")  # type: ignore[arg-type]
+    return "; ".join(parts)
+
+
+def finding_panel(f: Finding) -> Panel:
+    body: list[RenderableType] = [Text(f.message)]
+    where = f"ranks {compress_ranks(f.ranks)}" if f.ranks else ""
+    if f.windows:
+        where += f", windows {compress_ranks(f.windows)}"
+    if where:
+        body.append(Text(where, style="dim"))
+    evidence = {k: v for k, v in f.evidence.items() if not isinstance(v, dict)}
+    if evidence:
+        body.append(Text("evidence: " + ", ".join(f"{k}={v}" for k, v in evidence.items())))
+    for key, value in f.evidence.items():
+        if isinstance(value, dict):
+            body.append(Text(f"{key}:"))
+            for k, v in list(value.items())[:8]:
+                body.append(Text(f"  {k}: {v}"))
+    cost = _cost_line(f)
+    if cost:
+        body.append(Text("cost: " + cost, style="bold"))
+    for role, site in f.sources:
+        body.append(Text(f"{role}: {site}", style="dim"))
+    if f.fix is not None:
+        body.append(Text("fix: " + f.fix.summary, style="green"))
+        body.append(Syntax(f.fix.snippet, "python", theme="ansi_dark", background_color="default"))
+    title = f"[{SEVERITY_STYLE[f.severity]}]{f.severity}[/] {f.kind} ({f.cause})"
+    return Panel(Group(*body), title=title, title_align="left", border_style=SEVERITY_STYLE[f.severity])
+
+
+def summary_renderables(run: Run, findings: Sequence[Finding]) -> list[RenderableType]:
+    out: list[RenderableType] = []
+    meta = run.meta
+    head = Text()
+    head.append("syncscope ", style="bold")
+    head.append(" ".join(meta.command) or "(unknown command)")
+    head.append(f"  ·  world size {meta.world_size}  ·  source {meta.source}", style="dim")
+    out.append(head)
+    for note in meta.notes:
+        out.append(Text(f"note: {note}", style="yellow"))
+    if run.ranks and any(r.windows for r in run.ranks):
+        out.append(window_table(run))
+    else:
+        out.append(Text("no optimizer step or backward pass was recorded", style="yellow"))
+    for f in findings:
+        out.append(finding_panel(f))
+    verdict = verdict_of(list(findings))
+    counts = {s: sum(f.severity == s for f in findings) for s in ("error", "warning", "info")}
+    line = Text(f" verdict: {verdict} ", style=VERDICT_STYLE[verdict])
+    line.append("  " + ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items()))
+    out.append(line)
+    return out
+
+
+def print_summary(run: Run, findings: Sequence[Finding], console: Console | None = None) -> None:
+    console = console or Console(stderr=False)
+    for item in summary_renderables(run, findings):
+        console.print(item)
+
+
+def render_text(run: Run, findings: Sequence[Finding], width: int = 110) -> str:
+    console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False)
+    print_summary(run, findings, console)
+    out = console.file
+    assert isinstance(out, io.StringIO)
+    return out.getvalue()

@@ -1,0 +1,127 @@
+"""The run directory: a versioned on-disk format written by capture and read by everything else.
+
+Layout (format ``syncscope-run``, version 1; see docs/formats.md)::
+
+    RUN/
+      meta.json                 run metadata (command, world size, launcher options, versions)
+      ranks/rank-00000.jsonl    one JSON object per line per rank, appended as things happen
+      report.json, report.html  rendered outputs (derived; can be regenerated)
+
+Event files are written one line per event with a single ``write(2)``, so a crash, a kill
+or a hang keeps every event up to then; a torn last line is ignored on reading.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import orjson
+
+from syncscope.errors import BadRunDirectory
+
+RUN_FORMAT = "syncscope-run"
+RUN_FORMAT_VERSION = 1
+EVENTS_FORMAT = "syncscope-events"
+EVENTS_FORMAT_VERSION = 1
+META_FILE = "meta.json"
+RANKS_DIR = "ranks"
+
+
+def rank_events_path(run_dir: Path, rank: int) -> Path:
+    return run_dir / RANKS_DIR / f"rank-{rank:05d}.jsonl"
+
+
+def is_run_dir(path: Path) -> bool:
+    return (path / META_FILE).is_file() or (path / RANKS_DIR).is_dir()
+
+
+def prepare_run_dir(run_dir: Path) -> None:
+    """Create RUN/ and RUN/ranks/, with one clear error when that is impossible."""
+    parent = run_dir.parent
+    if not parent.exists():
+        raise BadRunDirectory(f"--out {run_dir}: parent directory {parent} does not exist")
+    try:
+        (run_dir / RANKS_DIR).mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise BadRunDirectory(f"--out {run_dir}: cannot create ({exc.strerror})") from None
+    if not os.access(run_dir / RANKS_DIR, os.W_OK):
+        raise BadRunDirectory(f"--out {run_dir}: not writable")
+    if any((run_dir / RANKS_DIR).iterdir()):
+        raise BadRunDirectory(f"--out {run_dir}: already holds a run; choose a new directory")
+
+
+def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
+    data = {"format": RUN_FORMAT, "format_version": RUN_FORMAT_VERSION, **meta}
+    tmp = run_dir / (META_FILE + ".tmp")
+    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
+    os.replace(tmp, run_dir / META_FILE)
+
+
+def read_meta(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / META_FILE
+    if not path.exists():
+        return {}
+    try:
+        data = json.loads(path.read_text())
+    except (OSError, ValueError) as exc:
+        raise BadRunDirectory(f"{path}: not valid JSON ({exc})") from None
+    if not isinstance(data, dict) or data.get("format") != RUN_FORMAT:
+        raise BadRunDirectory(f"{path}: not a syncscope run (format is not {RUN_FORMAT!r})")
+    version = data.get("format_version")
+    if not isinstance(version, int) or version > RUN_FORMAT_VERSION:
+        raise BadRunDirectory(
+            f"{path}: run format version {version!r} is newer than this syncscope reads "
+            f"({RUN_FORMAT_VERSION}); upgrade syncscope"
+        )
+    return data
+
+
+class EventWriter:
+    """Appends one JSON line per event to a rank's event file (thread-safe, unbuffered)."""
+
+    def __init__(self, path: Path) -> None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._lock = threading.Lock()
+
+    def write(self, event: dict[str, Any]) -> None:
+        line = orjson.dumps(event, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+        with self._lock:
+            if self._fd is not None:
+                os.write(self._fd, line)
+
+    def close(self) -> None:
+        with self._lock:
+            if self._fd is not None:
+                os.close(self._fd)
+                self._fd = None
+
+
+def read_events(path: Path) -> Iterator[dict[str, Any]]:
+    """Yield a rank's events; a torn final line (the process died mid-write) is skipped."""
+    try:
+        data = path.read_bytes()
+    except OSError as exc:
+        raise BadRunDirectory(f"{path}: cannot read ({exc.strerror})") from None
+    for raw in data.splitlines():
+        if not raw.strip():
+            continue
+        try:
+            event = orjson.loads(raw)
+        except orjson.JSONDecodeError:
+            continue
+        if isinstance(event, dict):
+            yield event
+
+
+def rank_files(run_dir: Path) -> list[Path]:
+    directory = run_dir / RANKS_DIR
+    if not directory.is_dir():
+        return []
+    return sorted(directory.glob("rank-*.jsonl"))
