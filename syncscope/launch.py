@@ -72,7 +72,8 @@ class LaunchOptions:
 @dataclass
 class LaunchResult:
     status: int  # 0, or the first failing rank's exit status
-    failed_ranks: dict[int, int]
+    failed_ranks: dict[int, int]  # every rank the launcher saw end badly
+    first_failed: int | None
     hung: bool
     wall_s: float
 
@@ -199,6 +200,7 @@ def launch(
     monitor.start()
     started = time.monotonic()
     failed: dict[int, int] = {}
+    first_failed: int | None = None
     status = 0
     try:
         with _quiet_elastic():
@@ -207,13 +209,15 @@ def launch(
         for global_rank, failure in sorted(exc.failures.items()):
             code = failure.exitcode
             failed[global_rank] = 128 + (-code) if code < 0 else code
-        status = next(iter(failed.values()), 1) or 1
+        # the root cause is the first rank to fail; the launcher then stops the others
+        first_failed, _ = exc.get_first_failure()
+        status = failed.get(first_failed, 1) or 1
     except SystemExit as exc:  # the launcher's own argument or rendezvous errors
         status = exc.code if isinstance(exc.code, int) else 1
     finally:
         monitor.stop()
         monitor.join(timeout=5)
-    if monitor.hung and status == 0:
-        status = 1
+    if monitor.hung:
+        status, failed, first_failed = 1, {}, None  # syncscope stopped the job itself
     sys.stdout.flush()
-    return LaunchResult(status, failed, monitor.hung, time.monotonic() - started)
+    return LaunchResult(status, failed, first_failed, monitor.hung, time.monotonic() - started)

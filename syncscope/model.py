@@ -105,6 +105,7 @@ class MicroBatch:
     forward_site: SourceLocation | None = None
     backward_site: SourceLocation | None = None
     sync_each_batch: bool | None = None  # Accelerate GradientAccumulationPlugin setting
+    backward_start_ns: int | None = None  # start of the backward pass (forward ends before)
 
 
 @dataclass(frozen=True)

@@ -110,6 +110,7 @@ def build_rank(events: Sequence[dict[str, Any]], rank: int | None = None) -> Ran
     backward: dict[str, Any] | None = None
     no_sync_active = False
     no_sync_at_forward = False
+    dist_seen = False
     last_t = 0
 
     for ev in events:
@@ -118,6 +119,8 @@ def build_rank(events: Sequence[dict[str, Any]], rank: int | None = None) -> Ran
         last_t = max(last_t, t)
         if kind == "header":
             header = ev
+        elif kind == "dist":
+            dist_seen = True
         elif kind == "exit":
             footer = ev
         elif kind == "wrapper":
@@ -169,6 +172,7 @@ def build_rank(events: Sequence[dict[str, Any]], rank: int | None = None) -> Ran
                     forward_site=_site(fwd.get("site")),
                     backward_site=_site(backward.get("site")),
                     sync_each_batch=accel.get("sync_each_batch") if accel else None,
+                    backward_start_ns=int(backward["t"]),
                 )
             )
             current.peak_memory = max(current.peak_memory, int(ev.get("mem", 0) or 0))
@@ -229,7 +233,7 @@ def build_rank(events: Sequence[dict[str, Any]], rank: int | None = None) -> Ran
         windows.append(current.build(last_t, False))
 
     status = footer.get("status") if footer else None
-    dist_initialized = bool(footer.get("dist_initialized", True)) if footer else True
+    dist_initialized = dist_seen or (bool(footer.get("dist_initialized")) if footer else True)
     return RankRun(
         rank=int(header.get("rank", rank if rank is not None else 0)),
         windows=tuple(windows),

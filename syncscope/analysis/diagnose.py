@@ -83,8 +83,8 @@ def _redundant(rank: RankRun, window: Window) -> Iterator[Observation]:
     if n < 2:
         return
     early = [c for c in window.grad_sync_collectives if c.micro_batch < n - 1]
-    if not early:
-        return
+    if not early or window.grad_syncs < 2:
+        return  # a single reduction in the wrong place is a missing sync, not a redundant one
     positions = sorted({c.micro_batch for c in early})
     cause, severity = _redundant_cause(rank, window, positions[0])
     wasted_ns = sum(c.duration_ns for c in early)
@@ -236,8 +236,9 @@ def _unsharded_memory(rank: RankRun, window: Window) -> Iterator[Observation]:
     if len(mbs) < 2 or mbs[-1].wrapper != "fsdp":
         return
     skipped = [mb for mb in mbs[:-1] if mb.backward_sync is False]
-    if not skipped or any(c.micro_batch < len(mbs) - 1 for c in window.grad_sync_collectives):
-        return
+    positions = {c.micro_batch for c in window.grad_sync_collectives}
+    if not skipped or positions != {len(mbs) - 1}:
+        return  # only a correct skip-then-sync window holds unsharded gradients on purpose
     fsdp = [w for w in rank.wrappers if w.kind == "fsdp"]
     unsharded = sum(w.param_bytes for w in fsdp)
     shard = max((w.shard_world for w in fsdp), default=1)
@@ -332,8 +333,13 @@ _SEVERITY_ORDER: list[Severity] = ["info", "warning", "error"]
 
 
 def sync_applies(run: Run) -> bool:
-    """Gradient-sync rules only make sense where more than one rank could disagree."""
-    return run.world_size > 1 and any(r.dist_initialized for r in run.ranks)
+    """Gradient-sync rules apply to distributed jobs, and to any job that wraps its model
+    for data parallelism or reduces gradients itself (DDP at world size 1 still syncs)."""
+    if not any(r.dist_initialized for r in run.ranks):
+        return False
+    return run.world_size > 1 or any(
+        r.wrappers or any(w.grad_sync_collectives for w in r.windows) for r in run.ranks
+    )
 
 
 def diagnose(run: Run) -> list[Finding]:

@@ -258,7 +258,9 @@ def _install_fsdp2(rec: Recorder, undo: list[Undo]) -> None:
         result = pre_forward(self, module, args, kwargs)
         ctx = getattr(self, "_state_ctx", None)
         if not was_root and ctx is not None and ctx.iter_forward_root is self:
-            label = rec.fsdp_roots.get(self) or rec.on_wrapper("fsdp", module, _fsdp_info(self))
+            label = rec.fsdp_roots.get(self) or rec.on_wrapper(
+                "fsdp", module, _fsdp_info(self), key=self
+            )
             extra = {"accelerate": acc} if (acc := _accelerate_state()) else None
             rec.on_forward_begin("fsdp", label, _fsdp_reduce_grads(self), extra)
             self.__dict__["_syncscope_fwd"] = True
@@ -313,9 +315,26 @@ def _fsdp_info(state: Any) -> dict[str, Any]:
     return {"params": params, "param_bytes": param_bytes, "shard_world": shard_world}
 
 
+def _install_dist(rec: Recorder, undo: list[Undo]) -> None:
+    import torch.distributed as dist
+    import torch.distributed.distributed_c10d as c10d
+
+    init = c10d.init_process_group
+
+    @functools.wraps(init)
+    def init_process_group(*args: Any, **kwargs: Any) -> Any:
+        result = init(*args, **kwargs)
+        rec.on_dist_init()
+        return result
+
+    _patch(c10d, "init_process_group", init_process_group, undo)
+    _patch(dist, "init_process_group", init_process_group, undo)
+
+
 def install(rec: Recorder) -> Undo:
     """Install every hook for ``rec``; returns a callable that removes them all."""
     undo: list[Undo] = []
+    _install_dist(rec, undo)
     _install_backward(rec, undo)
     _install_optimizer(rec, undo)
     _install_ddp(rec, undo)

@@ -138,6 +138,7 @@ class Recorder:
         self._window_open = False
         self._closed = False
         self.dist_info: dict[str, Any] = {}
+        self._works: list[tuple[int, Any]] = []
 
     def _note_dist(self) -> None:
         """Remember the default group while it exists (scripts often destroy it at the end)."""
@@ -157,6 +158,8 @@ class Recorder:
 
     def emit(self, event: dict[str, Any]) -> None:
         self.events += 1
+        if self._works and event.get("type") != "coll":
+            self.poll_works()
         self.sink.write(event)
 
     def internal(self) -> bool:
@@ -194,6 +197,8 @@ class Recorder:
         if self._closed:
             return
         self._resolve_fingerprints(wait=True)
+        self.poll_works()
+        self._works = []
         self._note_dist()
         self.emit(
             {
@@ -209,11 +214,19 @@ class Recorder:
             self.trace.close()
         self._closed = True
 
+    def on_dist_init(self) -> None:
+        self._note_dist()
+        if self.dist_info:
+            self.emit({"type": "dist", "t": self.now(), **self.dist_info})
+
     # -- wrappers -------------------------------------------------------------------------
-    def on_wrapper(self, kind: str, module: Any, info: dict[str, Any]) -> str:
+    def on_wrapper(
+        self, kind: str, module: Any, info: dict[str, Any], key: Any | None = None
+    ) -> str:
+        """Register a DDP module (key: the module) or FSDP2 root (key: its FSDPState)."""
         self._note_dist()
         label = self.new_label(kind, module)
-        (self.ddp_modules if kind == "ddp" else self.fsdp_roots)[module] = label
+        (self.ddp_modules if kind == "ddp" else self.fsdp_roots)[key or module] = label
         self.emit({"type": "wrapper", "kind": kind, "label": label, "t": self.now(), **info})
         return label
 
@@ -509,18 +522,35 @@ class Recorder:
             self._watch(work, seq)
 
     def _watch(self, work: Any, seq: int) -> None:
-        try:
-            future = work.get_future()
-        except Exception:
-            return
+        """Remember an in-flight collective; its completion is noticed by ``poll_works``.
 
-        def done(_: Any) -> None:
-            self.emit({"type": "done", "seq": seq, "t": self.now()})
+        Completion is polled at the rank's next event rather than signalled by a callback on
+        the work's future: such callbacks run on the backend's threads and can deadlock with
+        process-group teardown. The recorded time is therefore an upper bound (the first
+        event after completion), which for DDP's bucket all-reduces is the end of backward.
+        """
+        with self._lock:
+            self._works.append((seq, work))
 
-        try:
-            future.add_done_callback(done)
-        except Exception:
+    def poll_works(self) -> None:
+        if not self._works:
             return
+        now = self.now()
+        with self._lock:
+            pending = self._works
+            self._works = []
+        still: list[tuple[int, Any]] = []
+        for seq, work in pending:
+            try:
+                completed = bool(work.is_completed())
+            except Exception:
+                completed = True
+            if completed:
+                self.sink.write({"type": "done", "seq": seq, "t": now})
+            else:
+                still.append((seq, work))
+        with self._lock:
+            self._works = still + self._works
 
 
 def _fsdp_reduce_grads(state: Any) -> bool:

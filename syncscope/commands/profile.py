@@ -177,10 +177,16 @@ def profile(
     if result.hung:
         meta["hung"] = True
         write_meta(run_dir, meta)
-    return _report(run_dir, result.status, result.failed_ranks, fail_on, quiet)
+    if result.hung:
+        print(
+            f"syncscope: no rank made progress for {hang_timeout:g} s; the job was stopped "
+            "(see the hang finding)",
+            file=sys.stderr,
+        )
+    return _report(run_dir, result.status, result.first_failed, fail_on, quiet)
 
 
-def _report(run_dir: Path, status: int, failed: dict[int, int], fail_on: str, quiet: bool) -> int:
+def _report(run_dir: Path, status: int, failed: int | None, fail_on: str, quiet: bool) -> int:
     from syncscope.analysis.build import load_run
     from syncscope.analysis.diagnose import diagnose
     from syncscope.render.outputs import exit_status, write_reports
@@ -192,9 +198,12 @@ def _report(run_dir: Path, status: int, failed: dict[int, int], fail_on: str, qu
     if not quiet:
         print_summary(run, findings)
     print(f"syncscope: run directory {run_dir} ({', '.join(p.name for p in paths)})", file=sys.stderr)
-    if failed:
-        ranks = ", ".join(f"rank {r} exited with status {s}" for r, s in failed.items())
-        print(f"syncscope: the script failed: {ranks} (its traceback is above)", file=sys.stderr)
+    if failed is not None:
+        print(
+            f"syncscope: the script failed on rank {failed} with exit status {status} "
+            "(its output is above); the other ranks were stopped by the launcher",
+            file=sys.stderr,
+        )
     if status:
         return status
     return exit_status(findings, fail_on)

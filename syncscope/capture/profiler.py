@@ -1,0 +1,137 @@
+"""``syncscope profile --trace``: a torch.profiler (Kineto) trace of a range of windows.
+
+The capture calls the ``ProfilerTrace`` hooks; this module starts ``torch.profiler`` on the
+first window of the range, marks windows, micro-batches and grad syncs with
+``record_function`` ranges, and exports ``out_dir/traces/rank-R.json.gz`` when the range
+ends (or at ``close()``). The names it writes are the ones ``syncscope.trace`` reads back:
+
+- ``syncscope.window#N`` around window N (N from 0);
+- ``syncscope.micro_batch#N.K`` around micro-batch K of window N;
+- ``syncscope.grad_sync#OP#BYTES``, a near-zero-length range where a grad sync was issued.
+
+The trace opens in Perfetto or chrome://tracing with the windows visible. Nothing here
+depends on the rest of the capture, and a failure to export never stops training: it is
+reported by ``close()``'s return of ``self.error``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch.autograd.profiler import record_function
+
+WINDOW_PREFIX = "syncscope.window#"
+MICRO_BATCH_PREFIX = "syncscope.micro_batch#"
+GRAD_SYNC_PREFIX = "syncscope.grad_sync#"
+
+
+def trace_path(out_dir: Path, rank: int) -> Path:
+    return out_dir / "traces" / f"rank-{rank}.json.gz"
+
+
+class ProfilerTrace:
+    """Records windows ``[first, stop)`` of ``windows`` (all windows when None)."""
+
+    def __init__(self, out_dir: Path, rank: int, windows: tuple[int, int] | None) -> None:
+        if windows is not None and (windows[0] < 0 or windows[1] <= windows[0]):
+            raise ValueError(f"bad window range {windows[0]}:{windows[1]} (want A:B, 0 <= A < B)")
+        self.path = trace_path(out_dir, rank)
+        self.rank = rank
+        self.windows = windows
+        self.error: str | None = None
+        self._profiler: torch.profiler.profile | None = None
+        self._done = False
+        self._window: Any = None
+        self._micro_batch: Any = None
+        self._lock = threading.Lock()
+
+    @property
+    def active(self) -> bool:
+        return self._profiler is not None
+
+    def _in_range(self, index: int) -> bool:
+        return self.windows is None or self.windows[0] <= index < self.windows[1]
+
+    def _start(self) -> None:
+        activities = [torch.profiler.ProfilerActivity.CPU]
+        if torch.cuda.is_available():
+            activities.append(torch.profiler.ProfilerActivity.CUDA)
+        profiler = torch.profiler.profile(activities=activities, record_shapes=True)
+        profiler.__enter__()  # type: ignore[no-untyped-call]
+        self._profiler = profiler
+
+    def window_begin(self, index: int) -> None:
+        with self._lock:
+            if self._done or not self._in_range(index):
+                return
+            if self._profiler is None:
+                self._start()
+            self._close_range("_micro_batch")
+            self._close_range("_window")
+            self._window = self._open_range(f"{WINDOW_PREFIX}{index}")
+
+    def micro_batch_begin(self, window: int, micro_batch: int) -> None:
+        with self._lock:
+            if self._profiler is None:
+                return
+            self._close_range("_micro_batch")
+            self._micro_batch = self._open_range(f"{MICRO_BATCH_PREFIX}{window}.{micro_batch}")
+
+    def micro_batch_end(self, window: int, micro_batch: int) -> None:
+        with self._lock:
+            self._close_range("_micro_batch")
+
+    def grad_sync(self, op: str, nbytes: int) -> None:
+        with self._lock:
+            if self._profiler is None:
+                return
+            marker = self._open_range(f"{GRAD_SYNC_PREFIX}{op}#{int(nbytes)}")
+            marker.__exit__(None, None, None)
+
+    def window_end(self, index: int) -> None:
+        with self._lock:
+            if self._profiler is None:
+                return
+            self._close_range("_micro_batch")
+            self._close_range("_window")
+            if self.windows is not None and index >= self.windows[1] - 1:
+                self._finish()
+
+    def close(self) -> None:
+        with self._lock:
+            self._close_range("_micro_batch")
+            self._close_range("_window")
+            if self._profiler is not None:
+                self._finish()
+            self._done = True
+
+    # -- internals ---------------------------------------------------------------------
+
+    @staticmethod
+    def _open_range(name: str) -> Any:
+        rf = record_function(name)
+        rf.__enter__()  # type: ignore[no-untyped-call]
+        return rf
+
+    def _close_range(self, attr: str) -> None:
+        rf = getattr(self, attr)
+        if rf is not None:
+            setattr(self, attr, None)
+            with contextlib.suppress(RuntimeError):  # closed on another thread, or stopped
+                rf.__exit__(None, None, None)
+
+    def _finish(self) -> None:
+        profiler, self._profiler = self._profiler, None
+        self._done = True
+        if profiler is None:
+            return
+        try:
+            profiler.__exit__(None, None, None)  # type: ignore[no-untyped-call]
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            profiler.export_chrome_trace(str(self.path))
+        except (OSError, RuntimeError) as exc:
+            self.error = f"{self.path}: could not write the trace: {exc}"

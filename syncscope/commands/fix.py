@@ -1,0 +1,139 @@
+"""``syncscope fix SCRIPT``: propose (or apply) rewrites of gradient-accumulation loops.
+
+Dry run by default: a unified diff on stdout and one line per problem on stderr. Exit
+status: 0 nothing to fix, 1 problems found (dry run) or left unfixed (``--apply``), 2 error.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import sys
+import tempfile
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from syncscope.errors import SyncscopeError
+from syncscope.fixes.codemod import STYLES, FixOptions, FixResult, Style, fix_source
+
+
+def _check_inside(path: Path, allow_outside: bool) -> None:
+    cwd = Path.cwd().resolve()
+    if not allow_outside and not path.resolve().is_relative_to(cwd):
+        raise SyncscopeError(
+            f"{path} is outside the working tree {cwd}; pass --allow-outside to write it"
+        )
+
+
+def _read(script: Path) -> bytes:
+    if not script.is_file():
+        raise SyncscopeError(f"{script}: no such file")
+    try:
+        return script.read_bytes()
+    except OSError as exc:
+        raise SyncscopeError(f"{script}: cannot read it ({exc.strerror})") from None
+
+
+def write_atomically(script: Path, text: str, backup: bool) -> None:
+    """Write ``text`` to ``script`` via a temporary file and a rename; keep ``SCRIPT.bak``."""
+    directory = script.resolve().parent
+    try:
+        if backup:
+            shutil.copy2(script, script.with_name(script.name + ".bak"))
+        handle, temporary = tempfile.mkstemp(prefix=f".{script.name}.", dir=directory)
+        try:
+            with os.fdopen(handle, "wb") as out:
+                out.write(text.encode("utf-8"))
+                out.flush()
+                os.fsync(out.fileno())
+            shutil.copymode(script, temporary)
+            os.replace(temporary, script)
+        except BaseException:
+            Path(temporary).unlink(missing_ok=True)
+            raise
+    except OSError as exc:
+        raise SyncscopeError(f"{script}: cannot write it ({exc.strerror})") from None
+
+
+def _report(result: FixResult, shown: str) -> None:
+    for problem in result.problems:
+        if problem.fixed:
+            tail = "(fixed)" if result.changed else ""
+        else:
+            tail = (
+                f"(not rewritten: {problem.suggestion})"
+                if problem.suggestion
+                else "(not rewritten)"
+            )
+        print(
+            f"{shown}:{problem.line}: {problem.code} {problem.message} {tail}".rstrip(),
+            file=sys.stderr,
+        )
+    for note in result.notes:
+        print(f"{shown}: {note}", file=sys.stderr)
+
+
+def register(app: typer.Typer) -> None:
+    @app.command("fix")
+    def fix(
+        script: Annotated[Path, typer.Argument(help="Training script to check and fix.")],
+        args: Annotated[
+            list[str] | None, typer.Argument(help="Script arguments, for --verify.")
+        ] = None,
+        apply: Annotated[bool, typer.Option("--apply", help="Write the change.")] = False,
+        style: Annotated[
+            str, typer.Option("--style", help="auto, accelerate, no_sync, flag or fsdp2.")
+        ] = "auto",
+        from_run: Annotated[
+            Path | None, typer.Option("--from", help="Run directory of `syncscope profile`.")
+        ] = None,
+        verify: Annotated[
+            bool, typer.Option("--verify", help="Profile original and fixed, side by side.")
+        ] = False,
+        nproc_per_node: Annotated[
+            int, typer.Option("--nproc-per-node", help="Ranks for --verify.")
+        ] = 2,
+        no_backup: Annotated[bool, typer.Option("--no-backup", help="No SCRIPT.bak.")] = False,
+        allow_outside: Annotated[
+            bool, typer.Option("--allow-outside", help="Write a file outside the cwd.")
+        ] = False,
+    ) -> None:
+        """Propose (dry run) or --apply fixes to gradient-accumulation loops."""
+        if style not in STYLES:
+            raise SyncscopeError(f"--style must be one of {', '.join(STYLES)}, not {style!r}")
+        data = _read(script)
+        try:
+            source = data.decode("utf-8")
+        except UnicodeDecodeError:
+            raise SyncscopeError(f"{script}: not UTF-8 text") from None
+        hints = None
+        if from_run is not None:
+            from syncscope.fixes.fromrun import load_hints
+
+            hints = load_hints(from_run, script, data)
+        chosen: Style = style  # type: ignore[assignment]
+        result = fix_source(source, FixOptions(chosen, hints), path=str(script))
+        if result.changed and not apply:
+            sys.stdout.write(result.diff(str(script)))
+        _report(result, str(script))
+        if verify and result.changed:
+            from syncscope.fixes.verify import render
+            from syncscope.fixes.verify import verify as run_verify
+
+            _check_inside(script, allow_outside)
+            codes = [p.code for p in result.problems]
+            checked = run_verify(
+                script, result.fixed, codes, ("--nproc-per-node", str(nproc_per_node)), args or ()
+            )
+            print("\n".join(render(checked)))
+            if not checked.ok:
+                raise SyncscopeError("verification failed: the fix was not applied")
+        if apply and result.changed:
+            _check_inside(script, allow_outside)
+            write_atomically(script, result.fixed, backup=not no_backup)
+            print(f"syncscope: wrote {script}", file=sys.stderr)
+        unfixed = any(not p.fixed for p in result.problems)
+        if result.problems and (not apply or unfixed):
+            raise typer.Exit(1)

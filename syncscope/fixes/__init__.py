@@ -1,0 +1,20 @@
+"""``syncscope fix``: find and rewrite gradient-accumulation loops that sync wrongly.
+
+The pipeline shows in the modules:
+
+- ``resolve``: which wrapper (DDP, FSDP1, FSDP2, Accelerate) each name in a file holds;
+- ``loops``: the accumulation loops of a file, described as plain data (forward, backward,
+  step gate, sync toggles, ``zero_grad`` calls), with the gates canonicalized;
+- ``rules``: one small class per problem, each with a code, a message and an optional
+  rewrite (TorchFix style);
+- ``codemod``: the driver that applies rewrites one at a time until none is left, adds the
+  imports they need and renders the unified diff;
+- ``fromrun``: hints from a profile's ``report.json`` (``--from``);
+- ``verify``: profiles the original and the fixed script and compares them (``--verify``).
+"""
+
+from __future__ import annotations
+
+from syncscope.fixes.codemod import FixOptions, FixResult, Problem, fix_source
+
+__all__ = ["FixOptions", "FixResult", "Problem", "fix_source"]

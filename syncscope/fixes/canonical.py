@@ -1,0 +1,205 @@
+"""The canonical form for a loop: what ``syncscope fix`` adds where no sync toggle is left.
+
+Raw DDP gets ``with (model.no_sync() if not is_last else contextlib.nullcontext()):`` around
+forward and backward (or ``model.require_backward_grad_sync = is_last`` before the forward
+where the script uses the flag); FSDP2 gets ``model.set_requires_gradient_sync(is_last)``
+before the forward; Accelerate gets ``with accelerator.accumulate(model):`` and
+``Accelerator(gradient_accumulation_steps=N)``.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import libcst as cst
+import libcst.matchers as m
+
+from syncscope.fixes import edits
+from syncscope.fixes.edits import Edit, Statements
+from syncscope.fixes.gates import code_of
+from syncscope.fixes.loops import AccumLoop
+from syncscope.fixes.resolve import Resolution, WrapperKind
+from syncscope.fixes.syntax import calls_in, is_backward
+
+DdpForm = Literal["no_sync", "flag"]
+
+
+@dataclass
+class Context:
+    loop: AccumLoop
+    wrapper: WrapperKind | None
+    ddp_form: DdpForm
+    resolution: Resolution
+    module: cst.Module
+    why_unresolved: str = ""
+    distributed: bool = True  # the file uses torch.distributed or accelerate at all
+
+
+def _fresh_name(module: cst.Module) -> str:
+    used = _names_in(module)
+    for candidate in ("is_last", "is_last_micro_batch", "syncscope_is_last"):
+        if candidate not in used:
+            return candidate
+    return "syncscope_is_last_"
+
+
+def _names_in(node: cst.CSTNode) -> set[str]:
+    return {n.value for n in m.findall(node, m.Name()) if isinstance(n, cst.Name)}
+
+
+def _assigned(statement: cst.BaseStatement) -> set[str]:
+    out: set[str] = set()
+    for node in m.findall(statement, m.Assign() | m.AugAssign()):
+        targets: list[cst.BaseExpression] = []
+        if isinstance(node, cst.Assign):
+            targets = [t.target for t in node.targets]
+        elif isinstance(node, cst.AugAssign):
+            targets = [node.target]
+        for target in targets:
+            out |= _names_in(target)
+    return out
+
+
+def _increments(statements: Sequence[cst.BaseStatement], name: str) -> int:
+    """How many ``name += 1`` lines ``statements`` hold; -1 if ``name`` changes otherwise."""
+    count = 0
+    for statement in statements:
+        if name not in _assigned(statement):
+            continue
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if (
+            isinstance(small, cst.AugAssign)
+            and isinstance(small.operator, cst.AddAssign)
+            and code_of(small.value) == "1"
+        ):
+            count += 1
+        else:
+            return -1
+    return count
+
+
+def is_last_binding(ctx: Context) -> tuple[str, list[str], str | None] | None:
+    """(name, setup lines, new gate test) to say "last micro-batch" before the forward."""
+    loop = ctx.loop
+    code = loop.is_last_code
+    if code is None:
+        return None
+    gate = loop.gate
+    if gate is not None and isinstance(gate.test, cst.Name):
+        name = gate.test.value
+        bound_before = any(name in _assigned(s) for s in loop.body[: loop.forward])
+        return (name, [], None) if bound_before else None
+    for statement in loop.body[: loop.forward]:
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        if isinstance(small, cst.Assign) and code_of(small.value) == code:
+            target = small.targets[0].target
+            if isinstance(target, cst.Name):
+                return target.value, [], target.value if gate is not None else None
+    if gate is not None:
+        between = loop.body[loop.forward : loop.gate_index]
+        changed = _names_in(gate.test) & {n for s in between for n in _assigned(s)}
+        if any(_increments(between, counter) != 1 for counter in changed):
+            return None  # the gate's counter changes between forward and gate
+        test: cst.CSTNode = gate.test
+        for counter in changed:  # ``micro += 1`` before the gate: test ``micro + 1`` ahead
+            shifted = m.replace(test, m.Name(counter), cst.parse_expression(f"({counter} + 1)"))
+            assert isinstance(shifted, cst.CSTNode)
+            test = shifted
+        code = code_of(test)
+    name = _fresh_name(ctx.module)
+    return name, [f"{name} = {code}"], name if gate is not None else None
+
+
+def _accelerator_of(ctx: Context) -> str | None:
+    accelerators = ctx.resolution.accelerators
+    for statement in ctx.loop.body:
+        for call in calls_in(statement):
+            if is_backward(call) and isinstance(call.func, cst.Attribute):
+                owner = code_of(call.func.value)
+                if owner in accelerators:
+                    return owner
+    return next(iter(accelerators)) if len(accelerators) == 1 else None
+
+
+def _bound_before(name: str, code: str, position: int) -> bool:
+    pattern = rf"^[ \t]*(?:{name}\b[^=\n]*=[^=]|.*\bdef\b.*\b{name}\b|.*\bimport\b.*\b{name}\b)"
+    found = re.search(pattern, code, re.M)
+    return found is not None and found.start() < position
+
+
+def accelerate_rewrite(ctx: Context) -> tuple[Edit | None, str]:
+    loop = ctx.loop
+    acc = _accelerator_of(ctx)
+    if acc is None:
+        return None, "no Accelerator() is constructed in this file"
+    if loop.last_gate is None:
+        return None, "the step gate is not of a form syncscope can read"
+    n = loop.last_gate.pred.n
+    call = ctx.resolution.accelerators[acc]
+    keywords = {a.keyword.value for a in call.args if a.keyword is not None}
+    rewrite = edits.wrap_span(
+        loop,
+        f"with {acc}.accumulate({loop.model}):",
+        [],
+        f"{acc}.sync_gradients" if loop.gate is not None else None,
+        span_fix=lambda span: _drop_loss_division(span, acc, n),
+    )
+    if "gradient_accumulation_steps" not in keywords:
+        source = ctx.module.code
+        position = source.find(code_of(call))
+        roots = {r for r in re.findall(r"[A-Za-z_]\w*", n) if r not in {"len", "int"}}
+        if not all(_bound_before(r, source, position) for r in roots):
+            return None, f"'{n}' is defined after {acc} = Accelerator(...)"
+        rewrite = edits.merge(rewrite, edits.add_keyword(call, "gradient_accumulation_steps", n))
+    return rewrite, ""
+
+
+def _drop_loss_division(span: Statements, acc: str, n: str) -> Statements:
+    """``accelerator.backward`` divides by ``gradient_accumulation_steps``: drop ``/ n``."""
+    out: Statements = []
+    for statement in span:
+        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+        value = small.value if isinstance(small, (cst.Assign, cst.Expr)) else None
+        if (
+            isinstance(value, cst.BinaryOperation)
+            and isinstance(value.operator, cst.Divide)
+            and code_of(value.right) == n
+            and isinstance(small, cst.Assign)
+            and f"{acc}.backward(" in "".join(code_of(s) for s in span)
+        ):
+            left = (
+                value.left.with_changes(lpar=(), rpar=())
+                if _bare_parens(value.left)
+                else value.left
+            )
+            statement = statement.with_changes(body=[small.with_changes(value=left)])  # type: ignore[union-attr]
+        out.append(statement)
+    return out
+
+
+def _bare_parens(node: cst.BaseExpression) -> bool:
+    return bool(node.lpar) and not isinstance(node, (cst.Tuple, cst.GeneratorExp))
+
+
+def canonical_rewrite(ctx: Context) -> tuple[Edit | None, str]:
+    """The form that matches the script, added to a loop that has no sync toggle."""
+    if ctx.wrapper == "accelerate":
+        return accelerate_rewrite(ctx)
+    binding = is_last_binding(ctx)
+    if binding is None:
+        return None, "cannot tell, before the forward, whether a micro-batch is the last"
+    name, setup, gate = binding
+    model = ctx.loop.model
+    if ctx.wrapper == "fsdp2":
+        lines = [*setup, f"{model}.set_requires_gradient_sync({name})"]
+        return edits.insert_before_forward(ctx.loop, lines, None, gate), ""
+    if ctx.wrapper == "ddp" and ctx.ddp_form == "flag":
+        lines = [*setup, f"{model}.require_backward_grad_sync = {name}"]
+        return edits.insert_before_forward(ctx.loop, lines, None, gate), ""
+    header = f"with ({model}.no_sync() if not {name} else contextlib.nullcontext()):"
+    rewrite = edits.wrap_span(ctx.loop, header, setup, gate)
+    rewrite.imports = ("contextlib",)
+    return rewrite, ""

@@ -1,0 +1,221 @@
+"""The driver: analyze, apply one rewrite, analyze again, until nothing is left to fix.
+
+One rewrite per pass keeps each rewrite simple (it only ever sees a freshly parsed file)
+and makes the result a fixed point: running the fix on its own output changes nothing. A
+rewrite that would leave its loop with a new problem it cannot fix is rolled back, so a
+wrong toggle is never stripped without the right one taking its place.
+"""
+
+from __future__ import annotations
+
+import difflib
+from dataclasses import dataclass, field
+from typing import Literal
+
+import libcst as cst
+from libcst.codemod import CodemodContext
+from libcst.codemod.visitors import AddImportsVisitor
+from libcst.metadata import MetadataWrapper
+
+from syncscope.errors import SyncscopeError
+from syncscope.fixes.canonical import Context, DdpForm
+from syncscope.fixes.edits import apply_edit
+from syncscope.fixes.loops import AccumLoop, find_loops
+from syncscope.fixes.resolve import WRAPPER_WORDS, Resolution, WrapperKind, resolve_wrappers
+from syncscope.fixes.rules import ALL_RULES, Violation
+
+Style = Literal["auto", "accelerate", "no_sync", "flag", "fsdp2"]
+STYLES: tuple[Style, ...] = ("auto", "accelerate", "no_sync", "flag", "fsdp2")
+MAX_PASSES = 24
+DISTRIBUTED_WORDS = ("torch.distributed", "accelerate", "DistributedDataParallel", "fully_shard")
+
+
+@dataclass(frozen=True)
+class RunHints:
+    """What a profile (``--from``) says about the script."""
+
+    wrapper: WrapperKind | None = None
+    ddp_form: DdpForm | None = None
+    lines: frozenset[int] = frozenset()  # source lines of findings, in this script
+    helper_codes: frozenset[str] = frozenset()  # statements that toggle sync via a helper
+
+
+@dataclass(frozen=True)
+class FixOptions:
+    style: Style = "auto"
+    hints: RunHints | None = None
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One problem found in the original file, and whether the fix takes care of it."""
+
+    code: str
+    name: str
+    line: int
+    message: str
+    fixed: bool
+    suggestion: str = ""
+
+
+@dataclass(frozen=True)
+class FixResult:
+    original: str
+    fixed: str
+    problems: tuple[Problem, ...] = ()
+    notes: tuple[str, ...] = field(default=())
+
+    @property
+    def changed(self) -> bool:
+        return self.fixed != self.original
+
+    def diff(self, path: str) -> str:
+        lines = difflib.unified_diff(
+            self.original.splitlines(keepends=True),
+            self.fixed.splitlines(keepends=True),
+            fromfile=f"a/{path}",
+            tofile=f"b/{path}",
+        )
+        return "".join(line if line.endswith("\n") else line + "\n" for line in lines)
+
+
+def parse(source: str, path: str) -> cst.Module:
+    try:
+        return cst.parse_module(source)
+    except cst.ParserSyntaxError as exc:
+        raise SyncscopeError(
+            f"{path}: syntax error at line {exc.raw_line}, column {exc.raw_column}; "
+            "fix it before running syncscope fix"
+        ) from None
+
+
+_STYLE_WRAPPER: dict[Style, WrapperKind] = {
+    "accelerate": "accelerate",
+    "no_sync": "ddp",
+    "flag": "ddp",
+    "fsdp2": "fsdp2",
+}
+
+
+def _wrapper_of(
+    loop: AccumLoop, resolution: Resolution, options: FixOptions
+) -> tuple[WrapperKind | None, str]:
+    resolved = resolution.kind_of(loop.model)
+    style = options.style
+    if resolved is not None:
+        wanted = _STYLE_WRAPPER.get(style)
+        compatible = wanted in (None, resolved) or (resolved == "fsdp1" and style == "no_sync")
+        if not compatible:
+            raise SyncscopeError(
+                f"--style {style} does not fit line {loop.line}: "
+                f"'{loop.model}' holds {WRAPPER_WORDS[resolved]}"
+            )
+        return resolved, ""
+    if options.hints is not None and options.hints.wrapper is not None:
+        return options.hints.wrapper, ""
+    kinds = {t.kind for t in loop.toggles}
+    if style != "auto":
+        return _STYLE_WRAPPER[style], ""
+    if "flag" in kinds:
+        return "ddp", ""
+    if "setter" in kinds:
+        return "fsdp2", ""
+    if "accumulate" in kinds:
+        return "accelerate", ""
+    return None, resolution.why_unresolved(loop.model)
+
+
+def _ddp_form(loop: AccumLoop, options: FixOptions) -> DdpForm:
+    if options.style in ("flag", "no_sync"):
+        return "flag" if options.style == "flag" else "no_sync"
+    if options.hints is not None and options.hints.ddp_form is not None:
+        return options.hints.ddp_form
+    return "flag" if any(t.kind == "flag" for t in loop.toggles) else "no_sync"
+
+
+@dataclass
+class _Pass:
+    module: cst.Module
+    violations: list[tuple[int, Violation]]
+
+
+class _Driver:
+    def __init__(self, source: str, path: str, options: FixOptions) -> None:
+        self.path = path
+        self.options = options
+        self.module = parse(source, path)
+        self.distributed = any(word in source for word in DISTRIBUTED_WORDS)
+        self.targets: set[int] | None = None  # loop ordinals, with --from
+        self.forms: dict[int, DdpForm] = {}  # chosen on the original file, kept across passes
+
+    def analyze(self, module: cst.Module) -> _Pass:
+        wrapper = MetadataWrapper(module)
+        resolution = resolve_wrappers(wrapper)
+        hints = self.options.hints
+        helpers = hints.helper_codes if hints is not None else frozenset()
+        loops = find_loops(wrapper, resolution, helpers)
+        if self.targets is None and hints is not None:
+            self.targets = {i for i, loop in enumerate(loops) if loop.lines & hints.lines}
+        found: list[tuple[int, Violation]] = []
+        for ordinal, loop in enumerate(loops):
+            if self.targets is not None and ordinal not in self.targets:
+                continue
+            kind, why = _wrapper_of(loop, resolution, self.options)
+            form = self.forms.setdefault(ordinal, _ddp_form(loop, self.options))
+            ctx = Context(loop, kind, form, resolution, wrapper.module, why, self.distributed)
+            for rule in ALL_RULES:
+                violation = rule.check(ctx)
+                if violation is not None:
+                    found.append((ordinal, violation))
+        return _Pass(wrapper.module, found)
+
+    def apply(self, state: _Pass, violation: Violation) -> cst.Module:
+        assert violation.rewrite is not None
+        module = apply_edit(state.module, violation.rewrite)
+        if violation.rewrite.imports:
+            context = CodemodContext()
+            for name in violation.rewrite.imports:
+                AddImportsVisitor.add_needed_import(context, name)
+            module = AddImportsVisitor(context).transform_module(module)
+        return module
+
+    def run(self) -> FixResult:
+        original = self.module.code
+        state = self.analyze(self.module)
+        first = list(state.violations)
+        tried: set[tuple[int, str]] = set()
+        refused: dict[tuple[int, str], str] = {}
+        for _ in range(MAX_PASSES):
+            pending = [
+                (o, v) for o, v in state.violations if v.rewrite and (o, v.code) not in tried
+            ]
+            if not pending:
+                break
+            ordinal, violation = pending[0]
+            tried.add((ordinal, violation.code))
+            candidate = self.analyze(self.apply(state, violation))
+            before = {v.code for o, v in state.violations if o == ordinal}
+            stuck = [
+                v
+                for o, v in candidate.violations
+                if o == ordinal and v.rewrite is None and v.code not in before
+            ]
+            if stuck:
+                refused[(ordinal, violation.code)] = stuck[0].suggestion or stuck[0].message
+                continue
+            state = candidate
+        remaining = {(o, v.code) for o, v in state.violations}
+        problems = []
+        for ordinal, v in first:
+            fixed = (ordinal, v.code) not in remaining and (ordinal, v.code) not in refused
+            suggestion = v.suggestion or refused.get((ordinal, v.code), "")
+            problems.append(Problem(v.code, v.name, v.line, v.message, fixed, suggestion))
+        notes: list[str] = []
+        if self.targets == set():
+            notes.append("no finding of the profile points into an accumulation loop here")
+        return FixResult(original, state.module.code, tuple(problems), tuple(notes))
+
+
+def fix_source(source: str, options: FixOptions | None = None, path: str = "<script>") -> FixResult:
+    """Find the problems of ``source`` and the fixed text (raises SyncscopeError)."""
+    return _Driver(source, path, options or FixOptions()).run()

@@ -1,0 +1,80 @@
+"""Hints from a profile (``--from RUN_DIR``): which loops to target and which wrapper.
+
+A profile knows what syntax cannot: the wrapper decided in another file, a sync flag
+toggled through a helper. Its findings carry source lines (forward, backward, toggle, step)
+and a fix style; those steer the rewrite. A script changed since the run is refused.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+from typing import Any
+
+from syncscope.errors import BadRunDirectory, SyncscopeError
+from syncscope.fixes.canonical import DdpForm
+from syncscope.fixes.codemod import RunHints
+from syncscope.fixes.resolve import WrapperKind
+
+TOGGLE_ROLES = frozenset({"no_sync", "toggle", "flag", "sync_toggle", "set_requires_gradient_sync"})
+STYLE_HINTS: dict[str, tuple[WrapperKind, DdpForm | None]] = {
+    "ddp-no_sync": ("ddp", "no_sync"),
+    "ddp-flag": ("ddp", "flag"),
+    "accelerate": ("accelerate", None),
+    "fsdp2": ("fsdp2", None),
+    "hsdp": ("fsdp2", None),
+}
+CAUSE_HINTS: dict[str, WrapperKind] = {"fsdp-sharded-accumulation": "fsdp2"}
+
+
+def _read_report(run_dir: Path) -> dict[str, Any]:
+    path = run_dir / "report.json"
+    if not path.is_file():
+        raise BadRunDirectory(
+            f"{run_dir}: no report.json (run `syncscope profile --out DIR` first)"
+        )
+    try:
+        report = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
+        raise BadRunDirectory(f"{path}: cannot read it ({exc})") from None
+    if not isinstance(report, dict) or report.get("schema_version") != 1:
+        raise BadRunDirectory(f"{path}: not a syncscope report of schema version 1")
+    return report
+
+
+def _same_file(a: str, b: Path) -> bool:
+    try:
+        return Path(a).resolve() == b.resolve()
+    except OSError:
+        return False
+
+
+def load_hints(run_dir: Path, script: Path, data: bytes) -> RunHints:
+    """Hints for ``script`` (whose bytes are ``data``) from ``run_dir/report.json``."""
+    report = _read_report(run_dir)
+    recorded = report.get("script") or {}
+    digest = hashlib.sha256(data).hexdigest()
+    if recorded.get("sha256") != digest:
+        raise SyncscopeError(
+            f"{script} changed since the run in {run_dir} (sha256 differs): profile it again"
+        )
+    lines: set[int] = set()
+    helper_codes: set[str] = set()
+    wrapper: WrapperKind | None = None
+    form: DdpForm | None = None
+    text = data.decode("utf-8", errors="replace").splitlines()
+    for finding in report.get("findings") or []:
+        fix = finding.get("fix") or {}
+        style = STYLE_HINTS.get(str(fix.get("style", "")))
+        if style is not None:
+            wrapper, form = style[0], style[1] or form
+        wrapper = CAUSE_HINTS.get(str(finding.get("cause", "")), wrapper)
+        for source in finding.get("sources") or []:
+            line = int(source.get("line", 0))
+            if not _same_file(str(source.get("file", "")), script) or not 0 < line <= len(text):
+                continue
+            lines.add(line)
+            if source.get("role") in TOGGLE_ROLES:
+                helper_codes.add(text[line - 1].strip())
+    return RunHints(wrapper, form, frozenset(lines), frozenset(helper_codes))

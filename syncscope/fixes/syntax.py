@@ -1,0 +1,125 @@
+"""Small syntactic predicates on libcst nodes: calls, backward, step, no_sync, zero_grad."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+import libcst as cst
+
+from syncscope.fixes.gates import Gate, code_of, parse_gate
+
+
+class _Calls(cst.CSTVisitor):
+    """Calls in evaluation order (arguments before the call), not inside nested scopes."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.calls: list[cst.Call] = []
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> bool:
+        return False
+
+    def visit_ClassDef(self, node: cst.ClassDef) -> bool:
+        return False
+
+    def visit_Lambda(self, node: cst.Lambda) -> bool:
+        return False
+
+    def leave_Call(self, original_node: cst.Call) -> None:
+        self.calls.append(original_node)
+
+
+def calls_in(node: cst.CSTNode) -> list[cst.Call]:
+    visitor = _Calls()
+    node.visit(visitor)
+    return visitor.calls
+
+
+def contains(node: cst.CSTNode, predicate: Callable[[cst.Call], bool]) -> bool:
+    return any(predicate(call) for call in calls_in(node))
+
+
+def method_name(call: cst.Call) -> str | None:
+    return call.func.attr.value if isinstance(call.func, cst.Attribute) else None
+
+
+def receiver(call: cst.Call) -> str | None:
+    return code_of(call.func.value) if isinstance(call.func, cst.Attribute) else None
+
+
+def is_backward(call: cst.Call) -> bool:
+    return method_name(call) == "backward"
+
+
+def is_step(call: cst.Call) -> bool:
+    """``optimizer.step()`` or ``scaler.step(optimizer)``, not a scheduler's step."""
+    if method_name(call) != "step":
+        return False
+    owner = (receiver(call) or "").lower()
+    return "sched" not in owner and not owner.endswith("lr") and "warmup" not in owner
+
+
+def is_zero_grad(call: cst.Call) -> bool:
+    return method_name(call) == "zero_grad"
+
+
+def statement_call(statement: cst.BaseStatement) -> cst.Call | None:
+    """The call of a one-call statement line (``opt.zero_grad()``), else None."""
+    if isinstance(statement, cst.SimpleStatementLine) and len(statement.body) == 1:
+        small = statement.body[0]
+        if isinstance(small, cst.Expr) and isinstance(small.value, cst.Call):
+            return small.value
+    return None
+
+
+def zero_grad_receiver(statement: cst.BaseStatement) -> str | None:
+    call = statement_call(statement)
+    return receiver(call) if call is not None and is_zero_grad(call) else None
+
+
+def accumulate_model(item: cst.BaseExpression) -> str | None:
+    """``accelerator.accumulate(model)`` -> ``"model"``."""
+    if isinstance(item, cst.Call) and method_name(item) == "accumulate" and item.args:
+        first = item.args[0].value
+        if isinstance(first, cst.Name):
+            return first.value
+    return None
+
+
+@dataclass(frozen=True)
+class NoSync:
+    """A ``with`` item that suppresses gradient sync for ``model``."""
+
+    model: str
+    sync: Gate | None  # when it lets gradients sync (None: unconditional or unknown)
+    conditional: bool
+
+
+def _bare_no_sync(node: cst.BaseExpression) -> str | None:
+    """``model.no_sync()`` or ``accelerator.no_sync(model)`` -> the model's name."""
+    if not isinstance(node, cst.Call) or method_name(node) != "no_sync":
+        return None
+    if node.args and isinstance(node.args[0].value, cst.Name):
+        return node.args[0].value.value
+    assert isinstance(node.func, cst.Attribute)
+    return code_of(node.func.value)
+
+
+def no_sync_item(
+    item: cst.BaseExpression, names: Mapping[str, cst.BaseExpression], depth: int = 0
+) -> NoSync | None:
+    if isinstance(item, cst.Name) and item.value in names and depth < 3:
+        return no_sync_item(names[item.value], names, depth + 1)
+    model = _bare_no_sync(item)
+    if model is not None:
+        return NoSync(model, None, conditional=False)
+    if isinstance(item, cst.IfExp):
+        gate = parse_gate(item.test, names)
+        model = _bare_no_sync(item.body)
+        if model is not None:  # no_sync when the test holds: sync when it does not
+            return NoSync(model, gate.negated() if gate is not None else None, True)
+        model = _bare_no_sync(item.orelse)
+        if model is not None:
+            return NoSync(model, gate, True)
+    return None

@@ -1,0 +1,310 @@
+"""The HTML report: the problem in ten seconds (verdict, headline numbers, where the syncs
+landed), the fix in a minute (finding cards with evidence, cost, source lines and snippet).
+
+``render_html(run, findings) -> str`` returns one self-contained page. Every string from a
+run or a finding goes through ``esc`` (or pygments, which escapes); nothing here computes a
+diagnosis, it only shows the model and the findings.
+"""
+
+from __future__ import annotations
+
+import shlex
+from collections.abc import Sequence
+
+from syncscope import __version__
+from syncscope.model import Finding, Run, compress_ranks
+from syncscope.render import charts, timeline
+from syncscope.render.page import code_block, esc, figure_block, page, section
+from syncscope.render.summary import (
+    Grid,
+    Headline,
+    grid_of,
+    headline,
+    human_bytes,
+    human_ns,
+    human_share,
+    human_value,
+)
+
+SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
+VERDICT_TITLES = {
+    "clean": "No gradient synchronization problems found",
+    "warnings": "Training is correct, but wastes communication or memory",
+    "errors": "Gradient synchronization is broken: training results are affected",
+}
+MAX_LIST_ITEMS = 24
+OPEN_CARDS = 3  # later findings start folded: a page with 40 findings stays readable
+MAX_TEXT = 600
+
+
+def render_html(run: Run, findings: Sequence[Finding]) -> str:
+    grid = grid_of(run)
+    head = headline(run, findings, grid)
+    ordered = sorted(findings, key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
+    parts = [
+        _header(run, head),
+        _verdict(head, ordered),
+        _tiles(head),
+        *_charts_top(grid, head),
+        _findings(ordered),
+        *_charts_detail(run, grid, ordered),
+        _notes(run),
+        f"<footer>syncscope {esc(__version__)} · every number here comes from the saved run; "
+        "nothing on this page was fetched from the network.</footer>",
+    ]
+    return page(f"syncscope report: {_command(run) or 'run'}", "\n".join(p for p in parts if p))
+
+
+def _command(run: Run) -> str:
+    return shlex.join(run.meta.command) if run.meta.command else ""
+
+
+def _header(run: Run, head: Headline) -> str:
+    m = run.meta
+    facts = [
+        f"{head.world_size:,} rank{'s' if head.world_size != 1 else ''}",
+        f"{head.windows} windows x {head.micro_batches_per_window} micro-batches",
+        "/".join(head.wrappers),
+        f"{'live capture' if m.source == 'live' else 'from traces'}",
+        f"torch {m.torch_version}" if m.torch_version else "",
+        m.created,
+        f"{len(m.nodes)} nodes" if len(m.nodes) > 1 else "",
+        "job hung" if m.hung else "",
+    ]
+    spans = "".join(f"<span>{esc(f)}</span>" for f in facts if f)
+    return (
+        '<header class="top"><span class="brand">syncscope</span>'
+        f'<code class="cmd">{esc(_command(run) or "(command not recorded)")}</code></header>'
+        f'<p class="meta">{spans}</p>'
+    )
+
+
+def _verdict(head: Headline, findings: Sequence[Finding]) -> str:
+    if findings and head.verdict != "clean":
+        sub = findings[0].message
+        if len(findings) > 1:
+            sub += (
+                f" (and {len(findings) - 1} more finding{'s' if len(findings) > 2 else ''} below)"
+            )
+    else:
+        sub = (
+            f"{head.seen_syncs_per_window:.3g} gradient sync per window across "
+            f"{head.world_size} ranks, after the last micro-batch, as it should be."
+        )
+    return (
+        f'<div class="verdict {esc(head.verdict)}" id="verdict">'
+        f"<h1>{esc(VERDICT_TITLES[head.verdict])}</h1><p>{esc(sub)}</p></div>"
+    )
+
+
+def _tile(label: str, value: str, sub: str = "", tone: str = "") -> str:
+    return (
+        f'<div class="tile {esc(tone)}"><div class="label">{esc(label)}</div>'
+        f'<div class="value">{value}</div><div class="sub">{esc(sub)}</div></div>'
+    )
+
+
+def _tiles(head: Headline) -> str:
+    seen, expected = head.seen_syncs_per_window, head.expected_syncs_per_window
+    synced = f"{human_bytes(head.grad_sync_bytes_per_window)} synced per window"
+    if head.seen_syncs_min == head.seen_syncs_max:
+        value, spread = f"{head.seen_syncs_min}", f"on every rank and window; {synced}"
+    else:
+        value = f"{head.seen_syncs_min}-{head.seen_syncs_max}"
+        spread = f"{head.rank_windows_off:,} of {head.rank_windows:,} rank-windows off; {synced}"
+    tone = "good" if not head.rank_windows_off else ("bad" if seen < expected else "warn")
+    tiles = [
+        _tile(
+            "grad syncs per window",
+            f"{value} <small>seen / {expected:.3g} expected</small>",
+            spread,
+            tone,
+        ),
+    ]
+    if head.wasted_bytes_per_window is not None or head.wasted_ns_per_window is not None:
+        share = f", {human_share(head.wasted_share)} of the window" if head.wasted_share else ""
+        tiles.append(
+            _tile(
+                "wasted per window",
+                esc(human_bytes(head.wasted_bytes_per_window)),
+                f"{human_ns(head.wasted_ns_per_window)} of sync time{share}",
+                "warn",
+            )
+        )
+    if head.speedup is None:
+        tiles.append(
+            _tile("window time", esc(human_ns(head.window_ns)), "median over ranks and windows")
+        )
+    else:
+        tiles.append(
+            _tile(
+                "projected speed-up",
+                f"{head.speedup:.2f}x",
+                f"window {human_ns(head.baseline_window_ns)} -> {human_ns(head.projected_window_ns)} "
+                "after the fix",
+                "good",
+            )
+        )
+    if head.exposed_comm_share is not None:
+        tiles.append(
+            _tile(
+                "exposed communication",
+                esc(human_share(head.exposed_comm_share)),
+                "of window time, not hidden behind compute",
+            )
+        )
+    tiles.append(
+        _tile("peak memory", esc(human_bytes(head.peak_memory_bytes)), "highest on any rank")
+    )
+    return f'<div class="tiles" id="headline">{"".join(tiles)}</div>'
+
+
+def _charts_top(grid: Grid, head: Headline) -> list[str]:
+    if not grid.windows:
+        return [
+            section("Where the gradient syncs landed", "No windows were recorded in this run.", [])
+        ]
+    lead = (
+        "One sync belongs after the last micro-batch of each window (green). "
+        "Amber is an extra sync, a red ring a sync that never happened."
+    )
+    if grid.large:
+        lead = (
+            f"{len(grid.ranks):,} ranks, aggregated. The square marks where the one sync per "
+            "window belongs; the heatmap below shows any rank that differs."
+        )
+    return [
+        section(
+            "Where the gradient syncs landed",
+            lead,
+            [
+                figure_block(charts.placement_figure(grid), "fig-placement"),
+                figure_block(
+                    charts.syncs_per_window_figure(grid, head.expected_syncs_per_window),
+                    "fig-syncs",
+                ),
+            ],
+            section_id="placement",
+        )
+    ]
+
+
+def _charts_detail(run: Run, grid: Grid, findings: Sequence[Finding]) -> list[str]:
+    if not grid.windows:
+        return []
+    flagged = [r for f in findings if f.severity != "info" for r in f.ranks]
+    windows = [w for f in findings for w in f.windows if w < grid.windows]
+    first = max(0, min(min(windows, default=0), grid.windows - timeline.TIMELINE_WINDOWS))
+    ranks = timeline.timeline_ranks(run, flagged)
+    shown = (
+        ""
+        if len(ranks) == len(grid.ranks)
+        else f" Showing {len(ranks)} of {len(grid.ranks):,} ranks."
+    )
+    out = [
+        section(
+            "Bytes, time and memory per window",
+            "",
+            [figure_block(charts.window_metrics_figure(grid), "fig-window-metrics")],
+            section_id="per-window",
+        ),
+        section(
+            "Timeline",
+            "Micro-batches, optimizer steps and the collectives on them, per rank." + shown,
+            [figure_block(timeline.timeline_figure(run, ranks, first), "fig-timeline")],
+            section_id="timeline",
+        ),
+    ]
+    if grid.has_overlap:
+        out.append(
+            section(
+                "Communication overlap",
+                "Measured from the trace: how much communication "
+                "ran behind compute and how much the ranks waited for.",
+                [figure_block(timeline.overlap_figure(grid), "fig-overlap")],
+                section_id="overlap",
+            )
+        )
+    return out
+
+
+def _findings(findings: Sequence[Finding]) -> str:
+    if not findings:
+        return ""
+    return section(
+        f"Findings ({len(findings)})",
+        "Most severe first. Each card says what was seen, "
+        "what it costs, where in the code, and how to fix it.",
+        [finding_card(f, str(i), folded=i >= OPEN_CARDS) for i, f in enumerate(findings)],
+        section_id="findings",
+    )
+
+
+def finding_card(f: Finding, ident: str, *, folded: bool = False) -> str:
+    """One finding: what was seen, what it costs, where in the code, and the fix."""
+    where = f"ranks {compress_ranks(f.ranks)}" if f.ranks else ""
+    if f.windows:
+        where += f"{' · ' if where else ''}windows {compress_ranks(f.windows)}"
+    title = f'<span class="pill {esc(f.severity)}">{esc(f.severity)}</span>{esc(f.kind)}'
+    tag = "details" if folded else "div"
+    body = [
+        f'<{tag} class="card {esc(f.severity)}" id="finding-{esc(ident)}">',
+        "<summary>" if folded else "",
+        f"<h3>{title}</h3>",
+        f'<div class="where">{esc(where)}{" · cause: " if f.cause else ""}'
+        f"<code>{esc(f.cause)}</code></div>",
+        f'<p class="message">{esc(f.message)}</p>',
+        "</summary>" if folded else "",
+        '<div class="cols">',
+        f"<div><h4>Evidence</h4>{_mapping(f.evidence)}</div>",
+        f"<div><h4>Cost</h4>{_mapping(f.cost)}</div>",
+        "</div>",
+    ]
+    if f.sources:
+        items = "".join(
+            f"<li>{esc(role)}: <code>{esc(loc)}</code>"
+            f"{' in <code>' + esc(loc.function) + '</code>' if loc.function else ''}</li>"
+            for role, loc in f.sources
+        )
+        body.append(f'<h4>Source</h4><ul class="sources">{items}</ul>')
+    if f.fix is not None:
+        body.append(
+            f'<div class="fix"><h4>Fix <span class="pill style">{esc(f.fix.style)}</span></h4>'
+            f'<p class="summary">{esc(f.fix.summary)}</p>{code_block(f.fix.snippet)}</div>'
+        )
+    body.append(f"</{tag}>")
+    return "\n".join(body)
+
+
+def _mapping(values: dict[str, object]) -> str:
+    """Any evidence or cost dict, keys the renderer has never seen included."""
+    if not values:
+        return '<p class="where">none recorded</p>'
+    rows = "".join(
+        f"<dt>{esc(k.replace('_', ' '))}</dt><dd>{_value(k, v)}</dd>" for k, v in values.items()
+    )
+    return f'<dl class="kv">{rows}</dl>'
+
+
+def _value(key: str, value: object) -> str:
+    if isinstance(value, dict):
+        return _mapping({str(k): v for k, v in value.items()})
+    if isinstance(value, list | tuple | set | frozenset):
+        items = list(value)
+        ints = [v for v in items if isinstance(v, int) and not isinstance(v, bool)]
+        if items and len(ints) == len(items) and any(w in key for w in ("rank", "window", "micro")):
+            return esc(compress_ranks(ints))
+        shown = ", ".join(human_value(key, v) for v in items[:MAX_LIST_ITEMS])
+        more = f" … ({len(items) - MAX_LIST_ITEMS} more)" if len(items) > MAX_LIST_ITEMS else ""
+        return esc(shown + more)
+    text = human_value(key, value)
+    return esc(text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + " …")
+
+
+def _notes(run: Run) -> str:
+    if not run.meta.notes:
+        return ""
+    items = "".join(f"<li>{esc(n)}</li>" for n in run.meta.notes)
+    return section(
+        "What this data cannot tell", "", [f'<ul class="notes">{items}</ul>'], section_id="notes"
+    )

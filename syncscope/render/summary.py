@@ -1,0 +1,250 @@
+"""Per-window aggregates and headline numbers that the HTML page and ``diff`` show.
+
+One pass over the run model gives a rank x window grid of small cells; the charts, the headline
+tiles and the before/after comparison all read that grid, so nothing is computed twice and no
+renderer walks raw collectives at 1,024 ranks more than once.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections import Counter
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from syncscope.model import Finding, Run, Verdict, Window, verdict_of
+from syncscope.render import terminal
+
+LARGE_JOB_RANKS = 16  # from this many ranks on, charts aggregate (heatmaps, no per-rank bars)
+
+
+@dataclass(frozen=True)
+class Cell:
+    """What one rank did in one window, reduced to the numbers the report draws."""
+
+    complete: bool
+    micro_batches: int
+    syncs: int  # grad sync rounds
+    sync_micro_batches: tuple[int, ...]
+    bytes: int  # grad sync bytes
+    duration_ns: int
+    step_ns: int
+    peak_memory_bytes: int
+    comm_ns: int | None
+    exposed_comm_ns: int | None
+    compute_ns: int | None
+
+    @property
+    def expected_micro_batch(self) -> int | None:
+        """Where the one grad sync belongs: after the last backward of a complete window."""
+        return self.micro_batches - 1 if self.complete and self.micro_batches else None
+
+    @property
+    def missing(self) -> bool:
+        expected = self.expected_micro_batch
+        return expected is not None and expected not in self.sync_micro_batches
+
+    @property
+    def extra_micro_batches(self) -> tuple[int, ...]:
+        expected = self.expected_micro_batch
+        return tuple(m for m in self.sync_micro_batches if m != expected)
+
+
+def cell_of(window: Window) -> Cell:
+    rounds: set[tuple[int, str, str]] = set()
+    mbs: set[int] = set()
+    nbytes = 0
+    for c in window.collectives:
+        if c.grad_sync:
+            rounds.add((c.micro_batch, c.phase, c.issuer))
+            mbs.add(c.micro_batch)
+            nbytes += c.bytes
+    return Cell(
+        complete=window.complete,
+        micro_batches=len(window.micro_batches),
+        syncs=len(rounds),
+        sync_micro_batches=tuple(sorted(mbs)),
+        bytes=nbytes,
+        duration_ns=window.duration_ns,
+        step_ns=window.step_ns,
+        peak_memory_bytes=window.peak_memory_bytes,
+        comm_ns=window.comm_ns,
+        exposed_comm_ns=window.exposed_comm_ns,
+        compute_ns=window.compute_ns,
+    )
+
+
+@dataclass(frozen=True)
+class Grid:
+    """Rank x window cells; ``rows[i][w]`` is rank ``ranks[i]`` in window ``w`` (None: absent)."""
+
+    ranks: tuple[int, ...]
+    windows: int
+    rows: tuple[tuple[Cell | None, ...], ...]
+
+    @property
+    def large(self) -> bool:
+        return len(self.ranks) >= LARGE_JOB_RANKS
+
+    @property
+    def has_overlap(self) -> bool:
+        return any(c is not None and c.comm_ns is not None for row in self.rows for c in row)
+
+    def cells(self, *, complete_only: bool = True) -> list[Cell]:
+        return [
+            c
+            for row in self.rows
+            for c in row
+            if c is not None and (c.complete or not complete_only)
+        ]
+
+    def column(self, w: int) -> list[Cell]:
+        return [row[w] for row in self.rows if w < len(row) and row[w] is not None]  # type: ignore[misc]
+
+
+def grid_of(run: Run) -> Grid:
+    ranks = sorted(run.ranks, key=lambda r: r.rank)
+    n = max((len(r.windows) for r in ranks), default=0)
+    rows: list[tuple[Cell | None, ...]] = []
+    for r in ranks:
+        by_index: list[Cell | None] = [None] * n
+        for i, window in enumerate(r.windows):
+            by_index[i] = cell_of(window)
+        rows.append(tuple(by_index))
+    return Grid(ranks=tuple(r.rank for r in ranks), windows=n, rows=tuple(rows))
+
+
+@dataclass(frozen=True)
+class Headline:
+    """The numbers at the top of the page and in ``diff``: what a person reads first."""
+
+    verdict: Verdict
+    world_size: int
+    windows: int  # complete windows (most on any rank)
+    micro_batches_per_window: int  # the most common count
+    wrappers: tuple[str, ...]
+    expected_syncs_per_window: float
+    seen_syncs_per_window: float  # mean over complete windows and ranks
+    seen_syncs_min: int
+    seen_syncs_max: int
+    rank_windows: int  # complete (rank, window) pairs
+    rank_windows_off: int  # of which synced other than expected
+    grad_sync_bytes_per_window: float
+    window_ns: float  # median complete-window time
+    peak_memory_bytes: int
+    wasted_bytes_per_window: float | None
+    wasted_ns_per_window: float | None
+    wasted_share: float | None
+    baseline_window_ns: float | None  # the window time the projection starts from
+    projected_window_ns: float | None
+    exposed_comm_share: float | None  # exposed communication / window time, where traced
+
+    @property
+    def speedup(self) -> float | None:
+        """Projected window-time ratio after the fix (2.0: twice as fast)."""
+        if not self.projected_window_ns or not self.baseline_window_ns:
+            return None
+        return self.baseline_window_ns / self.projected_window_ns
+
+
+def _number(value: object) -> float | None:
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return None
+    return float(value)
+
+
+def _largest(findings: Sequence[Finding], table: str, key: str) -> float | None:
+    """Largest value of a cost/evidence key across findings: a floor, never double-counted."""
+    values = [
+        v
+        for f in findings
+        if (v := _number((f.cost if table == "cost" else f.evidence).get(key))) is not None
+    ]
+    return max(values) if values else None
+
+
+def headline(run: Run, findings: Sequence[Finding], grid: Grid | None = None) -> Headline:
+    grid = grid if grid is not None else grid_of(run)
+    cells = grid.cells()
+    syncs = [c.syncs for c in cells]
+    counts = Counter(c.micro_batches for c in cells)
+    median_ns = statistics.median(c.duration_ns for c in cells) if cells else 0.0
+    # The biggest projected gain, against the window time the finding itself measured.
+    projections = [
+        (_number(f.cost.get("window_ns")) or median_ns, p)
+        for f in findings
+        if (p := _number(f.cost.get("projected_window_ns")))
+    ]
+    baseline, projected = max(projections, key=lambda bp: bp[0] / bp[1], default=(None, None))
+    expected = _largest(findings, "evidence", "expected_syncs_per_window")
+    expected = expected if expected is not None else 1.0
+    durations = sum(c.duration_ns for c in cells)
+    exposed = [c.exposed_comm_ns for c in cells if c.exposed_comm_ns is not None]
+    wrappers = sorted({w.kind for r in run.ranks for w in r.wrappers} or {"none"})
+    return Headline(
+        verdict=verdict_of(list(findings)),
+        world_size=max(run.world_size, len(run.ranks)),
+        windows=max((sum(1 for c in row if c and c.complete) for row in grid.rows), default=0),
+        micro_batches_per_window=counts.most_common(1)[0][0] if counts else 0,
+        wrappers=tuple(wrappers),
+        expected_syncs_per_window=expected,
+        seen_syncs_per_window=statistics.fmean(syncs) if syncs else 0.0,
+        seen_syncs_min=min(syncs, default=0),
+        seen_syncs_max=max(syncs, default=0),
+        rank_windows=len(syncs),
+        rank_windows_off=sum(1 for n in syncs if n != expected),
+        grad_sync_bytes_per_window=statistics.fmean(c.bytes for c in cells) if cells else 0.0,
+        window_ns=median_ns,
+        peak_memory_bytes=max(
+            (c.peak_memory_bytes for c in grid.cells(complete_only=False)), default=0
+        ),
+        wasted_bytes_per_window=_largest(findings, "cost", "wasted_bytes_per_window"),
+        wasted_ns_per_window=_largest(findings, "cost", "redundant_time_ns_per_window"),
+        wasted_share=_largest(findings, "cost", "share_of_window_time"),
+        baseline_window_ns=baseline,
+        projected_window_ns=projected,
+        exposed_comm_share=(sum(exposed) / durations) if exposed and durations else None,
+    )
+
+
+def window_means(grid: Grid, attr: str) -> list[float | None]:
+    """Mean of a Cell attribute per window across ranks (None where no rank has a value)."""
+    out: list[float | None] = []
+    for w in range(grid.windows):
+        values = [v for c in grid.column(w) if (v := getattr(c, attr)) is not None]
+        out.append(statistics.fmean(values) if values else None)
+    return out
+
+
+# Formatting shared by every renderer -------------------------------------------------------
+
+
+def human_bytes(n: float | None) -> str:
+    return "n/a" if n is None else terminal.human_bytes(n)
+
+
+def human_ns(ns: float | None) -> str:
+    if ns is None:
+        return "n/a"
+    return f"{ns:.0f} ns" if abs(ns) < 1e3 else terminal.human_ns(ns)
+
+
+def human_share(x: float | None) -> str:
+    return "n/a" if x is None else f"{x * 100:.0f}%"
+
+
+def human_value(key: str, value: object) -> str:
+    """Format a cost or evidence value by what its key says it is (bytes, ns, share)."""
+    number = _number(value)
+    if number is None:
+        return str(value)
+    k = key.lower()
+    if "bytes" in k:
+        return human_bytes(number)
+    if k.endswith("_ns") or "_ns_" in k or k.startswith("ns_"):
+        return human_ns(number)
+    if "share" in k or "fraction" in k or "ratio_of" in k:
+        return human_share(number)
+    if "speedup" in k or "speed_up" in k:
+        return f"{number:.2f}x"
+    return f"{number:g}" if isinstance(value, float) else f"{int(number):,}"

@@ -1,0 +1,267 @@
+"""Keep what matters from one rank's Kineto events, in compact form, as they stream by.
+
+``RankEvents`` is the consumer given to ``read_trace``: it looks at each event once and
+keeps optimizer steps, forward markers, backward activity, collectives (``c10d::*`` ops
+and ``record_param_comms``), syncscope's own annotations and the intervals needed for
+overlap (GPU kernels, or CPU ops), dropping everything else. Times are nanoseconds on the
+trace's own clock; ``windows.py`` adds ``baseTimeNanoseconds``.
+"""
+
+from __future__ import annotations
+
+from array import array
+from dataclasses import dataclass, field
+from typing import Any
+
+import orjson
+
+# Forward markers: DDP and FSDP1 wrap forward in a record_function; FSDP2 marks the root's
+# pre-forward; syncscope marks micro-batches itself.
+FORWARD_MARKERS = frozenset(
+    {
+        "DistributedDataParallel.forward",
+        "FullyShardedDataParallel.forward",
+        "FSDP::root_pre_forward",
+    }
+)
+_FSDP_REDUCE = "FSDP::post_backward_reduce"
+_BACKWARD = "autograd::engine::evaluate_function:"
+_NOT_COMPUTE = ("c10d::", "record_param_comms", "autograd::engine", "ProfilerStep", "Optimizer.")
+_DTYPE_BYTES = {
+    "float": 4, "float32": 4, "int": 4, "int32": 4, "unsigned int": 4,
+    "double": 8, "float64": 8, "long": 8, "long int": 8, "int64": 8, "complexfloat": 8,
+    "half": 2, "c10::half": 2, "bfloat16": 2, "c10::bfloat16": 2, "short": 2, "int16": 2,
+    "byte": 1, "char": 1, "bool": 1, "unsigned char": 1, "signed char": 1, "int8": 1, "uint8": 1,
+    "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
+}  # fmt: skip
+_INPUT_SECOND = (
+    "allgather",
+    "all_gather",
+    "reduce_scatter",
+    "alltoall",
+    "all_to_all",
+    "gather",
+    "scatter",
+)
+
+
+def normalize_op(name: str) -> str:
+    """``c10d::_allgather_base_`` -> ``all_gather``; one of model.OPS."""
+    n = name.split("::", 1)[-1].split(":", 1)[-1].lower().strip("_")
+    if "allreduce" in n or "all_reduce" in n:
+        return "all_reduce"
+    if "reduce_scatter" in n or "reducescatter" in n:
+        return "reduce_scatter"
+    if "allgather" in n or "all_gather" in n:
+        return "all_gather"
+    if "broadcast" in n:
+        return "broadcast"
+    if "alltoall" in n or "all_to_all" in n:
+        return "all_to_all"
+    if "barrier" in n:
+        return "barrier"
+    if n.startswith("send"):
+        return "send"
+    if n.startswith("recv"):
+        return "recv"
+    return "other"
+
+
+def dtype_bytes(dtype: str) -> int | None:
+    return _DTYPE_BYTES.get(dtype.lower())
+
+
+@dataclass(slots=True)
+class Span:
+    start: int
+    end: int
+    tid: int
+    name: str
+
+
+@dataclass(slots=True)
+class RawCollective:
+    """A c10d op (or, where there are none, a record_param_comms or backend annotation)."""
+
+    start: int
+    end: int
+    tid: int
+    name: str
+    nelems: int | None = None
+    dtype: str = ""
+    group_ranks: tuple[int, ...] | None = None
+    group_name: str = ""
+    pg_seq: int | None = None
+    done: int | None = None
+    external_id: int | None = None
+
+
+def _parse_ranks(value: Any) -> tuple[int, ...] | None:
+    if isinstance(value, list):
+        return tuple(int(v) for v in value)
+    if isinstance(value, str) and value.startswith("["):
+        try:
+            parsed = orjson.loads(value)
+        except orjson.JSONDecodeError:
+            return None
+        if isinstance(parsed, list) and parsed:
+            return tuple(int(v) for v in parsed)
+    return None
+
+
+def _first_tensor(dims: Any, index: int) -> int | None:
+    """Element count of argument ``index`` of ``Input Dims`` (first tensor of a list)."""
+    if not isinstance(dims, list) or len(dims) <= index:
+        return None
+    shape = dims[index]
+    while isinstance(shape, list) and shape and isinstance(shape[0], list):
+        shape = shape[0]
+    if not isinstance(shape, list) or not shape:
+        return None
+    count = 1
+    for d in shape:
+        count *= int(d)
+    return count
+
+
+@dataclass
+class RankEvents:
+    """What one rank's trace says, reduced to what the window builder needs."""
+
+    steps: list[Span] = field(default_factory=list)
+    zero_grads: list[Span] = field(default_factory=list)
+    forwards: list[Span] = field(default_factory=list)
+    fsdp_reduces: list[Span] = field(default_factory=list)
+    window_marks: list[Span] = field(default_factory=list)
+    micro_marks: list[Span] = field(default_factory=list)
+    grad_marks: list[Span] = field(default_factory=list)
+    profiler_steps: list[Span] = field(default_factory=list)
+    collectives: list[RawCollective] = field(default_factory=list)
+    param_comms: list[RawCollective] = field(default_factory=list)
+    backend_comms: list[RawCollective] = field(default_factory=list)
+    backward: array[int] = field(default_factory=lambda: array("q"))  # start, end pairs
+    cpu_compute: array[int] = field(default_factory=lambda: array("q"))
+    comm_kernels: array[int] = field(default_factory=lambda: array("q"))  # start, end, corr
+    compute_kernels: array[int] = field(default_factory=lambda: array("q"))  # start, end, corr
+    launches: array[int] = field(default_factory=lambda: array("q"))  # correlation, ns pairs
+    pid: int | None = None
+    events: int = 0
+
+    def extent(self) -> tuple[int, int] | None:
+        """First and last CPU-side time seen (ns), None for a trace without CPU events."""
+        starts: list[int] = []
+        ends: list[int] = []
+        for pairs in (self.cpu_compute, self.backward):
+            if pairs:
+                starts.append(min(pairs[0::2]))
+                ends.append(max(pairs[1::2]))
+        for spans in (self.steps, self.forwards, self.collectives, self.window_marks):
+            if spans:
+                starts.append(min(s.start for s in spans))
+                ends.append(max(s.end for s in spans))
+        return (min(starts), max(ends)) if starts else None
+
+    def __call__(self, batch: list[dict[str, Any]]) -> None:
+        self.events += len(batch)
+        for e in batch:
+            if e.get("ph") != "X":
+                continue
+            cat = e.get("cat")
+            try:
+                if cat == "kernel":
+                    self._kernel(e)
+                elif cat == "cpu_op" or cat == "user_annotation":
+                    self._cpu(e)
+                elif cat == "cuda_runtime" or cat == "cuda_driver":
+                    corr = e.get("args", {}).get("correlation")
+                    if corr is not None:
+                        self.launches.extend((int(corr), int(e["ts"] * 1000.0)))
+            except (KeyError, TypeError, ValueError):
+                continue  # an event without ts/dur is not one we can place
+
+    def comm_launches(self) -> dict[int, int]:
+        """Launch time (ns) of each communication kernel, by correlation id."""
+        wanted = set(self.comm_kernels[2::3])
+        it = iter(self.launches)
+        return {c: ts for c, ts in zip(it, it, strict=True) if c in wanted}
+
+    def _kernel(self, e: dict[str, Any]) -> None:
+        start = int(e["ts"] * 1000.0)
+        end = start + int(e.get("dur", 0) * 1000.0)
+        name = str(e.get("name", ""))
+        corr = int(e.get("args", {}).get("correlation", -1))
+        if name.startswith("nccl") or "ncclKernel" in name or "ncclDevKernel" in name:
+            self.comm_kernels.extend((start, end, corr))
+        elif not name.startswith(("Memcpy", "Memset")):
+            self.compute_kernels.extend((start, end, corr))
+
+    def _cpu(self, e: dict[str, Any]) -> None:
+        name = e.get("name")
+        if not isinstance(name, str):
+            return
+        start = int(e["ts"] * 1000.0)
+        end = start + int(e.get("dur", 0) * 1000.0)
+        if name.startswith(_BACKWARD):
+            self.backward.extend((start, end))
+            return
+        if e.get("cat") == "cpu_op" and not name.startswith(_NOT_COMPUTE):
+            self.cpu_compute.extend((start, end))
+            return
+        tid = e.get("tid", 0)
+        tid = tid if isinstance(tid, int) else hash(tid)
+        if self.pid is None and isinstance(e.get("pid"), int):
+            self.pid = e["pid"]
+        if name.startswith("c10d::"):
+            self.collectives.append(self._c10d(e, start, end, tid, name))
+            return
+        if name == "record_param_comms":
+            self.param_comms.append(self._param_comms(e, start, end, tid))
+            return
+        if e.get("cat") == "cpu_op":
+            return
+        self._annotation(name, Span(start, end, tid, name))
+
+    def _annotation(self, name: str, span: Span) -> None:
+        if name.startswith("Optimizer.step#"):
+            self.steps.append(span)
+        elif name.startswith("Optimizer.zero_grad#"):
+            self.zero_grads.append(span)
+        elif name in FORWARD_MARKERS:
+            self.forwards.append(span)
+        elif name.startswith(_FSDP_REDUCE):
+            self.fsdp_reduces.append(span)
+        elif name.startswith("syncscope."):
+            if name.startswith("syncscope.micro_batch#"):
+                self.micro_marks.append(span)
+            elif name.startswith("syncscope.window#"):
+                self.window_marks.append(span)
+            elif name.startswith("syncscope.grad_sync#"):
+                self.grad_marks.append(span)
+        elif name.startswith(("gloo:", "nccl:")):
+            self.backend_comms.append(RawCollective(span.start, span.end, span.tid, name))
+        elif name.startswith("ProfilerStep#"):
+            self.profiler_steps.append(span)
+
+    @staticmethod
+    def _c10d(e: dict[str, Any], start: int, end: int, tid: int, name: str) -> RawCollective:
+        args = e.get("args") or {}
+        raw = RawCollective(start, end, tid, name, external_id=args.get("External id"))
+        index = 1 if any(k in name for k in _INPUT_SECOND) else 0
+        raw.nelems = _first_tensor(args.get("Input Dims"), index)
+        types = args.get("Input type")
+        if isinstance(types, list) and len(types) > index and isinstance(types[index], str):
+            raw.dtype = types[index] if dtype_bytes(types[index]) else ""
+        return raw
+
+    @staticmethod
+    def _param_comms(e: dict[str, Any], start: int, end: int, tid: int) -> RawCollective:
+        args = e.get("args") or {}
+        raw = RawCollective(start, end, tid, str(args.get("Collective name", "")))
+        nelems = args.get("In msg nelems")
+        raw.nelems = int(nelems) if isinstance(nelems, (int, float)) else None
+        raw.dtype = str(args.get("dtype", ""))
+        raw.group_ranks = _parse_ranks(args.get("Process Group Ranks"))
+        raw.group_name = str(args.get("Process Group Name", ""))
+        seq = args.get("Seq")
+        raw.pg_seq = int(seq) if isinstance(seq, (int, float)) else None
+        return raw

@@ -1,0 +1,199 @@
+"""``load_traces``: Kineto trace files or directories (one per node) -> one ``Run``.
+
+Files are read one at a time and reduced to a ``RankRun`` before the next is opened, so
+memory follows the largest single file, not the job. Each problem names the file; with
+``skip_bad`` the file is left out and the run's notes say so.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from syncscope.errors import BadTrace
+from syncscope.model import RankRun, Run, RunMeta, compress_ranks
+from syncscope.trace.events import RankEvents
+from syncscope.trace.read import is_trace_file, read_trace
+from syncscope.trace.windows import RankNotes, build_rank
+
+PROGRESS_MIN_BYTES = 64 << 20
+_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)")
+
+
+def trace_files(paths: Sequence[Path]) -> list[Path]:
+    """The trace files named by ``paths`` (files, or directories holding them)."""
+    files: list[Path] = []
+    for path in paths:
+        if path.is_dir():
+            found = sorted(p for p in path.iterdir() if p.is_file() and is_trace_file(p))
+            if not found and (path / "traces").is_dir():
+                found = sorted(p for p in (path / "traces").iterdir() if is_trace_file(p))
+            if not found:
+                raise BadTrace(f"{path}: no trace files (*.json, *.json.gz) in this directory")
+            files.extend(found)
+        elif path.is_file():
+            files.append(path)
+        else:
+            raise BadTrace(f"{path}: no such file or directory")
+    return files
+
+
+@dataclass(frozen=True)
+class _Job:
+    world_size: int
+    backend: str
+    groups: tuple[tuple[str, int], ...]
+
+    def describe(self) -> str:
+        return f"world size {self.world_size}, backend {self.backend or '?'}"
+
+
+def _job(info: dict[str, Any]) -> _Job:
+    groups = tuple(
+        sorted(
+            (str(g.get("pg_name", "")), int(g.get("pg_size", 0)))
+            for g in info.get("pg_config") or ()
+            if isinstance(g, dict)
+        )
+    )
+    return _Job(int(info.get("world_size") or 1), str(info.get("backend", "")), groups)
+
+
+def _compatible(a: _Job, b: _Job) -> bool:
+    if a.world_size != b.world_size or a.backend != b.backend:
+        return False
+    return not (a.groups and b.groups and a.groups != b.groups)
+
+
+def _rank_of(path: Path, info: dict[str, Any], notes: list[str]) -> int:
+    rank = info.get("rank")
+    if isinstance(rank, int):
+        return rank
+    m = _RANK_IN_NAME.search(path.name)
+    if m is None:
+        raise BadTrace(f"{path}: no 'distributedInfo' rank and none in the file name")
+    notes.append(
+        f"{path.name}: no 'distributedInfo' in the trace; rank {m.group(1)} taken from the file name"
+    )
+    return int(m.group(1))
+
+
+@contextmanager
+def _progress(files: list[Path], enabled: bool) -> Iterator[Callable[[int], None] | None]:
+    size = sum(p.stat().st_size for p in files)
+    if not enabled or size < PROGRESS_MIN_BYTES:
+        yield None
+        return
+    from rich.console import Console
+    from rich.progress import BarColumn, DownloadColumn, Progress, TimeRemainingColumn
+
+    console = Console(stderr=True)
+    if not console.is_terminal:
+        yield None
+        return
+    columns = ("reading traces", BarColumn(), DownloadColumn(), TimeRemainingColumn())
+    with Progress(*columns, console=console, transient=True) as bar:
+        task = bar.add_task("traces", total=size)
+        yield lambda n: bar.advance(task, n)
+
+
+def load_traces(paths: Sequence[Path], skip_bad: bool = False, progress: bool = False) -> Run:
+    """Read every trace named by ``paths`` into one Run (``source="trace"``)."""
+    files = trace_files(paths)
+    notes: list[str] = []
+    skipped: list[str] = []
+    ranks: dict[int, tuple[RankRun, Path]] = {}
+    job: tuple[_Job, Path] | None = None
+    flags = RankNotes()
+    hosts: set[str] = set()
+    with _progress(files, progress) as advance:
+        for path in files:
+            try:
+                rank_run, this_job = _load_one(path, ranks, job, notes, flags, advance)
+            except BadTrace as exc:
+                if not skip_bad:
+                    raise
+                skipped.append(str(exc))
+                continue
+            job = job or (this_job, path)
+            ranks[rank_run.rank] = (rank_run, path)
+            if rank_run.host:
+                hosts.add(rank_run.host)
+    if not ranks:
+        detail = f": {skipped[0]}" if skipped else ""
+        raise BadTrace(f"no usable trace among {len(files)} file(s){detail}")
+    assert job is not None
+    world = job[0].world_size
+    present = sorted(ranks)
+    notes.extend(_notes(flags, present, world))
+    notes.extend(f"skipped {s}" for s in skipped)
+    meta = RunMeta(world_size=world, nodes=tuple(sorted(hosts)), source="trace", notes=tuple(notes))
+    return Run(meta=meta, ranks=tuple(ranks[r][0] for r in present))
+
+
+def _load_one(
+    path: Path,
+    ranks: dict[int, tuple[RankRun, Path]],
+    job: tuple[_Job, Path] | None,
+    notes: list[str],
+    flags: RankNotes,
+    advance: Callable[[int], None] | None,
+) -> tuple[RankRun, _Job]:
+    events = RankEvents()
+    meta = read_trace(path, events, advance)
+    info = meta.get("distributedInfo")
+    info = info if isinstance(info, dict) else {}
+    this_job = _job(info)
+    if job is not None and not _compatible(job[0], this_job):
+        raise BadTrace(
+            f"{path}: from a different job than {job[1]} "
+            f"({this_job.describe()} vs {job[0].describe()}): analyze one job at a time"
+        )
+    rank = _rank_of(path, info, notes)
+    if rank in ranks:
+        raise BadTrace(f"{path}: rank {rank} appears twice (also in {ranks[rank][1]})")
+    if rank >= this_job.world_size and info:
+        raise BadTrace(f"{path}: rank {rank} outside world size {this_job.world_size}")
+    if not events.steps:
+        raise BadTrace(
+            f"{path}: no optimizer steps (no 'Optimizer.step#...' annotation): "
+            "cannot cut the trace into windows"
+        )
+    return build_rank(events, meta, rank, flags), this_job
+
+
+def _notes(flags: RankNotes, present: list[int], world: int) -> list[str]:
+    out: list[str] = []
+    if flags.no_markers:
+        out.append(
+            "no micro-batch markers in the trace (no DDP/FSDP forward or syncscope "
+            "annotations): each window's collectives are counted as micro-batch 0, and how "
+            "many micro-batches a window had is unknown"
+        )
+    if flags.backend_only:
+        out.append("no c10d ops in the trace: collectives counted from backend annotations")
+    if flags.dtype_assumed:
+        out.append("some collectives have no recorded dtype: their bytes assume 4-byte elements")
+    if flags.sizes_unknown:
+        out.append(
+            "some collectives have no recorded size (trace made without record_shapes and "
+            "without record_param_comms sizes): their bytes read 0, meaning unknown"
+        )
+    if flags.trailing:
+        out.append("activity after the last optimizer step is reported as an incomplete window")
+    if not flags.own_markers:
+        out.append(
+            "the first window starts where the trace starts: micro-batches before the "
+            "profiler started are not seen"
+        )
+    missing = [r for r in range(world) if r not in set(present)]
+    if missing:
+        out.append(
+            f"traces of rank(s) {compress_ranks(present)} of {world} only: cross-rank checks "
+            f"cover those ranks; rank(s) {compress_ranks(missing)} were not seen"
+        )
+    return out + flags.extra

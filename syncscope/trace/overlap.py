@@ -1,0 +1,140 @@
+"""Exposed communication: collective time not overlapped with compute, per window.
+
+GPU traces: communication is the union of NCCL kernels, compute the union of the other
+kernels (memcpy/memset are neither), the rule HTA's ``get_comm_comp_overlap`` uses; a
+kernel belongs to the window its start falls in.
+CPU traces: communication is the union of the backend's work (``gloo:*`` annotations on
+its worker threads, else the ``c10d::*`` calls), compute the union of the other CPU ops,
+clipped to the window's span. ``hta_overlap`` runs HTA itself (opt-in, ``--hta``).
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_right
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from syncscope.trace.events import RankEvents
+
+Interval = tuple[int, int]
+
+
+def merge(intervals: Iterable[Interval]) -> list[Interval]:
+    """Sorted, disjoint union of ``intervals``."""
+    out: list[Interval] = []
+    for start, end in sorted(intervals):
+        if end <= start:
+            continue
+        if out and start <= out[-1][1]:
+            if end > out[-1][1]:
+                out[-1] = (out[-1][0], end)
+        else:
+            out.append((start, end))
+    return out
+
+
+def total(merged: Sequence[Interval]) -> int:
+    return sum(end - start for start, end in merged)
+
+
+def subtract(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:
+    """Parts of merged ``a`` not covered by merged ``b``."""
+    out: list[Interval] = []
+    j = 0
+    for start, end in a:
+        cur = start
+        while j < len(b) and b[j][1] <= cur:
+            j += 1
+        k = j
+        while k < len(b) and b[k][0] < end:
+            if b[k][0] > cur:
+                out.append((cur, b[k][0]))
+            cur = max(cur, b[k][1])
+            if cur >= end:
+                break
+            k += 1
+        if cur < end:
+            out.append((cur, end))
+    return out
+
+
+def clip(merged: Sequence[Interval], lo: int, hi: int) -> list[Interval]:
+    out: list[Interval] = []
+    for start, end in merged:
+        if end <= lo or start >= hi:
+            continue
+        out.append((max(start, lo), min(end, hi)))
+    return out
+
+
+class Measure:
+    """Comm, exposed comm and compute (ns) of one window."""
+
+    __slots__ = ("comm", "compute", "exposed")
+
+    def __init__(self, comm: list[Interval], compute: list[Interval]) -> None:
+        self.comm = total(comm)
+        self.compute = total(compute)
+        self.exposed = total(subtract(comm, compute))
+
+
+def _triples(values: Sequence[int]) -> Iterable[tuple[int, int, int]]:
+    it = iter(values)
+    return zip(it, it, it, strict=True)
+
+
+def _by_window(kernels: Sequence[int], spans: Sequence[Interval]) -> list[list[Interval]]:
+    bounds = [lo for lo, _ in spans]
+    last = spans[-1][1]
+    out: list[list[Interval]] = [[] for _ in spans]
+    for start, end, _ in _triples(kernels):
+        i = bisect_right(bounds, start) - 1
+        if i >= 0 and start <= last:
+            out[i].append((start, end))
+    return out
+
+
+def measure_windows(ev: RankEvents, spans: Sequence[Interval]) -> list[Measure] | None:
+    """One Measure per window span (trace clock, ns); None when nothing can be measured."""
+    if not spans:
+        return []
+    if ev.comm_kernels or ev.compute_kernels:
+        comm = _by_window(ev.comm_kernels, spans)
+        comp = _by_window(ev.compute_kernels, spans)
+        return [Measure(merge(c), merge(k)) for c, k in zip(comm, comp, strict=True)]
+    comm_src = [(c.start, c.end) for c in ev.backend_comms] or [
+        (c.start, c.end) for c in ev.collectives
+    ]
+    if not comm_src:
+        return None
+    comm_all = merge(comm_src)
+    it = iter(ev.cpu_compute)
+    comp_all = merge(zip(it, it, strict=True))
+    return [Measure(clip(comm_all, lo, hi), clip(comp_all, lo, hi)) for lo, hi in spans]
+
+
+def hta_overlap(files: dict[int, Path]) -> dict[str, Any]:
+    """HTA's comm/comp overlap and temporal breakdown per rank (slow: HTA's own load)."""
+    try:
+        from hta.trace_analysis import TraceAnalysis
+    except ImportError:
+        return {"error": "HTA is not installed (pip install traceinsight)"}
+    import logging
+
+    logging.getLogger("hta").setLevel(logging.ERROR)
+    try:
+        analysis = TraceAnalysis(trace_files={r: str(p) for r, p in files.items()}, trace_dir="")
+        overlap = analysis.get_comm_comp_overlap(visualize=False)
+        breakdown = analysis.get_temporal_breakdown(visualize=False)
+    except Exception as exc:  # HTA raises bare errors on CPU-only traces
+        return {"error": f"HTA could not analyse these traces: {type(exc).__name__}: {exc}"}
+    return {
+        "comm_comp_overlap_pct": {
+            int(r): float(v) for r, v in zip(overlap["rank"], overlap.iloc[:, 1], strict=True)
+        },
+        "temporal_breakdown": [
+            {str(k): (float(v) if isinstance(v, (int, float)) else str(v)) for k, v in row.items()}
+            for row in breakdown.to_dict(orient="records")
+        ],
+    }

@@ -1,0 +1,222 @@
+"""Stream one Kineto trace file (``.json`` or ``.json.gz``) without holding it whole.
+
+Kineto writes ``{"schemaVersion": 1, ..., "traceEvents": [ {...}, {...} ], ...}``. We read
+the file in chunks, cut the ``traceEvents`` array at event boundaries, parse each piece
+with orjson and hand the events on in batches; the keys around the array (``distributedInfo``,
+``baseTimeNanoseconds``, ...) are parsed at the end. Memory stays at a few chunks plus
+whatever the consumer keeps, whatever the size of the file.
+
+Every problem is a ``BadTrace`` naming the file: truncated or corrupt gzip, invalid JSON,
+JSON without ``traceEvents``, an empty file.
+"""
+
+from __future__ import annotations
+
+import gc
+import gzip
+import re
+import zlib
+from collections.abc import Callable
+from pathlib import Path
+from typing import IO, Any
+
+import orjson
+
+from syncscope.errors import BadTrace
+
+CHUNK_BYTES = 1 << 20
+_MAX_UNSPLIT = 32  # chunks without an event boundary before we call the JSON invalid
+_ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[')
+_BOUNDARY = re.compile(rb"\}\s*,\s*\{")
+_GZIP_MAGIC = b"\x1f\x8b"
+
+EventBatch = list[dict[str, Any]]
+Consumer = Callable[[EventBatch], None]
+
+
+def is_trace_file(path: Path) -> bool:
+    name = path.name
+    return name.endswith((".json", ".json.gz")) and name != "meta.json"
+
+
+def _open(path: Path) -> IO[bytes]:
+    try:
+        with path.open("rb") as probe:
+            magic = probe.read(2)
+        if not magic:
+            raise BadTrace(f"{path}: empty file (0 bytes)")
+        if magic == _GZIP_MAGIC:
+            return gzip.GzipFile(path, "rb")  # type: ignore[return-value]
+        return path.open("rb")
+    except OSError as exc:
+        raise BadTrace(f"{path}: cannot read: {exc.strerror or exc}") from exc
+
+
+class _Reader:
+    """Chunks of uncompressed bytes, with gzip problems turned into one-line errors."""
+
+    def __init__(self, path: Path, on_bytes: Callable[[int], None] | None) -> None:
+        self.path = path
+        self.file = _open(path)
+        self.offset = 0  # uncompressed bytes read so far
+        self.on_bytes = on_bytes
+        self._raw_pos = 0
+
+    def read(self) -> bytes:
+        try:
+            data = self.file.read(CHUNK_BYTES)
+        except EOFError as exc:
+            raise BadTrace(f"{self.path}: truncated gzip file (ends mid-stream)") from exc
+        except (gzip.BadGzipFile, zlib.error) as exc:
+            raise BadTrace(f"{self.path}: corrupt gzip data ({exc})") from exc
+        except OSError as exc:
+            raise BadTrace(f"{self.path}: cannot read: {exc}") from exc
+        self.offset += len(data)
+        if self.on_bytes is not None:
+            raw = self._compressed_pos()
+            self.on_bytes(raw - self._raw_pos)
+            self._raw_pos = raw
+        return data
+
+    def _compressed_pos(self) -> int:
+        inner = getattr(self.file, "fileobj", None)
+        if inner is not None:  # gzip: progress in compressed bytes, as the file size is
+            try:
+                return int(inner.tell())
+            except (OSError, ValueError):
+                return self._raw_pos
+        return self.offset
+
+    def close(self) -> None:
+        self.file.close()
+
+
+def _invalid(path: Path, exc: Exception, where: int) -> BadTrace:
+    detail = str(exc).split(":", 1)[0] if str(exc) else type(exc).__name__
+    return BadTrace(f"{path}: invalid JSON near byte {where} ({detail})")
+
+
+def _split(buf: bytes) -> tuple[EventBatch | None, int]:
+    """Parse the longest run of whole events at the front of ``buf``: (events, bytes used)."""
+    tail = buf[-(1 << 16) :]
+    base = len(buf) - len(tail)
+    matches = list(_BOUNDARY.finditer(tail))
+    if not matches:
+        base, matches = 0, list(_BOUNDARY.finditer(buf))
+    for m in reversed(matches[-3:]):
+        end = base + m.start() + 1
+        try:
+            events = orjson.loads(b"[" + buf[:end] + b"]")
+        except orjson.JSONDecodeError:
+            continue
+        return events, base + m.end() - 1  # keep the '{' that opens the next event
+    return None, 0
+
+
+def _finish(path: Path, buf: bytes, offset: int) -> tuple[EventBatch, bytes]:
+    """The last events and the bytes after the array's closing bracket.
+
+    The closing bracket is the first ``]`` after which the rest of the file reads as the
+    rest of the top-level object (a wrong ``]`` inside an event fails within that event,
+    so each try is cheap) and before which the events parse.
+    """
+    error: Exception | None = None
+    for m in re.finditer(rb"\]", buf):
+        if not _closes_object(buf, m.end()):
+            continue
+        trailer = buf[m.end() :]
+        try:
+            events = orjson.loads(b"[" + buf[: m.start()] + b"]")
+        except orjson.JSONDecodeError as exc:
+            error = error or exc
+            continue
+        return events, trailer
+    raise _invalid(path, error or ValueError("the traceEvents array never ends"), offset)
+
+
+def _closes_object(buf: bytes, start: int) -> bool:
+    """Does ``buf[start:]`` read as the rest of an object (judged on its first 4 KiB)?"""
+    probe = b'{"traceEvents": []' + buf[start : start + 4096]
+    try:
+        orjson.loads(probe)
+    except orjson.JSONDecodeError as exc:
+        return len(buf) - start > 4096 and exc.pos >= len(probe) - 1
+    return True
+
+
+def read_trace(
+    path: Path,
+    consume: Consumer,
+    on_bytes: Callable[[int], None] | None = None,
+) -> dict[str, Any]:
+    """Stream the events of ``path`` into ``consume`` in batches; return the other keys."""
+    reader = _Reader(path, on_bytes)
+    collecting = gc.isenabled()
+    gc.disable()  # millions of small dicts, no cycles: the collector only costs time here
+    try:
+        return _read(path, reader, consume)
+    finally:
+        reader.close()
+        if collecting:
+            gc.enable()
+
+
+def _read(path: Path, reader: _Reader, consume: Consumer) -> dict[str, Any]:
+    buf = b""
+    head = b""
+    while True:  # find the start of the traceEvents array
+        chunk = reader.read()
+        buf += chunk
+        m = _ARRAY_START.search(buf)
+        if m is not None:
+            head, buf = buf[: m.start()], buf[m.end() :]
+            break
+        if not chunk:
+            _no_events(path, buf)
+        if len(buf) > _MAX_UNSPLIT * CHUNK_BYTES:
+            _no_events(path, b"")
+    consumed = reader.offset - len(buf)
+    unsplit = 0
+    while True:
+        chunk = reader.read()
+        if not chunk:
+            break
+        buf += chunk
+        events, used = _split(buf)
+        if events is None:
+            unsplit += 1
+            if unsplit > _MAX_UNSPLIT:
+                raise _invalid(path, ValueError("no event boundary found"), consumed)
+            continue
+        unsplit = 0
+        consume(events)
+        consumed += used
+        buf = buf[used:]
+    events, used = _split(buf)
+    if events is not None:
+        consume(events)
+        consumed += used
+        buf = buf[used:]
+    events, trailer = _finish(path, buf, consumed)
+    if events:
+        consume(events)
+    try:
+        meta = orjson.loads(head + b'"traceEvents": []' + trailer)
+    except orjson.JSONDecodeError as exc:
+        raise _invalid(path, exc, reader.offset) from exc
+    if not isinstance(meta, dict):
+        raise BadTrace(f"{path}: not a Kineto trace (top level is not an object)")
+    meta.pop("traceEvents", None)
+    return meta
+
+
+def _no_events(path: Path, data: bytes) -> None:
+    if data.strip():
+        try:
+            obj = orjson.loads(data)
+        except orjson.JSONDecodeError as exc:
+            raise _invalid(path, exc, len(data)) from exc
+        if isinstance(obj, dict):
+            raise BadTrace(f"{path}: JSON without 'traceEvents': not a Kineto trace")
+        raise BadTrace(f"{path}: not a Kineto trace (top level is not an object)")
+    raise BadTrace(f"{path}: no 'traceEvents' array: not a Kineto trace")

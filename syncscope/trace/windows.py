@@ -1,0 +1,323 @@
+"""Cut one rank's trace events into windows, micro-batches and collectives: a ``RankRun``.
+
+- Windows end at optimizer steps: ``Optimizer.step#...`` spans on the CPU, merged when they
+  nest or overlap (real traces nest duplicates; EMA wraps Shampoo), and grouped when no
+  backward ran between them (several optimizers close one window).
+- Micro-batches: syncscope's own ``syncscope.micro_batch#W.K`` ranges when present; else a
+  backward pass (``autograd::engine::evaluate_function:`` activity) after a DDP/FSDP forward
+  marker; without any marker, one micro-batch per window and a note saying so.
+- Collectives: ``c10d::*`` ops, with size, dtype and process group from the
+  ``record_param_comms`` nested in them, else from ``Input Dims``.
+"""
+
+from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+from syncscope.model import (
+    GRAD_REDUCING_OPS,
+    Collective,
+    GradReset,
+    Issuer,
+    MicroBatch,
+    Phase,
+    RankRun,
+    Window,
+    Wrapper,
+    WrapperInfo,
+)
+from syncscope.trace.events import RankEvents, RawCollective, Span, dtype_bytes, normalize_op
+from syncscope.trace.overlap import Interval, measure_windows, merge
+
+SCALAR_BYTES = 16  # an all-reduce this small after backward is a metric (loss), not gradients
+_SKIP_PARAM_COMMS = frozenset({"wait", "barrier", ""})
+
+
+@dataclass
+class _Step:
+    start: int
+    end: int
+    count: int = 1
+    busy_ns: int = 0
+
+
+@dataclass
+class _Micro:
+    start: int
+    end: int
+    bw_start: int | None = None
+    bw_end: int | None = None
+    wrapper: Wrapper = "none"
+    marked: bool = True  # bounded by markers (else: one guessed span per window)
+
+
+@dataclass
+class RankNotes:
+    """Plain statements about what this rank's trace could not tell."""
+
+    no_markers: bool = False
+    dtype_assumed: bool = False
+    backend_only: bool = False
+    trailing: bool = False
+    own_markers: bool = False
+    sizes_unknown: bool = False
+    extra: list[str] = field(default_factory=list)
+
+
+def _steps(spans: list[Span], backward: Sequence[Interval]) -> list[_Step]:
+    merged: list[_Step] = []
+    for span in sorted(spans, key=lambda s: (s.start, -s.end)):
+        if merged and span.start <= merged[-1].end:  # nested duplicate or overlapping
+            merged[-1].end = max(merged[-1].end, span.end)
+            merged[-1].busy_ns = merged[-1].end - merged[-1].start
+            continue
+        merged.append(_Step(span.start, span.end, busy_ns=span.end - span.start))
+    grouped: list[_Step] = []
+    starts = [b[0] for b in backward]
+    for s in merged:
+        prev = grouped[-1] if grouped else None
+        if prev is not None and bisect_right(starts, s.start) == bisect_right(starts, prev.end):
+            prev.end, prev.count, prev.busy_ns = s.end, prev.count + 1, prev.busy_ns + s.busy_ns
+        else:
+            grouped.append(s)
+    return grouped
+
+
+def _resolve(ev: RankEvents, notes: RankNotes) -> list[RawCollective]:
+    comms = sorted(ev.collectives, key=lambda c: c.start)
+    params = sorted(ev.param_comms, key=lambda p: p.start)
+    if not comms:
+        named = [p for p in params if p.name not in _SKIP_PARAM_COMMS]
+        comms = named or sorted(ev.backend_comms, key=lambda c: c.start)
+        notes.backend_only = not named and bool(comms)
+        return comms
+    by_tid: dict[int, list[RawCollective]] = {}
+    for p in params:
+        by_tid.setdefault(p.tid, []).append(p)
+    starts = {tid: [p.start for p in ps] for tid, ps in by_tid.items()}
+    for c in comms:
+        if c.tid not in by_tid:
+            continue
+        i = bisect_left(starts[c.tid], c.start)
+        if i < len(by_tid[c.tid]) and by_tid[c.tid][i].start <= c.end:
+            p = by_tid[c.tid][i]
+            c.nelems = p.nelems if p.nelems is not None else c.nelems
+            c.dtype = p.dtype or c.dtype
+            c.group_ranks, c.group_name, c.pg_seq = p.group_ranks, p.group_name, p.pg_seq
+    return comms
+
+
+def _attach_done(comms: list[RawCollective], ev: RankEvents) -> None:
+    starts = [c.start for c in comms]
+    launches = ev.comm_launches()
+    it = iter(ev.comm_kernels)
+    for start, end, corr in zip(it, it, it, strict=True):
+        at = launches.get(corr)
+        if at is None:
+            continue
+        i = bisect_right(starts, at) - 1
+        if i >= 0 and at <= comms[i].end:
+            done = comms[i].done
+            comms[i].done = end if done is None else max(done, end)
+        del start
+
+
+def _micro_batches(
+    ev: RankEvents, lo: int, hi: int, backward: Sequence[Interval], wrapper: Wrapper
+) -> list[_Micro]:
+    bw = [b for b in backward if lo <= b[0] < hi]
+    marks = [m for m in ev.micro_marks if lo <= m.start < hi]
+    if marks:
+        marked = [
+            _Micro(m.start, m.end, wrapper=wrapper) for m in sorted(marks, key=lambda m: m.start)
+        ]
+        for m in marked:
+            inside = [b for b in bw if m.start <= b[0] <= m.end]
+            if inside:
+                m.bw_start, m.bw_end = inside[0][0], max(b[1] for b in inside)
+        return marked
+    if not bw:
+        return []
+    forwards = sorted(f.start for f in ev.forwards if lo <= f.start < hi)
+    if not forwards:
+        end = max(b[1] for b in bw)
+        return [_Micro(bw[0][0], end, bw[0][0], end, marked=False)]
+    out: list[_Micro] = []
+    for start, end in bw:
+        if not out:
+            first = forwards[0] if forwards[0] <= start else lo
+            out.append(_Micro(first, end, start, end, wrapper))
+            continue
+        cur = out[-1]
+        j = bisect_right(forwards, cur.end)  # the first forward after this backward
+        if j < len(forwards) and forwards[j] <= start:
+            out.append(_Micro(forwards[j], end, start, end, wrapper))
+        else:
+            cur.end = cur.bw_end = max(cur.end, end)
+    return out
+
+
+def _phase(t: int, micro: list[_Micro], in_fsdp_reduce: bool) -> tuple[int, Phase]:
+    if not micro:
+        return 0, "other"
+    i = max(0, bisect_right([m.start for m in micro], t) - 1)
+    m = micro[i]
+    if in_fsdp_reduce:
+        return i, "backward"
+    if m.bw_start is None or m.bw_end is None or t < m.bw_start:
+        return i, "forward" if t >= m.start and m.marked else "other"
+    if t <= m.bw_end:
+        return i, "backward"
+    return i, "after-backward"
+
+
+def _within(t: int, spans: Sequence[Span]) -> bool:
+    return any(s.start <= t <= s.end for s in spans)
+
+
+def build_rank(ev: RankEvents, meta: dict[str, Any], rank: int, notes: RankNotes) -> RankRun:
+    """The RankRun of one trace; ``ev`` must hold at least one optimizer step."""
+    base = int(meta.get("baseTimeNanoseconds") or 0)
+    it = iter(ev.backward)
+    backward = merge(zip(it, it, strict=True))
+    steps = _steps(ev.steps, backward)
+    wrapper: Wrapper = "none"
+    names = {f.name for f in ev.forwards}
+    if "DistributedDataParallel.forward" in names:
+        wrapper = "ddp"
+    elif names or ev.fsdp_reduces:
+        wrapper = "fsdp"
+    notes.no_markers = notes.no_markers or (not ev.micro_marks and not ev.forwards)
+    notes.own_markers = notes.own_markers or bool(ev.window_marks)
+    comms = _resolve(ev, notes)
+    _attach_done(comms, ev)
+    extent = ev.extent() or (steps[0].start, steps[-1].end)
+    first = min([extent[0], *(c.start for c in comms[:1])])
+    bounds: list[tuple[int, int, _Step | None]] = []
+    lo = first
+    for s in steps:
+        bounds.append((lo, s.end, s))
+        lo = s.end
+    tail_end = max(extent[1], lo)
+    if any(c.start >= lo for c in comms) or any(b[0] >= lo for b in backward):
+        bounds.append((lo, tail_end, None))
+        notes.trailing = True
+    measures = measure_windows(ev, [(a, b) for a, b, _ in bounds])
+    windows: list[Window] = []
+    sequence: list[tuple[str, int, tuple[int, ...] | None]] = []
+    ci = 0
+    for index, (lo, hi, step) in enumerate(bounds):
+        micro = _micro_batches(ev, lo, hi, backward, wrapper)
+        collectives: list[Collective] = []
+        while (ci < len(comms) and comms[ci].start < hi) or (step is None and ci < len(comms)):
+            raw = comms[ci]
+            col = _collective(raw, ci, micro, step, wrapper, ev, notes)
+            collectives.append(col)
+            sequence.append((col.op, col.bytes, col.group_ranks))
+            ci += 1
+        resets = tuple(
+            GradReset(sum(1 for m in micro if m.end <= z.start), "optimizer.zero_grad")
+            for z in ev.zero_grads
+            if lo <= z.start < hi and not (step and step.start <= z.start <= step.end)
+        )
+        m = measures[index] if measures else None
+        marks = [w for w in ev.window_marks if lo <= (w.start + w.end) // 2 < hi]
+        windows.append(
+            Window(
+                index=int(marks[0].name.rsplit("#", 1)[1]) if marks else index,
+                complete=step is not None,
+                start_ns=lo + base,
+                end_ns=hi + base,
+                micro_batches=tuple(
+                    MicroBatch(k, mb.start + base, mb.end + base, mb.wrapper, None, None)
+                    for k, mb in enumerate(micro)
+                ),
+                collectives=tuple(_shift(c, base) for c in collectives),
+                grad_resets=resets,
+                steps=step.count if step else 0,
+                step_ns=step.busy_ns if step else 0,
+                comm_ns=m.comm if m else None,
+                exposed_comm_ns=m.exposed if m else None,
+                compute_ns=m.compute if m else None,
+            )
+        )
+    return RankRun(
+        rank=rank,
+        windows=tuple(windows),
+        host=str(meta.get("host_name", "")),
+        pid=ev.pid or 0,
+        device="cuda" if ev.comm_kernels or ev.compute_kernels else "cpu",
+        wrappers=(WrapperInfo(kind=wrapper, label=_label(wrapper)),) if wrapper != "none" else (),
+        last_event_ns=tail_end + base,
+        backend=str((meta.get("distributedInfo") or {}).get("backend", "")),
+        collective_sequence=tuple(sequence),
+    )
+
+
+def _label(wrapper: Wrapper) -> str:
+    return "DistributedDataParallel" if wrapper == "ddp" else "FullyShardedDataParallel"
+
+
+def _collective(
+    raw: RawCollective,
+    seq: int,
+    micro: list[_Micro],
+    step: _Step | None,
+    wrapper: Wrapper,
+    ev: RankEvents,
+    notes: RankNotes,
+) -> Collective:
+    op = normalize_op(raw.name)
+    in_reduce = _within(raw.start, ev.fsdp_reduces)
+    position, phase = _phase(raw.start, micro, in_reduce)
+    if step is not None and step.start <= raw.start <= step.end:
+        phase = "optimizer"
+    size = dtype_bytes(raw.dtype) if raw.dtype else None
+    if raw.nelems is not None and size is None:
+        notes.dtype_assumed = True
+    if raw.nelems is None:
+        notes.sizes_unknown = True
+    nbytes = (raw.nelems or 0) * (size or 4)
+    grad = op in GRAD_REDUCING_OPS and (
+        phase == "backward" or (phase == "after-backward" and nbytes > SCALAR_BYTES)
+    )
+    issuer: Issuer = "user"
+    if in_reduce or (wrapper == "fsdp" and op in ("all_gather", "reduce_scatter")):
+        issuer = "fsdp"
+    elif wrapper == "ddp" and (
+        (grad and phase == "backward") or (op == "broadcast" and phase == "forward")
+    ):
+        issuer = "ddp"
+    return Collective(
+        seq=seq,
+        op=op,
+        raw_op=raw.name,
+        bytes=nbytes,
+        dtype=raw.dtype or "unknown",
+        group_ranks=raw.group_ranks,
+        group_name=raw.group_name,
+        start_ns=raw.start,
+        end_ns=raw.end,
+        done_ns=raw.done,
+        phase=phase,
+        micro_batch=position,
+        grad_sync=grad,
+        issuer=issuer,
+        module=_label(wrapper) if issuer in ("ddp", "fsdp") else "",
+    )
+
+
+def _shift(c: Collective, base: int) -> Collective:
+    if not base:
+        return c
+    from dataclasses import replace
+
+    return replace(
+        c,
+        start_ns=c.start_ns + base,
+        end_ns=c.end_ns + base,
+        done_ns=None if c.done_ns is None else c.done_ns + base,
+    )

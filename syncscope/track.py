@@ -1,0 +1,119 @@
+"""``syncscope.track()``: count gradient syncs per window inside a running process.
+
+::
+
+    with syncscope.track() as stats:
+        train_one_epoch(model, optimizer, loader)
+    assert stats.grad_syncs_per_window == [1, 1, 1]
+
+Works in any process, with or without a process group (DDP with world size 1 still
+all-reduces). On exit, when a process group of several ranks is up, every rank's events are
+gathered over a separate gloo group so ``stats.findings`` can compare ranks; all ranks must
+then leave ``track()`` together, as they entered it.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime
+from collections.abc import Iterator
+from typing import Any
+
+from syncscope.analysis.build import build_run
+from syncscope.analysis.diagnose import diagnose
+from syncscope.capture.recorder import MemorySink
+from syncscope.capture.session import CaptureSession
+from syncscope.model import Finding, Run, RunMeta
+from syncscope.render.json_report import window_dict
+
+
+class Stats:
+    """What ``track()`` saw. Live while tracking; final (all ranks) after the block exits."""
+
+    def __init__(self, sink: MemorySink, rank: int, world_size: int) -> None:
+        self._sink = sink
+        self.rank = rank
+        self.world_size = world_size
+        self._run: Run | None = None
+        self._findings: list[Finding] | None = None
+
+    def _finish(self, run: Run) -> None:
+        self._run = run
+        self._findings = diagnose(run)
+
+    @property
+    def run(self) -> Run:
+        """The run model: this rank only while tracking, every rank after exit."""
+        if self._run is not None:
+            return self._run
+        meta = RunMeta(world_size=self.world_size, command=("track()",))
+        return build_run(meta, {self.rank: list(self._sink.events)})
+
+    @property
+    def windows(self) -> list[dict[str, Any]]:
+        """This rank's windows, with the same fields as report.json windows."""
+        rank = self.run.rank(self.rank) or (self.run.ranks[0] if self.run.ranks else None)
+        return [window_dict(w) for w in rank.windows] if rank else []
+
+    @property
+    def grad_syncs_per_window(self) -> list[int]:
+        """Grad-sync rounds (reductions of the gradient set) per complete window."""
+        return [w["grad_syncs"] for w in self.windows if w["complete"]]
+
+    @property
+    def findings(self) -> list[Finding]:
+        if self._findings is not None:
+            return self._findings
+        return diagnose(self.run)
+
+    def __repr__(self) -> str:
+        return (
+            f"Stats(rank={self.rank}, world_size={self.world_size}, "
+            f"grad_syncs_per_window={self.grad_syncs_per_window})"
+        )
+
+
+def _process_group() -> tuple[int, int]:
+    import torch.distributed as dist
+
+    if dist.is_available() and dist.is_initialized():
+        return dist.get_rank(), dist.get_world_size()
+    return 0, 1
+
+
+def _gather(events: list[dict[str, Any]], world_size: int) -> dict[int, list[dict[str, Any]]]:
+    import torch.distributed as dist
+
+    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=120))
+    try:
+        gathered: list[Any] = [None] * world_size
+        dist.all_gather_object(gathered, events, group=group)
+    finally:
+        dist.destroy_process_group(group)
+    return {rank: list(ev or []) for rank, ev in enumerate(gathered)}
+
+
+@contextlib.contextmanager
+def track(*, gather: bool = True) -> Iterator[Stats]:
+    """Record every collective, micro-batch and optimizer step in the block.
+
+    ``gather=False`` keeps each rank's view local (no collective at exit).
+    """
+    rank, world_size = _process_group()
+    session, sink = CaptureSession.in_memory(rank=rank, world_size=world_size)
+    stats = Stats(sink, rank, world_size)
+    session.start()
+    failed = False
+    try:
+        yield stats
+    except BaseException:
+        failed = True
+        raise
+    finally:
+        session.close(1 if failed else 0, "exception" if failed else "finished")
+        events = list(sink.events)
+        by_rank = {rank: events}
+        if gather and not failed and world_size > 1:
+            by_rank = _gather(events, world_size)
+        meta = RunMeta(world_size=world_size, command=("track()",))
+        stats._finish(build_run(meta, by_rank))

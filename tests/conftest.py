@@ -1,0 +1,79 @@
+"""Shared fixtures: real multi-process profile runs, cached per session (they cost seconds)."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[1]
+EXAMPLES = ROOT / "examples"
+LOOPS = ROOT / "tests" / "scripts" / "loops.py"
+PROFILE_TIMEOUT = int(os.environ.get("SYNCSCOPE_TEST_TIMEOUT", "180"))
+
+
+@dataclass
+class ProfiledRun:
+    proc: subprocess.CompletedProcess[str]
+    run_dir: Path
+    report: dict[str, Any]
+
+    def windows(self, rank: int = 0) -> list[dict[str, Any]]:
+        return list(self.report["ranks"][rank]["windows"])
+
+    def complete_windows(self, rank: int = 0) -> list[dict[str, Any]]:
+        return [w for w in self.windows(rank) if w["complete"]]
+
+    def kinds(self) -> set[tuple[str, str]]:
+        return {(f["kind"], f["cause"]) for f in self.report["findings"]}
+
+    def finding(self, kind: str) -> dict[str, Any]:
+        matches = [f for f in self.report["findings"] if f["kind"] == kind]
+        assert matches, f"no {kind} finding in {self.kinds()}"
+        return matches[0]
+
+
+def run_syncscope(*args: str, cwd: Path | None = None, timeout: int = PROFILE_TIMEOUT) -> subprocess.CompletedProcess[str]:
+    env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
+    return subprocess.run(
+        [sys.executable, "-m", "syncscope", *args],
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+        cwd=cwd or ROOT,
+        env=env,
+    )
+
+
+def profile(tmp: Path, script: Path, *script_args: str, nproc: int = 2, options: tuple[str, ...] = ()) -> ProfiledRun:
+    run_dir = tmp / "run"
+    proc = run_syncscope(
+        "profile", "--quiet", "--fail-on", "never", "--nproc-per-node", str(nproc),
+        "--out", str(run_dir), *options, str(script), *script_args,
+    )
+    report_path = run_dir / "report.json"
+    assert report_path.exists(), f"no report.json; stderr:\n{proc.stderr[-3000:]}"
+    return ProfiledRun(proc, run_dir, json.loads(report_path.read_text()))
+
+
+_cache: dict[tuple[str, ...], ProfiledRun] = {}
+
+
+@pytest.fixture(scope="session")
+def profiled(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """profiled(script, *args) -> ProfiledRun, each distinct run made once per session."""
+
+    def get(script: Path, *args: str, options: tuple[str, ...] = ()) -> ProfiledRun:
+        key = (str(script), *args, "|", *options)
+        if key not in _cache:
+            tmp = tmp_path_factory.mktemp(script.stem)
+            _cache[key] = profile(tmp, script, *args, options=options)
+        return _cache[key]
+
+    return get

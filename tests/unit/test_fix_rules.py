@@ -1,0 +1,119 @@
+"""Rules and wrapper resolution on small inline sources."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import pytest
+
+from syncscope.errors import SyncscopeError
+from syncscope.fixes import FixOptions, fix_source
+from syncscope.fixes.fromrun import load_hints
+
+HEADER = "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+LOOP = """
+for i, batch in enumerate(loader):
+    loss = model(batch).sum()
+    loss.backward()
+    if (i + 1) % accum == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+
+def test_wrapper_bound_two_ways_is_unresolved() -> None:
+    source = (
+        HEADER
+        + "from torch.distributed.fsdp import fully_shard\n"
+        + "model = DDP(net) if use_ddp else fully_shard(net)\n"
+        + LOOP
+    )
+    (problem,) = fix_source(source).problems
+    assert problem.code == "SYN100"
+    assert "depending on the run" in problem.message
+
+
+def test_style_that_contradicts_the_wrapper_is_an_error() -> None:
+    with pytest.raises(SyncscopeError, match="--style fsdp2 does not fit"):
+        fix_source(HEADER + "model = DDP(net)\n" + LOOP, FixOptions(style="fsdp2"))
+
+
+def test_syntax_error_is_one_line_error() -> None:
+    with pytest.raises(SyncscopeError, match="syntax error at line 1"):
+        fix_source("for (:\n", path="bad.py")
+
+
+def test_existing_contextlib_import_is_not_duplicated() -> None:
+    result = fix_source("import contextlib\n" + HEADER + "model = DDP(net)\n" + LOOP)
+    assert result.fixed.count("import contextlib") == 1
+
+
+def test_gate_counter_changed_between_forward_and_gate_twice_is_not_rewritten() -> None:
+    loop = LOOP.replace("    if (i + 1)", "    i += 1\n    i += 1\n    if (i + 1)")
+    (problem,) = fix_source(HEADER + "model = DDP(net)\n" + loop).problems
+    assert problem.code == "SYN101" and not problem.fixed
+    assert "last" in problem.suggestion
+
+
+def _run_dir(
+    tmp_path: Path, script: Path, findings: list[dict[str, object]], sha: str = ""
+) -> Path:
+    run = tmp_path / "run"
+    run.mkdir()
+    digest = sha or hashlib.sha256(script.read_bytes()).hexdigest()
+    report = {"schema_version": 1, "script": {"path": str(script), "sha256": digest}}
+    report["findings"] = findings  # type: ignore[assignment]
+    (run / "report.json").write_text(json.dumps(report))
+    return run
+
+
+def test_from_run_names_a_wrapper_decided_elsewhere(tmp_path: Path) -> None:
+    # GIVEN a model built in another file, and a profile that saw DDP sync every micro-batch
+    script = tmp_path / "train.py"
+    script.write_text("import torch\nfrom lib import build\nmodel = build()\n" + LOOP)
+    finding = {
+        "kind": "redundant-sync",
+        "cause": "no-no_sync",
+        "sources": [{"role": "forward", "file": str(script), "line": 5}],
+        "fix": {"style": "ddp-no_sync"},
+    }
+    hints = load_hints(_run_dir(tmp_path, script, [finding]), script, script.read_bytes())
+    # WHEN fixed with those hints THEN the loop gets the DDP no_sync form
+    result = fix_source(script.read_text(), FixOptions(hints=hints))
+    assert "with (model.no_sync() if not is_last else contextlib.nullcontext()):" in result.fixed
+
+
+def test_from_run_moves_a_helper_toggle(tmp_path: Path) -> None:
+    # GIVEN the flag toggled through a helper after the forward (invisible to syntax)
+    script = tmp_path / "train.py"
+    body = LOOP.replace(
+        "    loss.backward()", "    set_sync(model, (i + 1) % accum == 0)\n    loss.backward()"
+    )
+    script.write_text(HEADER + "model = DDP(net)\n" + body)
+    finding = {
+        "kind": "missing-sync",
+        "sources": [{"role": "toggle", "file": str(script), "line": 7}],
+        "fix": {"style": "ddp-flag"},
+    }
+    hints = load_hints(_run_dir(tmp_path, script, [finding]), script, script.read_bytes())
+    result = fix_source(script.read_text(), FixOptions(hints=hints))
+    lines = result.fixed.splitlines()
+    assert lines.index("    set_sync(model, (i + 1) % accum == 0)") < lines.index(
+        "    loss = model(batch).sum()"
+    )
+    assert [p.code for p in result.problems] == ["SYN104"]
+
+
+def test_from_run_refuses_a_changed_script(tmp_path: Path) -> None:
+    script = tmp_path / "train.py"
+    script.write_text(HEADER + LOOP)
+    run = _run_dir(tmp_path, script, [], sha="0" * 64)
+    with pytest.raises(SyncscopeError, match="changed since the run"):
+        load_hints(run, script, script.read_bytes())
+
+
+def test_from_run_without_report_is_an_error(tmp_path: Path) -> None:
+    with pytest.raises(SyncscopeError, match=r"no report\.json"):
+        load_hints(tmp_path, tmp_path / "x.py", b"")

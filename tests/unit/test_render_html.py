@@ -1,0 +1,227 @@
+"""The HTML report rendered from hand-built runs: content, escaping, size, scale, charts."""
+
+from __future__ import annotations
+
+import array
+import base64
+import json
+import re
+import time
+from pathlib import Path
+from typing import Any
+
+import plotly.offline
+import pytest
+
+from syncscope import cli
+from syncscope.commands import report as report_command
+from syncscope.model import Finding, Run, RunMeta
+from syncscope.render import charts
+from syncscope.render.html import render_html
+from syncscope.render.summary import grid_of, headline
+from tests.unit import runs
+
+FIGURE = re.compile(r'<script type="application/json" data-figure="([^"]+)">(.*?)</script>', re.S)
+DTYPES = {"u1": "B", "i2": "h", "u2": "H", "i4": "i", "f4": "f", "f8": "d"}
+
+
+def figures(page: str) -> dict[str, dict[str, Any]]:
+    return {name: json.loads(data) for name, data in FIGURE.findall(page)}
+
+
+def values(spec: Any) -> list[float]:
+    """Decode a typed-array spec (or pass a plain list through)."""
+    if isinstance(spec, dict):
+        return list(array.array(DTYPES[spec["dtype"]], base64.b64decode(spec["bdata"])))
+    return list(spec)
+
+
+def body(page: str) -> str:
+    """The page without the inlined plotly.js bundle."""
+    return page.replace(plotly.offline.get_plotlyjs(), "")
+
+
+def strings(node: Any) -> list[str]:
+    if isinstance(node, str):
+        return [node]
+    if isinstance(node, dict):
+        return [s for v in node.values() for s in strings(v)]
+    if isinstance(node, list):
+        return [s for v in node for s in strings(v)]
+    return []
+
+
+def test_clean_run_says_so_and_draws_the_core_charts() -> None:
+    page = render_html(runs.clean_ddp(), [])
+    assert 'class="verdict clean"' in page
+    assert "No gradient synchronization problems found" in page
+    assert "1 <small>seen / 1 expected</small>" in page
+    assert set(figures(page)) == {
+        "fig-placement",
+        "fig-syncs",
+        "fig-window-metrics",
+        "fig-timeline",
+    }
+    assert 'id="findings"' not in page
+
+
+def test_redundant_run_headline_numbers() -> None:
+    # GIVEN 4 syncs per window where 1 belongs, and a finding that prices the waste
+    page = render_html(runs.redundant(), [runs.finding()])
+    # THEN the verdict, the seen/expected count, the waste and the speed-up are up front
+    assert 'class="verdict warnings"' in page
+    assert "4 <small>seen / 1 expected</small>" in page
+    assert "150.0 MiB" in page  # wasted bytes per window
+    assert "43% of the window" in page
+    assert "1.75x" in page  # 4.2 ms window -> 2.4 ms projected
+
+
+def test_page_is_self_contained() -> None:
+    page = render_html(runs.redundant(), [runs.finding()])
+    assert page.count(plotly.offline.get_plotlyjs()) == 1
+    rest = body(page)
+    assert "Content-Security-Policy" in rest and "default-src 'none'" in rest
+    assert not re.search(r"<(script|img|link|iframe)[^>]+(src|href)=", rest)
+    assert "http://" not in rest and "https://" not in rest
+
+
+def test_run_strings_are_escaped_everywhere() -> None:
+    # GIVEN a script, a note, a module and finding sources named like HTML
+    run = runs.malicious()
+    page = render_html(run, runs.all_findings(f"{runs.XSS}.py"))
+    rest = body(page)
+    # THEN they show as text and never as markup
+    assert "<img" not in rest
+    assert "</script><script>alert(2)" not in rest
+    assert "&lt;img src=x onerror=alert(1)&gt;.py" in rest
+    # AND strings handed to plotly (which renders some HTML) are escaped too
+    for fig in figures(page).values():
+        assert not any("<img" in s for s in strings(fig))
+    timeline = json.dumps(figures(page)["fig-timeline"])
+    assert "&lt;img src=x onerror=alert(1)&gt;Block" in timeline
+
+
+def test_unknown_cost_and_evidence_keys_show_up() -> None:
+    page = render_html(runs.redundant(), [runs.finding()])
+    assert "a cost key nobody planned" in page
+    assert "new evidence key" in page and "nested" in page
+    assert "1.8 ms" in page  # redundant_time_ns_per_window, formatted by its key
+
+
+def test_findings_are_cards_most_severe_first_with_highlighted_fix() -> None:
+    page = render_html(runs.clean_ddp(), runs.all_findings())
+    kinds = re.findall(r'<span class="pill (\w+)">\w+</span>([\w-]+)</h3>', page)
+    severities = [s for s, _ in kinds]
+    assert len(kinds) == len(runs.KINDS)
+    assert severities == sorted(severities, key={"error": 0, "warning": 1, "info": 2}.get)
+    assert page.count('<details class="card') == len(runs.KINDS) - 3  # the rest start folded
+    assert '<div class="code"><pre>' in page
+    assert re.search(r'<span class="k">for</span>', page)  # pygments tokens
+    assert "train.py:57" in page and "train_step" in page  # source lines
+
+
+def test_eight_ranks_by_hundred_windows_stays_under_5_mb() -> None:
+    page = render_html(runs.medium(), [runs.finding()])
+    assert len(page.encode()) < 5_000_000
+
+
+def test_1024_ranks_use_heatmaps_stay_small_and_render_fast() -> None:
+    run, findings = runs.huge(), runs.all_findings()
+    started = time.perf_counter()
+    page = render_html(run, findings)
+    took = time.perf_counter() - started
+    figs = figures(page)
+    assert len(page.encode()) < 6_000_000
+    assert took < 5.0
+    assert [t["type"] for t in figs["fig-syncs"]["data"]] == ["heatmap"]
+    assert figs["fig-placement"]["data"][0]["type"] == "heatmap"
+    ticks = figs["fig-timeline"]["layout"]["yaxis"]["ticktext"]
+    assert len(ticks) == 8 and "rank 1" in ticks  # rank 1 is the one that differs
+
+
+def test_heatmap_bins_keep_the_one_rank_that_missed_a_sync() -> None:
+    # GIVEN 1,024 ranks where only rank 1 misses its sync in odd windows
+    fig = charts.syncs_per_window_figure(grid_of(runs.huge()))
+    heat = fig.data[0]
+    z = values(heat.z)
+    width = 50
+    first_row = z[:width]
+    # THEN the row holding rank 1 shows 0 syncs in odd windows, 1 in even ones
+    assert first_row == [0 if w % 2 else 1 for w in range(width)]
+    assert set(z[width:]) == {1}
+    assert len(z) // width == charts.HEATMAP_ROWS
+
+
+def test_placement_marks_extra_and_missing_syncs_per_rank() -> None:
+    # GIVEN rank 1 syncing on micro-batch 0 instead of the last (4 micro-batches, 4 windows)
+    fig = charts.placement_figure(grid_of(runs.divergent()))
+    by_name = {t.name: t for t in fig.data}
+    missing = by_name["missing sync"]
+    extra = by_name["extra sync"]
+    # THEN rank 1 has a missing ring at the end of each window and an extra sync at its start
+    assert values(missing.y) == [1] * 4
+    assert values(missing.x) == pytest.approx([w + 0.875 for w in range(4)])
+    assert values(extra.x) == pytest.approx([w + 0.125 for w in range(4)])
+    assert values(by_name["sync where it belongs"].y) == [0] * 4
+
+
+def test_overlap_chart_and_tile_only_with_trace_data() -> None:
+    traced = render_html(runs.traced(), [])
+    assert "fig-overlap" in figures(traced)
+    assert "exposed communication" in traced
+    plain = render_html(runs.redundant(), [])
+    assert "fig-overlap" not in figures(plain)
+
+
+def test_headline_counts_rank_windows_that_differ() -> None:
+    head = headline(runs.huge(), [])
+    assert (head.seen_syncs_min, head.seen_syncs_max) == (0, 1)
+    assert head.rank_windows == 1024 * 50
+    assert head.rank_windows_off == 25
+
+
+def test_empty_run_renders_without_charts() -> None:
+    page = render_html(Run(meta=RunMeta(), ranks=()), [])
+    assert "No windows were recorded" in page
+    assert figures(page) == {}
+
+
+# The command --------------------------------------------------------------------------------
+
+
+@pytest.fixture
+def saved_runs(monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[Run, list[Finding]]]:
+    """Run directories resolved to hand-built runs (the loader is tested elsewhere)."""
+    table = {"before": (runs.redundant(), [runs.finding()]), "after": (runs.clean_ddp(), [])}
+    monkeypatch.setattr(report_command, "load_and_diagnose", lambda path: table[Path(path).name])
+    return table
+
+
+def test_report_command_writes_html_next_to_the_run(
+    tmp_path: Path, saved_runs: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run_dir = tmp_path / "before"
+    run_dir.mkdir()
+    assert cli.main(["report", str(run_dir)]) == 0
+    assert "verdict warnings" in (run_dir / "report.html").read_text()
+    out = tmp_path / "again.html"
+    assert cli.main(["report", str(run_dir), "--format", "html", "-o", str(out)]) == 0
+    assert out.read_text().startswith("<!doctype html>")
+
+
+def test_report_command_json_and_text_to_stdout(
+    tmp_path: Path, saved_runs: object, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["report", str(tmp_path / "before"), "-f", "json"]) == 0
+    data = json.loads(capsys.readouterr().out)
+    assert data["findings"][0]["kind"] == "redundant-sync"
+    assert cli.main(["report", str(tmp_path / "before"), "-f", "text", "-o", "-"]) == 0
+    assert "redundant-sync" in capsys.readouterr().out
+
+
+def test_report_command_missing_directory_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["report", str(tmp_path / "nope")]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("syncscope: error:") and "nope" in err and "Traceback" not in err

@@ -1,0 +1,118 @@
+"""Merging rank files into one job, bad sets of files, and the trace-only findings."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import shutil
+from pathlib import Path
+
+import orjson
+import pytest
+
+from syncscope.errors import BadTrace
+from syncscope.trace.findings import collective_mismatch, exposed_communication
+from syncscope.trace.load import load_traces
+from syncscope.trace.overlap import merge, subtract, total
+from syncscope.trace.synth import Shape, write_job
+
+ROOT = Path(__file__).resolve().parents[2]
+SAMPLES = ROOT / "sample_traces"
+
+
+def _rewrite(path: Path, **info: object) -> None:
+    doc = orjson.loads(gzip.decompress(path.read_bytes()))
+    doc["distributedInfo"].update(info)
+    path.write_bytes(gzip.compress(orjson.dumps(doc)))
+
+
+def test_one_directory_per_node_merges(tmp_path: Path) -> None:
+    src = SAMPLES / "syncscope-gloo-ddp-no_sync"
+    for r in (0, 1):
+        (tmp_path / f"node{r}").mkdir()
+        shutil.copy(src / f"rank-{r}.json.gz", tmp_path / f"node{r}")
+    run = load_traces([tmp_path / "node0", tmp_path / "node1"])
+    assert [r.rank for r in run.ranks] == [0, 1]
+    assert not any("not seen" in n for n in run.meta.notes)
+
+
+def test_duplicate_rank(tmp_path: Path) -> None:
+    src = SAMPLES / "syncscope-gloo-ddp-no_sync" / "rank-0.json.gz"
+    shutil.copy(src, tmp_path / "a.json.gz")
+    shutil.copy(src, tmp_path / "b.json.gz")
+    with pytest.raises(
+        BadTrace, match=r"b\.json\.gz: rank 0 appears twice \(also in .*a\.json\.gz\)"
+    ):
+        load_traces([tmp_path])
+
+
+def test_two_jobs_in_one_directory(tmp_path: Path) -> None:
+    shutil.copy(SAMPLES / "syncscope-gloo-ddp-no_sync" / "rank-0.json.gz", tmp_path / "a.json.gz")
+    shutil.copy(SAMPLES / "trace_filter" / "sampled_rank-1.json.gz", tmp_path / "b.json.gz")
+    with pytest.raises(BadTrace, match=r"b\.json\.gz: from a different job"):
+        load_traces([tmp_path])
+    run = load_traces([tmp_path], skip_bad=True)
+    assert [r.rank for r in run.ranks] == [0]
+    assert any(n.startswith("skipped ") and "different job" in n for n in run.meta.notes)
+
+
+def test_empty_directory_and_missing_path(tmp_path: Path) -> None:
+    with pytest.raises(BadTrace, match="no trace files"):
+        load_traces([tmp_path])
+    with pytest.raises(BadTrace, match="no such file"):
+        load_traces([tmp_path / "nope"])
+
+
+def test_no_optimizer_steps_and_skip_bad(tmp_path: Path) -> None:
+    good = tmp_path / "rank-0.json.gz"
+    shutil.copy(SAMPLES / "syncscope-gloo-ddp-no_sync" / "rank-0.json.gz", good)
+    (tmp_path / "rank-1.json").write_bytes(
+        orjson.dumps(
+            {"distributedInfo": {"rank": 1, "world_size": 2, "backend": "gloo"}, "traceEvents": []}
+        )
+    )
+    (tmp_path / "rank-2.json").write_bytes(b"")
+    with pytest.raises(BadTrace, match=r"rank-1\.json: no optimizer steps"):
+        load_traces([tmp_path])
+    run = load_traces([tmp_path], skip_bad=True)
+    skipped = [n for n in run.meta.notes if n.startswith("skipped")]
+    assert len(skipped) == 2 and any("0 bytes" in n for n in skipped)
+
+
+def test_interval_arithmetic() -> None:
+    comm = merge([(0, 10), (5, 20), (30, 40)])
+    assert comm == [(0, 20), (30, 40)]
+    comp = merge([(2, 4), (8, 35)])
+    assert subtract(comm, comp) == [(0, 2), (4, 8), (35, 40)]
+    assert total(subtract(comm, comp)) == 11
+
+
+def test_synthetic_job_mismatch_and_exposure(tmp_path: Path) -> None:
+    # GIVEN a 3-rank synthetic job where rank 2 issues a broadcast in place of a bucket
+    write_job(tmp_path, 3, 200_000, Shape(mismatch_rank=2, ops_per_forward=10))
+    run = load_traces([tmp_path])
+    assert all(w.grad_syncs == 1 for r in run.ranks for w in r.windows)
+    # THEN the cross-rank check names the group, the window and both collectives
+    (finding,) = collective_mismatch(run)
+    assert finding.kind == "collective-mismatch" and finding.severity == "error"
+    assert finding.ranks == (0, 2) and "broadcast" in finding.message
+    # AND exposed communication is measured per window
+    (exposed,) = exposed_communication(run)
+    assert exposed.evidence["windows_measured"] == sum(len(r.windows) for r in run.ranks)
+    assert 0 < float(exposed.cost["exposed_share"]) < 1  # type: ignore[arg-type]
+
+
+def test_matching_ranks_have_no_mismatch(tmp_path: Path) -> None:
+    write_job(tmp_path, 2, 100_000, Shape(ops_per_forward=10))
+    run = load_traces([tmp_path])
+    assert collective_mismatch(run) == []
+    unmeasured = dataclasses.replace(
+        run,
+        ranks=tuple(
+            dataclasses.replace(
+                r, windows=tuple(dataclasses.replace(w, exposed_comm_ns=None) for w in r.windows)
+            )
+            for r in run.ranks
+        ),
+    )
+    assert exposed_communication(unmeasured) == []

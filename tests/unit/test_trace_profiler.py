@@ -1,0 +1,56 @@
+"""ProfilerTrace in-process with a tiny model: the trace it writes reads back as windows."""
+
+from __future__ import annotations
+
+import gzip
+from pathlib import Path
+
+import orjson
+import pytest
+import torch
+
+from syncscope.capture.profiler import ProfilerTrace
+from syncscope.trace.load import load_traces
+
+
+def _train(trace: ProfilerTrace, windows: int, accum: int) -> None:
+    model = torch.nn.Linear(8, 8)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for w in range(windows):
+        trace.window_begin(w)
+        for k in range(accum):
+            trace.micro_batch_begin(w, k)
+            model(torch.randn(4, 8)).sum().backward()
+            if k == accum - 1:
+                trace.grad_sync("all_reduce", 288)
+            trace.micro_batch_end(w, k)
+        opt.step()
+        opt.zero_grad()
+        trace.window_end(w)
+    trace.close()
+
+
+def test_range_is_traced_and_annotated(tmp_path: Path) -> None:
+    trace = ProfilerTrace(tmp_path, 0, (1, 3))
+    _train(trace, windows=4, accum=2)
+    assert trace.error is None and not trace.active
+    path = tmp_path / "traces" / "rank-0.json.gz"
+    names = {e.get("name") for e in orjson.loads(gzip.decompress(path.read_bytes()))["traceEvents"]}
+    assert {"syncscope.window#1", "syncscope.window#2", "syncscope.micro_batch#2.1"} <= names
+    assert "syncscope.window#0" not in names and "syncscope.window#3" not in names
+    assert "syncscope.grad_sync#all_reduce#288" in names
+    run = load_traces([tmp_path / "traces"])
+    (rank,) = run.ranks
+    assert [w.index for w in rank.windows] == [1, 2]
+    assert all(len(w.micro_batches) == 2 and w.steps == 1 for w in rank.windows)
+
+
+def test_close_exports_an_open_range(tmp_path: Path) -> None:
+    trace = ProfilerTrace(tmp_path, 3, None)
+    _train(trace, windows=1, accum=1)
+    assert (tmp_path / "traces" / "rank-3.json.gz").is_file()
+
+
+def test_bad_range() -> None:
+    with pytest.raises(ValueError, match="bad window range"):
+        ProfilerTrace(Path("."), 0, (3, 3))
