@@ -70,6 +70,43 @@ def _trace_windows() -> tuple[int, int] | None | bool:
     return int(start or 0), int(stop or 10**9)
 
 
+def _write_meta(
+    run_dir: Path, target: str, is_module: bool, script_args: list[str], world_size: int
+) -> None:
+    """Under a foreign launcher nobody else describes the run: local rank 0 does, once."""
+    from datetime import datetime, timezone
+
+    import torch
+
+    import syncscope
+    from syncscope.rundir import META_FILE, write_meta
+
+    if (run_dir / META_FILE).exists():
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    script = "" if is_module else str(Path(target).resolve())
+    digest = ""
+    if script:
+        import hashlib
+
+        digest = hashlib.sha256(Path(script).read_bytes()).hexdigest()
+    write_meta(
+        run_dir,
+        {
+            "command": [target, *script_args],
+            "module": is_module,
+            "script": script,
+            "script_sha256": digest,
+            "world_size": world_size,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "syncscope_version": syncscope.__version__,
+            "torch_version": str(torch.__version__),
+            "launcher": {"attached": "true", "run_id": os.environ.get("TORCHELASTIC_RUN_ID", "")},
+            "hung": False,
+        },
+    )
+
+
 def main(argv: list[str] | None = None) -> int:
     out, is_module, target, script_args = parse(list(sys.argv[1:] if argv is None else argv))
     if not is_module and not Path(target).is_file():
@@ -81,6 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
 
     from syncscope.capture.session import CaptureSession
+
+    if local_rank == 0:
+        _write_meta(run_dir, target, is_module, script_args, world_size)
 
     trace = _trace_windows()
     session = CaptureSession.to_run_dir(

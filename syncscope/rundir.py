@@ -45,6 +45,8 @@ def prepare_run_dir(run_dir: Path) -> None:
     parent = run_dir.parent
     if not parent.exists():
         raise BadRunDirectory(f"--out {run_dir}: parent directory {parent} does not exist")
+    if not parent.is_dir():
+        raise BadRunDirectory(f"--out {run_dir}: cannot create ({parent} is not a directory)")
     try:
         (run_dir / RANKS_DIR).mkdir(parents=True, exist_ok=True)
     except OSError as exc:
@@ -57,7 +59,7 @@ def prepare_run_dir(run_dir: Path) -> None:
 
 def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
     data = {"format": RUN_FORMAT, "format_version": RUN_FORMAT_VERSION, **meta}
-    tmp = run_dir / (META_FILE + ".tmp")
+    tmp = run_dir / f"{META_FILE}.{os.getpid()}.tmp"
     tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
     os.replace(tmp, run_dir / META_FILE)
 

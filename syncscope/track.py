@@ -16,6 +16,8 @@ from __future__ import annotations
 
 import contextlib
 import datetime
+import sys
+import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -97,7 +99,9 @@ def _gather(events: list[dict[str, Any]], world_size: int) -> dict[int, list[dic
 def track(*, gather: bool = True) -> Iterator[Stats]:
     """Record every collective, micro-batch and optimizer step in the block.
 
-    ``gather=False`` keeps each rank's view local (no collective at exit).
+    ``gather=False`` keeps each rank's view local (no collective at exit). Gathering happens
+    only when the block exits normally and a process group of several ranks is still up.
+    An exception inside the block propagates unchanged; the hooks are removed either way.
     """
     rank, world_size = _process_group()
     session, sink = CaptureSession.in_memory(rank=rank, world_size=world_size)
@@ -111,9 +115,31 @@ def track(*, gather: bool = True) -> Iterator[Stats]:
         raise
     finally:
         session.close(1 if failed else 0, "exception" if failed else "finished")
-        events = list(sink.events)
-        by_rank = {rank: events}
-        if gather and not failed and world_size > 1:
-            by_rank = _gather(events, world_size)
-        meta = RunMeta(world_size=world_size, command=("track()",))
-        stats._finish(build_run(meta, by_rank))
+        if failed:
+            with contextlib.suppress(Exception):  # never mask the user's exception
+                _finish(stats, sink, gather=False)
+        else:
+            _finish(stats, sink, gather=gather)
+
+
+def _finish(stats: Stats, sink: MemorySink, *, gather: bool) -> None:
+    live_rank, live_world = _process_group()
+    if live_world > 1 or stats.world_size == 1:  # still up, or created inside the block
+        stats.rank, stats.world_size = live_rank, live_world
+    events = list(sink.events)
+    by_rank = {stats.rank: events}
+    if gather and live_world > 1:
+        by_rank = _gather(events, live_world)
+    meta = RunMeta(world_size=stats.world_size, command=("track()",))
+    stats._finish(build_run(meta, by_rank))
+
+
+class _CallableModule(types.ModuleType):
+    """``syncscope.track()`` works whichever ``syncscope.track`` is bound: this module (bound
+    by any ``import syncscope.track``) or the function (bound by ``syncscope.__getattr__``)."""
+
+    def __call__(self, *, gather: bool = True) -> contextlib.AbstractContextManager[Stats]:
+        return track(gather=gather)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,4 +1,17 @@
-"""``assert_syncs``: a readable AssertionError when grad syncs per window are not as expected."""
+"""``assert_syncs``: a readable AssertionError when grad syncs per window are not as expected.
+
+The message says what was expected and what happened in every window, where the syncs
+landed (0-based micro-batch positions), and the diagnoses of the run with their fixes::
+
+    syncscope: gradient syncs are not as expected
+      expected grad syncs per window [1, 1], saw [4, 4]
+      window 0: grad syncs on micro-batches [0, 1, 2, 3], expected [3]
+    windows (rank 0):
+      window 0: 4 micro-batches, 4 grad syncs on micro-batches [0, 1, 2, 3]; expected 1 on [3]
+      ...
+    finding: warning redundant-sync (no-no_sync): ...
+      fix: Put forward *and* backward inside no_sync() ...
+"""
 
 from __future__ import annotations
 
@@ -8,31 +21,50 @@ from typing import TYPE_CHECKING, Any
 if TYPE_CHECKING:
     from syncscope.track import Stats
 
-
-def _as_list(value: int | Sequence[int], count: int) -> list[int]:
-    return [value] * count if isinstance(value, int) else list(value)
+MAX_WINDOWS_SHOWN = 12
 
 
-def explain(stats: Stats, problems: list[str]) -> str:
-    lines = ["syncscope: " + "; ".join(problems)]
-    windows = [w for w in stats.windows if w["complete"]]
-    for w in windows[:12]:
-        n = w["micro_batches"]
-        lines.append(
-            f"  window {w['index']}: {n} micro-batches, {w['grad_syncs']} grad sync(s) "
-            f"on micro-batch(es) {w['grad_sync_micro_batches'] or 'none'} "
-            f"(expected 1, on micro-batch {n - 1})"
-        )
-    if len(windows) > 12:
-        lines.append(f"  ... {len(windows) - 12} more windows")
-    for f in stats.findings:
-        lines.append(f"  finding: {f.severity} {f.kind} ({f.cause}): {f.message}")
-        for role, site in f.sources:
-            lines.append(f"    {role}: {site}")
-        if f.fix is not None:
-            lines.append(f"    fix: {f.fix.summary}")
-            lines.extend("      " + line for line in f.fix.snippet.splitlines())
-    return "\n".join(lines)
+def _is_int(value: object) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def validate(
+    per_window: int | Sequence[int] | None,
+    max_per_window: int | None,
+    at_micro_batch: int | Sequence[int] | None,
+) -> None:
+    """Raise TypeError/ValueError for expectations that cannot be checked."""
+    for name, value in (("per_window", per_window), ("at_micro_batch", at_micro_batch)):
+        if value is None or _is_int(value):
+            continue
+        if isinstance(value, (str, bytes)) or not isinstance(value, Sequence):
+            raise TypeError(f"{name} must be an int or a sequence of ints, not {value!r}")
+        if not all(_is_int(v) for v in value):
+            raise TypeError(f"{name} must be an int or a sequence of ints, not {value!r}")
+    if max_per_window is not None and not _is_int(max_per_window):
+        raise TypeError(f"max_per_window must be an int, not {max_per_window!r}")
+    counts: list[int] = []
+    if isinstance(per_window, int):
+        counts.append(per_window)
+    elif per_window is not None:
+        counts.extend(per_window)
+    if max_per_window is not None:
+        counts.append(max_per_window)
+    if any(c < 0 for c in counts):
+        raise ValueError("grad sync counts cannot be negative")
+
+
+def _positions(at_micro_batch: int | Sequence[int], micro_batches: int) -> list[int]:
+    wanted = [at_micro_batch] if isinstance(at_micro_batch, int) else list(at_micro_batch)
+    return sorted({p + micro_batches if p < 0 else p for p in wanted})
+
+
+def _expected_count(per_window: int | Sequence[int] | None, i: int) -> int | None:
+    if per_window is None:
+        return None
+    if isinstance(per_window, int):
+        return per_window
+    return per_window[i] if i < len(per_window) else None
 
 
 def check(
@@ -41,28 +73,37 @@ def check(
     max_per_window: int | None = None,
     at_micro_batch: int | Sequence[int] | None = None,
 ) -> list[str]:
-    """The broken expectations, as short sentences (empty when all hold)."""
+    """The broken expectations, as short sentences (empty when all hold).
+
+    Any expectation needs at least one complete window (an optimizer step): a block that
+    recorded none fails instead of passing vacuously (the training ran in another process,
+    or never stepped).
+    """
+    validate(per_window, max_per_window, at_micro_batch)
+    if per_window is None and max_per_window is None and at_micro_batch is None:
+        return []
     windows = [w for w in stats.windows if w["complete"]]
+    if not windows:
+        return [
+            "no complete window was recorded (no optimizer.step() inside the tracked block, "
+            "or the training ran in another process)"
+        ]
     seen = [w["grad_syncs"] for w in windows]
     problems: list[str] = []
-    if not windows and (per_window is not None or at_micro_batch is not None):
-        problems.append("no complete window (no optimizer step) was recorded")
     if per_window is not None:
-        expected = _as_list(per_window, len(seen))
+        expected = [per_window] * len(seen) if isinstance(per_window, int) else list(per_window)
         if seen != expected:
             problems.append(f"expected grad syncs per window {expected}, saw {seen}")
     if max_per_window is not None:
-        over = [i for i, s in enumerate(seen) if s > max_per_window]
+        over = [w["index"] for w in windows if w["grad_syncs"] > max_per_window]
         if over:
             problems.append(
                 f"expected at most {max_per_window} grad sync(s) per window, saw {seen} "
-                f"(windows {over})"
+                f"(over the limit: window(s) {over})"
             )
     if at_micro_batch is not None:
         for w in windows:
-            wanted = [at_micro_batch] if isinstance(at_micro_batch, int) else list(at_micro_batch)
-            n = w["micro_batches"]
-            resolved = sorted(p + n if p < 0 else p for p in wanted)
+            resolved = _positions(at_micro_batch, w["micro_batches"])
             if w["grad_sync_micro_batches"] != resolved:
                 problems.append(
                     f"window {w['index']}: grad syncs on micro-batches "
@@ -70,6 +111,59 @@ def check(
                 )
                 break
     return problems
+
+
+def _window_line(
+    i: int,
+    w: dict[str, Any],
+    per_window: int | Sequence[int] | None,
+    max_per_window: int | None,
+    at_micro_batch: int | Sequence[int] | None,
+) -> str:
+    n = w["micro_batches"]
+    line = (
+        f"  window {w['index']}: {n} micro-batch{'es' if n != 1 else ''}, "
+        f"{w['grad_syncs']} grad sync{'s' if w['grad_syncs'] != 1 else ''} on micro-batches "
+        f"{w['grad_sync_micro_batches']}"
+    )
+    wanted: list[str] = []
+    count = _expected_count(per_window, i)
+    if count is not None:
+        wanted.append(str(count))
+    if max_per_window is not None:
+        wanted.append(f"at most {max_per_window}")
+    if at_micro_batch is not None:
+        wanted.append(f"on {_positions(at_micro_batch, n)}")
+    if wanted:
+        line += "; expected " + " ".join(wanted)
+    return line
+
+
+def explain(
+    stats: Stats,
+    problems: list[str],
+    per_window: int | Sequence[int] | None = None,
+    max_per_window: int | None = None,
+    at_micro_batch: int | Sequence[int] | None = None,
+) -> str:
+    """The full failure message: problems, every window (expected vs actual), findings."""
+    lines = ["syncscope: gradient syncs are not as expected"]
+    lines.extend(f"  {p}" for p in problems)
+    windows = [w for w in stats.windows if w["complete"]]
+    if windows:
+        lines.append(f"windows (rank {stats.rank}, micro-batches counted from 0):")
+        for i, w in enumerate(windows[:MAX_WINDOWS_SHOWN]):
+            lines.append(_window_line(i, w, per_window, max_per_window, at_micro_batch))
+        if len(windows) > MAX_WINDOWS_SHOWN:
+            lines.append(f"  ... {len(windows) - MAX_WINDOWS_SHOWN} more windows")
+    for f in stats.findings:
+        lines.append(f"finding: {f.severity} {f.kind} ({f.cause}): {f.message}")
+        for role, site in f.sources:
+            lines.append(f"  {role}: {site}")
+        if f.fix is not None:
+            lines.append(f"  fix: {f.fix.summary}")
+            lines.extend(("    " + line).rstrip() for line in f.fix.snippet.splitlines())
+    return "\n".join(lines)
 
 
 def assert_syncs(
@@ -84,10 +178,13 @@ def assert_syncs(
     ``max_per_window``: an upper bound per window.
     ``at_micro_batch``: the 0-based micro-batch position(s) syncs must land on in every
     window; negative counts from the end (``-1`` is the last micro-batch).
+
+    Only complete windows (ended by an optimizer step) are checked, and at least one is
+    required. Bad arguments raise TypeError or ValueError, not AssertionError.
     """
     problems = check(stats, per_window, max_per_window, at_micro_batch)
     if problems:
-        raise AssertionError(explain(stats, problems))
+        raise AssertionError(explain(stats, problems, per_window, max_per_window, at_micro_batch))
 
 
-__all__: list[Any] = ["assert_syncs", "check", "explain"]
+__all__ = ["assert_syncs", "check", "explain", "validate"]

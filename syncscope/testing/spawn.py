@@ -4,11 +4,15 @@ The parent hosts the rendezvous store on a free port (no port guessing, no races
 ``world_size`` processes, and collects each rank's return value or exception. A rank that
 raises has its exception re-raised in the parent with that rank's traceback attached (as a
 note); a run that outlives ``timeout`` has every process ended and raises TimeoutError.
+
+Each rank reports before it tears its process group down, so the rank that failed first is
+the one re-raised, not a peer that saw the connection drop afterwards.
 """
 
 from __future__ import annotations
 
 import multiprocessing as mp
+import pickle
 import queue
 import time
 import traceback
@@ -18,6 +22,18 @@ from typing import Any
 
 _OK = "ok"
 _ERR = "error"
+_GRACE_S = 1.0  # how long to look for a dead rank's last message before calling it lost
+
+
+def _error_payload(exc: BaseException) -> tuple[bytes | None, str]:
+    """The pickled exception (None when it does not survive a round trip) and its text."""
+    text = "".join(traceback.format_exception(exc))
+    try:
+        data = pickle.dumps(exc)
+        pickle.loads(data)  # custom __init__ signatures pickle but do not unpickle
+    except Exception:
+        return None, text
+    return data, text
 
 
 def _worker(
@@ -33,25 +49,47 @@ def _worker(
     import torch.distributed as dist
 
     try:
-        store = dist.TCPStore(
-            "127.0.0.1", port, world_size, is_master=False, timeout=timedelta(seconds=timeout)
-        )
-        dist.init_process_group(
-            backend, store=store, rank=rank, world_size=world_size,
-            timeout=timedelta(seconds=timeout),
-        )
         try:
+            store = dist.TCPStore(
+                "127.0.0.1", port, world_size, is_master=False, timeout=timedelta(seconds=timeout)
+            )
+            dist.init_process_group(
+                backend,
+                store=store,
+                rank=rank,
+                world_size=world_size,
+                timeout=timedelta(seconds=timeout),
+            )
             value = fn(*args)
-        finally:
-            if dist.is_initialized():
-                dist.destroy_process_group()
-        results.put((rank, _OK, value, ""))
-    except BaseException as exc:  # report everything, KeyboardInterrupt included
-        text = traceback.format_exc()
+            try:
+                payload = pickle.dumps(value)
+            except Exception as exc:
+                raise TypeError(
+                    f"the return value of rank {rank} cannot be sent to the parent: {exc}"
+                ) from exc
+            results.put((rank, _OK, payload, ""))
+        except BaseException as exc:  # report everything, KeyboardInterrupt included
+            data, text = _error_payload(exc)
+            results.put((rank, _ERR, data, text))
+    finally:
+        if dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _rank_error(rank: int, world_size: int, data: bytes | None, text: str) -> BaseException:
+    """The rank's exception, with its traceback as a note; RuntimeError if it cannot be
+    rebuilt or would stop the parent (SystemExit, KeyboardInterrupt)."""
+    exc: BaseException | None = None
+    if data is not None:
         try:
-            results.put((rank, _ERR, exc, text))
-        except Exception:  # the exception itself would not pickle
-            results.put((rank, _ERR, RuntimeError(f"{type(exc).__name__}: {exc}"), text))
+            exc = pickle.loads(data)
+        except Exception:
+            exc = None
+    if not isinstance(exc, Exception):
+        last = text.strip().splitlines()[-1] if text.strip() else "unknown error"
+        exc = RuntimeError(f"rank {rank} failed: {last}")
+    exc.add_note(f"raised on rank {rank} of {world_size}; that rank's traceback:\n{text}")
+    return exc
 
 
 def spawn(
@@ -63,13 +101,25 @@ def spawn(
     start_method: str = "spawn",
 ) -> list[Any]:
     """Run ``fn(*args)`` on ``world_size`` processes in one process group; return the values
-    indexed by rank. ``fn`` and ``args`` must be picklable (a module-level function)."""
+    indexed by rank.
+
+    ``fn``, ``args`` and the return values must be picklable (``fn`` a module-level
+    function). The first rank to raise has its exception re-raised here, with that rank's
+    traceback in its notes; if the ranks have not all returned within ``timeout`` seconds,
+    TimeoutError. Either way every process is ended before this returns or raises.
+    """
     import torch.distributed as dist
 
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, not {world_size}")
+    if timeout <= 0:
+        raise ValueError(f"timeout must be positive, not {timeout}")
     store = dist.TCPStore(
-        "127.0.0.1", 0, world_size + 1, is_master=True, wait_for_workers=False,
+        "127.0.0.1",
+        0,
+        world_size + 1,
+        is_master=True,
+        wait_for_workers=False,
         timeout=timedelta(seconds=timeout),
     )
     ctx = mp.get_context(start_method)
@@ -79,52 +129,67 @@ def spawn(
             target=_worker,
             args=(fn, tuple(args), rank, world_size, backend, store.port, timeout, results),
             name=f"syncscope-rank-{rank}",
-            daemon=True,
         )
         for rank in range(world_size)
     ]
-    for p in procs:
-        p.start()
     values: dict[int, Any] = {}
     deadline = time.monotonic() + timeout
+    lost_since: float | None = None
     try:
+        for p in procs:
+            p.start()
         while len(values) < world_size:
             remaining = deadline - time.monotonic()
             if remaining <= 0:
                 missing = [r for r in range(world_size) if r not in values]
                 raise TimeoutError(
-                    f"spawn: rank(s) {missing} did not finish within {timeout:g} s "
-                    "(hung in a collective?); all ranks were stopped"
+                    f"spawn: rank(s) {missing} of {world_size} did not finish within "
+                    f"{timeout:g} s (hung in a collective, or waiting for a rank that "
+                    "returned early?); every rank was stopped"
                 )
             try:
-                rank, status, value, text = results.get(timeout=min(remaining, 0.5))
+                rank, status, data, text = results.get(timeout=min(remaining, 0.2))
             except queue.Empty:
-                dead = [
-                    r for r, p in enumerate(procs)
-                    if r not in values and not p.is_alive() and p.exitcode not in (0, None)
+                lost = [
+                    r for r, p in enumerate(procs) if r not in values and p.exitcode is not None
                 ]
-                if dead:
-                    r = dead[0]
-                    raise RuntimeError(
-                        f"spawn: rank {r} died with exit code {procs[r].exitcode} "
-                        "without reporting (killed, or crashed in native code)"
-                    ) from None
-                continue
+                if not lost:
+                    continue
+                now = time.monotonic()
+                lost_since = lost_since or now
+                if now - lost_since < _GRACE_S:  # its message may still be in the pipe
+                    continue
+                r = lost[0]
+                raise RuntimeError(
+                    f"spawn: rank {r} exited with code {procs[r].exitcode} without reporting "
+                    "(killed, os._exit(), or a crash in native code)"
+                ) from None
             if status == _ERR:
-                if isinstance(value, BaseException):
-                    value.add_note(f"raised on rank {rank} of {world_size}:\n{text}")
-                    raise value
-                raise RuntimeError(f"rank {rank} failed:\n{text}")
-            values[rank] = value
+                raise _rank_error(rank, world_size, data, text)
+            values[rank] = pickle.loads(data)
     finally:
-        for p in procs:
-            if p.is_alive():
-                p.terminate()
-        for p in procs:
-            p.join(timeout=5)
-            if p.is_alive():
-                p.kill()
-                p.join(timeout=5)
+        _stop(procs, grace=2.0 if len(values) == world_size else 0.0)
         results.close()
+        results.join_thread()
         del store
     return [values[r] for r in range(world_size)]
+
+
+def _stop(procs: list[Any], grace: float) -> None:
+    """End every process: let finished ranks exit for ``grace`` s, then SIGTERM, then SIGKILL
+    for any still alive after a moment."""
+    deadline = time.monotonic() + grace
+    for p in procs:
+        if p.pid is not None:
+            p.join(timeout=max(0.0, deadline - time.monotonic()))
+    for p in procs:
+        if p.is_alive():
+            p.terminate()
+    deadline = time.monotonic() + 5
+    for p in procs:
+        if p.pid is None:  # never started
+            continue
+        p.join(timeout=max(0.0, deadline - time.monotonic()))
+        if p.is_alive():
+            p.kill()
+            p.join(timeout=5)

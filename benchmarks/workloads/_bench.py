@@ -1,0 +1,107 @@
+"""Shared by the benchmark workloads: arguments, model, data and the in-script window clock.
+
+Each workload is a plain torchrun script that runs unchanged under ``torchrun`` and under
+``syncscope profile``. It times its own optimizer-step windows with ``time.perf_counter``
+(start-up, warm-up windows and teardown excluded) and rank 0 prints one line::
+
+    SYNCSCOPE_BENCH {"config": "no_sync", "window_s": [...], "accum": 4, ...}
+
+``--torch-profiler DIR`` wraps the whole loop in a bare ``torch.profiler`` CPU trace (the
+reference point for capture cost); the trace is exported after the timed windows.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch import nn
+
+MARK = "SYNCSCOPE_BENCH"
+_profiler: Any = None
+
+
+def parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--windows", type=int, default=4, help="timed optimizer steps")
+    parser.add_argument("--warmup", type=int, default=1, help="untimed optimizer steps first")
+    parser.add_argument("--accum", type=int, default=4, help="micro-batches per step")
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--layers", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--torch-profiler", metavar="DIR", help="trace with torch.profiler")
+    args = parser.parse_args()
+    args.steps = args.warmup + args.windows
+    return args
+
+
+def init(args: argparse.Namespace) -> int:
+    """Join the process group torchrun prepared (gloo on CPU); returns this rank."""
+    global _profiler
+    if "RANK" in os.environ and not dist.is_initialized():
+        dist.init_process_group("gloo")
+    torch.manual_seed(0)
+    if args.torch_profiler:
+        _profiler = torch.profiler.profile(
+            activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True
+        )
+        _profiler.__enter__()
+    return dist.get_rank() if dist.is_initialized() else 0
+
+
+def make_model(args: argparse.Namespace) -> nn.Module:
+    layers: list[nn.Module] = []
+    for _ in range(args.layers):
+        layers += [nn.Linear(args.hidden, args.hidden), nn.ReLU()]
+    return nn.Sequential(*layers)
+
+
+def make_data(args: argparse.Namespace, rank: int) -> list[torch.Tensor]:
+    """One input per micro-batch, different on every rank, made before the clock starts."""
+    g = torch.Generator().manual_seed(1000 + rank)
+    return [torch.randn(args.batch, args.hidden, generator=g) for _ in range(args.accum)]
+
+
+class Clock:
+    """Marks the end of every window; reports the timed ones from rank 0."""
+
+    def __init__(self, args: argparse.Namespace, rank: int, config: str) -> None:
+        self.args = args
+        self.rank = rank
+        self.config = config
+        self.marks = [time.perf_counter()]
+
+    def tick(self) -> None:
+        self.marks.append(time.perf_counter())
+
+    def report(self) -> None:
+        if self.rank != 0:
+            return
+        spans = [b - a for a, b in zip(self.marks, self.marks[1:])]
+        record: dict[str, Any] = {
+            "config": self.config,
+            "window_s": spans[self.args.warmup :],
+            "warmup_s": spans[: self.args.warmup],
+            "accum": self.args.accum,
+            "layers": self.args.layers,
+            "hidden": self.args.hidden,
+            "batch": self.args.batch,
+            "world_size": dist.get_world_size() if dist.is_initialized() else 1,
+            "torch_profiler": bool(self.args.torch_profiler),
+        }
+        print(f"{MARK} {json.dumps(record)}", flush=True)
+
+
+def finish(args: argparse.Namespace, rank: int) -> None:
+    if _profiler is not None:
+        _profiler.__exit__(None, None, None)
+        Path(args.torch_profiler).mkdir(parents=True, exist_ok=True)
+        _profiler.export_chrome_trace(str(Path(args.torch_profiler) / f"rank-{rank}.json.gz"))
+    if dist.is_initialized():
+        dist.destroy_process_group()

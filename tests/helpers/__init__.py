@@ -1,0 +1,1 @@
+"""Importable helpers for tests (functions passed to ``syncscope.testing.spawn`` live here)."""
