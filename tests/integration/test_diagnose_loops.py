@@ -147,3 +147,13 @@ def test_mismatched_collectives_hang_is_reported_and_bounded(profiled) -> None: 
     assert "all_reduce" in per_rank["0"]["last_completed"]
     # what happened before the hang is still there
     assert [w["grad_syncs"] for w in run.complete_windows(0)] == [4, 4]
+
+
+def test_accelerate_sync_each_batch_is_reported_as_deliberate(profiled) -> None:  # type: ignore[no-untyped-def]
+    run = loop(profiled, "accelerate-sync-each-batch")
+    # accumulation still happens (one real step per 4 micro-batches), syncing every one
+    assert [(w["micro_batches"], w["grad_syncs"]) for w in run.complete_windows(0)] == [(4, 4), (4, 4)]
+    finding = run.finding("redundant-sync")
+    assert (finding["cause"], finding["severity"]) == ("sync-each-batch", "info")
+    assert finding["cost"]["wasted_bytes_per_window"] > 0
+    assert run.report["verdict"] == "clean"

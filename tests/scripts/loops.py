@@ -168,6 +168,19 @@ elif PATTERN == "raise-on-rank-1":
     if RANK == 1:
         raise RuntimeError("boom on rank 1")
     time.sleep(0.5)
+elif PATTERN == "accelerate-sync-each-batch":  # deliberate: sync every micro-batch (memory)
+    from accelerate import Accelerator
+    from accelerate.utils import GradientAccumulationPlugin
+
+    plugin = GradientAccumulationPlugin(num_steps=ACCUM, sync_each_batch=True)
+    accelerator = Accelerator(gradient_accumulation_plugin=plugin, cpu=True)
+    plain = mlp()
+    model, opt = accelerator.prepare(plain, torch.optim.SGD(plain.parameters(), 0.1))
+    for step in range(STEPS * ACCUM):
+        with accelerator.accumulate(model):
+            accelerator.backward(model(data(step, 0)).pow(2).mean())
+            opt.step()
+            opt.zero_grad()
 elif PATTERN == "no-dist":
     pass
 else:
