@@ -48,7 +48,7 @@ OPS: tuple[str, ...] = (
 GRAD_REDUCING_OPS = frozenset({"all_reduce", "reduce_scatter"})
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SourceLocation:
     """A place in the user's code (file and 1-based line)."""
 
@@ -60,7 +60,7 @@ class SourceLocation:
         return f"{self.file}:{self.line}"
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Collective:
     """One c10d collective as one rank issued it."""
 
@@ -89,7 +89,7 @@ class Collective:
         return max(0, end - self.start_ns)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class MicroBatch:
     """One backward pass within a window and the forward(s) that fed it."""
 
@@ -108,7 +108,7 @@ class MicroBatch:
     backward_start_ns: int | None = None  # start of the backward pass (forward ends before)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class GradReset:
     """Gradients wiped after ``after_micro_batches`` backward passes of a window."""
 
@@ -117,7 +117,7 @@ class GradReset:
     site: SourceLocation | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class SyncToggle:
     """A change of sync intent made by the user's code (no_sync, flag, FSDP setter)."""
 
@@ -128,7 +128,7 @@ class SyncToggle:
     site: SourceLocation | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Window:
     """The micro-batches that end in one optimizer step (``complete``), or a trailing span."""
 
@@ -188,7 +188,7 @@ class Window:
         return counts
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class WrapperInfo:
     """A DDP or FSDP root module the rank ran."""
 
@@ -201,7 +201,7 @@ class WrapperInfo:
     site: SourceLocation | None = None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class PendingCollective:
     """A collective issued but never seen to complete (what a hung rank is blocked in)."""
 
@@ -215,7 +215,7 @@ class PendingCollective:
     phase: Phase
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RankRun:
     rank: int
     windows: tuple[Window, ...]
@@ -237,7 +237,7 @@ class RankRun:
     )  # (op, bytes, group) per collective, in issue order, for cross-rank matching
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class RunMeta:
     command: tuple[str, ...] = ()
     script: str = ""  # absolute path of the profiled script ("" for -m MODULE or traces)
@@ -254,7 +254,7 @@ class RunMeta:
     notes: tuple[str, ...] = ()  # what the data cannot tell, said plainly
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Run:
     meta: RunMeta
     ranks: tuple[RankRun, ...]
@@ -270,7 +270,7 @@ class Run:
         return None
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Fix:
     """How to fix a finding, in the idiom of the wrapper the script uses."""
 
@@ -279,7 +279,7 @@ class Fix:
     snippet: str
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, slots=True)
 class Finding:
     kind: str  # stable name, e.g. "redundant-sync"
     severity: Severity

@@ -30,14 +30,31 @@ from syncscope.render.json_report import window_dict
 
 
 class Stats:
-    """What ``track()`` saw. Live while tracking; final (all ranks) after the block exits."""
+    """What ``track()`` saw. Live while tracking; final (all ranks) after the block exits.
 
-    def __init__(self, sink: MemorySink, rank: int, world_size: int) -> None:
+    - ``rank``, ``world_size``: this process's place in the default process group (0, 1
+      without one).
+    - ``windows``: this rank's windows (micro-batches ending in one optimizer step, plus a
+      trailing incomplete one), each a dict with the fields of report.json windows.
+    - ``grad_syncs_per_window``: grad-sync rounds in each complete window.
+    - ``findings``: the diagnoses (``syncscope.model.Finding``), every rank's after exit.
+    - ``run``: the full run model.
+    """
+
+    def __init__(self, sink: MemorySink | None, rank: int, world_size: int) -> None:
         self._sink = sink
         self.rank = rank
         self.world_size = world_size
         self._run: Run | None = None
         self._findings: list[Finding] | None = None
+
+    @classmethod
+    def from_run(cls, run: Run, rank: int = 0) -> Stats:
+        """Stats of a finished run (``syncscope.analysis.build.load_run(run_dir)``, or a
+        hand-built one), seen from ``rank``: assert on a ``syncscope profile`` run too."""
+        stats = cls(None, rank, run.world_size)
+        stats._finish(run)
+        return stats
 
     def _finish(self, run: Run) -> None:
         self._run = run
@@ -49,7 +66,8 @@ class Stats:
         if self._run is not None:
             return self._run
         meta = RunMeta(world_size=self.world_size, command=("track()",))
-        return build_run(meta, {self.rank: list(self._sink.events)})
+        events = list(self._sink.events) if self._sink is not None else []
+        return build_run(meta, {self.rank: events})
 
     @property
     def windows(self) -> list[dict[str, Any]]:

@@ -10,68 +10,14 @@ from __future__ import annotations
 import sys
 import time
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any
+from typing import Annotated
 
 import typer
 
+from syncscope.analysis.sources import findings_for, load
 from syncscope.errors import SyncscopeError
 
-if TYPE_CHECKING:
-    from syncscope.model import Finding, Run
-
-
-def _is_run_dir(path: Path) -> bool:
-    meta = path / "meta.json"
-    if not meta.is_file():
-        return False
-    try:
-        import orjson
-
-        data = orjson.loads(meta.read_bytes())
-    except (OSError, ValueError):
-        return False
-    return isinstance(data, dict) and data.get("format") == "syncscope-run"
-
-
-def load(paths: list[Path], skip_bad: bool, progress: bool) -> tuple[Run, dict[int, Path]]:
-    """The run named by ``paths`` and, where traces were read, their files by rank."""
-    from syncscope.trace.load import load_traces, trace_files
-
-    run_dirs = [p for p in paths if p.is_dir() and _is_run_dir(p)]
-    if run_dirs and len(run_dirs) != len(paths):
-        raise SyncscopeError("give either syncscope run directories or traces, not both")
-    if run_dirs:
-        from syncscope.analysis.build import load_run
-        from syncscope.trace.combine import with_trace_overlap
-
-        run = load_run(run_dirs)
-        traced = [d / "traces" for d in run_dirs if (d / "traces").is_dir()]
-        if traced:
-            trace_run = load_traces(traced, skip_bad=skip_bad, progress=progress)
-            run = with_trace_overlap(run, trace_run)
-        return run, {}
-    run = load_traces(paths, skip_bad=skip_bad, progress=progress)
-    files: dict[int, Path] = {}
-    for f in trace_files(paths):
-        for r in run.ranks:
-            if r.rank not in files and f"rank-{r.rank}" in f.name:
-                files[r.rank] = f
-    if len(files) != len(run.ranks):  # name files by the order they were read
-        files = {r.rank: f for r, f in zip(run.ranks, trace_files(paths), strict=False)}
-    return run, files
-
-
-def findings_for(run: Run, hta: dict[str, Any] | None = None) -> list[Finding]:
-    """syncscope's diagnoses plus the trace-only ones (a kind reported once)."""
-    from syncscope.analysis.diagnose import diagnose
-    from syncscope.trace.findings import trace_findings
-
-    findings = diagnose(run)
-    kinds = {f.kind for f in findings}
-    findings.extend(f for f in trace_findings(run, hta) if f.kind not in kinds)
-    order = {"error": 0, "warning": 1, "info": 2}
-    findings.sort(key=lambda f: order[f.severity])
-    return findings
+__all__ = ["analyze", "findings_for", "load", "register"]
 
 
 def analyze(

@@ -16,7 +16,10 @@ from typing import Annotated
 import typer
 
 from syncscope.errors import SyncscopeError
-from syncscope.fixes.codemod import STYLES, FixOptions, FixResult, Style, fix_source
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:  # libcst is imported only when the command runs
+    from syncscope.fixes.codemod import FixResult, Style
 
 
 def _check_inside(path: Path, allow_outside: bool) -> None:
@@ -101,6 +104,8 @@ def register(app: typer.Typer) -> None:
         ] = False,
     ) -> None:
         """Propose (dry run) or --apply fixes to gradient-accumulation loops."""
+        from syncscope.fixes.codemod import STYLES, FixOptions, fix_source
+
         if style not in STYLES:
             raise SyncscopeError(f"--style must be one of {', '.join(STYLES)}, not {style!r}")
         data = _read(script)

@@ -187,13 +187,12 @@ def profile(
 
 
 def _report(run_dir: Path, status: int, failed: int | None, fail_on: str, quiet: bool) -> int:
-    from syncscope.analysis.build import load_run
-    from syncscope.analysis.diagnose import diagnose
+    from syncscope.analysis.sources import findings_for, load
     from syncscope.render.outputs import exit_status, write_reports
     from syncscope.render.terminal import print_summary
 
-    run = load_run(run_dir)
-    findings = diagnose(run)
+    run, _ = load([run_dir], skip_bad=True, progress=False)  # with --trace: both sources
+    findings = findings_for(run)
     paths = write_reports(run, findings, run_dir)
     if not quiet:
         print_summary(run, findings)

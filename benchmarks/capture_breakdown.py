@@ -1,0 +1,145 @@
+"""Where counting-mode capture time goes: each syncscope hook alone, windows interleaved.
+
+A diagnostic, not part of docs/benchmarks.md: run it under torchrun like a workload::
+
+    torchrun --standalone --nproc-per-node 2 benchmarks/capture_breakdown.py [--rounds 12]
+
+Every round runs one window per variant (plain, every hook, then one hook family at a time)
+in a rotating order, in one process, so machine noise hits all variants alike. Rank 0
+prints the median window time of each variant and its ratio to plain. ``--cprofile`` also
+prints the top functions under cProfile for the full capture.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import cProfile
+import os
+import pstats
+import statistics
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+from syncscope.capture import instrument
+from syncscope.capture.recorder import Recorder
+from syncscope.rundir import EventWriter
+
+Installer = Callable[[Recorder], Callable[[], None]]
+
+
+def _families(names: list[str]) -> Installer:
+    def install(rec: Recorder) -> Callable[[], None]:
+        undo: list[Callable[[], None]] = []
+        mode = None
+        for name in names:
+            if name == "dispatch":
+                mode = instrument.CollectiveMode(rec)
+                mode.__enter__()
+            else:
+                getattr(instrument, f"_install_{name}")(rec, undo)
+
+        def uninstall() -> None:
+            if mode is not None:
+                mode.__exit__(None, None, None)
+            for restore in reversed(undo):
+                restore()
+
+        return uninstall
+
+    return install
+
+
+VARIANTS: dict[str, Installer | None] = {
+    "plain": None,
+    "all hooks": instrument.install,
+    "c10d dispatch mode": _families(["dispatch"]),
+    "backward patch": _families(["backward"]),
+    "optimizer hooks": _families(["optimizer"]),
+    "DDP forward/flag": _families(["ddp"]),
+}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser()
+    parser.add_argument("--rounds", type=int, default=12)
+    parser.add_argument("--layers", type=int, default=6)
+    parser.add_argument("--hidden", type=int, default=1024)
+    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--accum", type=int, default=4)
+    parser.add_argument("--sync-every", action="store_true", help="no no_sync: N syncs/window")
+    parser.add_argument("--cprofile", action="store_true")
+    args = parser.parse_args()
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
+    torch.manual_seed(0)
+    layers: list[torch.nn.Module] = []
+    for _ in range(args.layers):
+        layers += [torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU()]
+    model = DDP(torch.nn.Sequential(*layers))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+    data = [torch.randn(args.batch, args.hidden) for _ in range(args.accum)]
+
+    def window() -> tuple[float, float]:
+        t0, c0 = time.perf_counter(), time.process_time()
+        for micro in range(args.accum):
+            last = micro == args.accum - 1
+            ctx = contextlib.nullcontext() if last or args.sync_every else model.no_sync()
+            with ctx:
+                loss = model(data[micro]).pow(2).mean() / args.accum
+                loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+        return time.perf_counter() - t0, time.process_time() - c0
+
+    tmp = Path(tempfile.mkdtemp(prefix="syncscope-breakdown-"))
+    recorders = {
+        name: Recorder(EventWriter(tmp / f"{i}-rank{rank}.jsonl"), rank=rank, world_size=2)
+        for i, name in enumerate(VARIANTS)
+    }
+    for _ in range(2):
+        window()
+    times: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    names = list(VARIANTS)
+    profiler = cProfile.Profile() if args.cprofile else None
+    for r in range(args.rounds):
+        order = names[r % len(names) :] + names[: r % len(names)]
+        for name in order:
+            installer = VARIANTS[name]
+            undo = installer(recorders[name]) if installer else None
+            try:
+                if profiler is not None and name == "all hooks":
+                    profiler.enable()
+                wall, used = window()
+                times[name].append(wall)
+                cpu[name].append(used)
+                if profiler is not None and name == "all hooks":
+                    profiler.disable()
+            finally:
+                if undo is not None:
+                    undo()
+    if rank == 0:
+        base = statistics.median(times["plain"])
+        base_cpu = statistics.median(cpu["plain"])
+        for name in names:
+            med = statistics.median(times[name])
+            med_cpu = statistics.median(cpu[name])
+            print(f"{name:20s} wall {med * 1e3:7.2f} ms x{med / base:5.3f} "
+                  f"(min {min(times[name]) * 1e3:6.1f}) | CPU {med_cpu * 1e3:7.2f} ms "
+                  f"x{med_cpu / base_cpu:5.3f} (min {min(cpu[name]) * 1e3:6.1f})")
+        if profiler is not None:
+            pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+    dist.destroy_process_group()
+
+
+if __name__ == "__main__":
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    main()
