@@ -14,6 +14,7 @@ directory there; ``syncscope analyze DIR_NODE0 DIR_NODE1 ...`` merges them.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import runpy
 import signal
@@ -55,12 +56,12 @@ def parse(argv: list[str]) -> tuple[Path | None, bool, str, list[str]]:
 
 
 def default_out(target: str) -> Path:
-    stem = Path(target).stem if not target.endswith(".py") else Path(target).stem
+    stem = Path(target).stem
     run_id = os.environ.get("TORCHELASTIC_RUN_ID") or time.strftime("%Y%m%d-%H%M%S")
     return Path("syncscope-out") / f"{stem.split('.')[-1]}-{run_id}"
 
 
-def _trace_windows() -> tuple[int, int] | None | bool:
+def _trace_windows() -> tuple[int, int] | bool | None:
     value = os.environ.get(ENV_TRACE)
     if value is None:
         return False
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         rank=rank,
         world_size=world_size,
         local_rank=local_rank,
-        trace_windows=trace if trace is not False else None,
+        trace_windows=trace if isinstance(trace, tuple) else None,
         trace=trace is not False,
         extra={"target": target, "module": is_module, "argv": script_args},
     )
@@ -139,10 +140,8 @@ def main(argv: list[str] | None = None) -> int:
         os.kill(os.getpid(), signum)
 
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
-        try:
+        with contextlib.suppress(ValueError, OSError):
             signal.signal(sig, on_signal)
-        except (ValueError, OSError):
-            pass
 
     sys.argv = [target, *script_args]
     status = 0

@@ -28,7 +28,6 @@ app = typer.Typer(
 )
 
 
-
 @app.callback()
 def _root() -> None:
     """Find redundant, missing and misplaced gradient synchronizations in PyTorch training."""

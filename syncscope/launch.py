@@ -53,7 +53,8 @@ class LaunchOptions:
         args: list[str] = []
         single_node = self.values.get("nnodes", "1") in ("1", "1:1")
         rendezvous_given = any(
-            k in self.values for k in ("rdzv_endpoint", "master_addr", "master_port", "rdzv_backend")
+            k in self.values
+            for k in ("rdzv_endpoint", "master_addr", "master_port", "rdzv_backend")
         )
         if self.standalone or (single_node and not rendezvous_given):
             args.append("--standalone")  # a free port on this host: runs never collide

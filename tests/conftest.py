@@ -39,7 +39,9 @@ class ProfiledRun:
         return matches[0]
 
 
-def run_syncscope(*args: str, cwd: Path | None = None, timeout: int = PROFILE_TIMEOUT) -> subprocess.CompletedProcess[str]:
+def run_syncscope(
+    *args: str, cwd: Path | None = None, timeout: int = PROFILE_TIMEOUT
+) -> subprocess.CompletedProcess[str]:
     env = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1")
     return subprocess.run(
         [sys.executable, "-m", "syncscope", *args],
@@ -51,11 +53,22 @@ def run_syncscope(*args: str, cwd: Path | None = None, timeout: int = PROFILE_TI
     )
 
 
-def profile(tmp: Path, script: Path, *script_args: str, nproc: int = 2, options: tuple[str, ...] = ()) -> ProfiledRun:
+def profile(
+    tmp: Path, script: Path, *script_args: str, nproc: int = 2, options: tuple[str, ...] = ()
+) -> ProfiledRun:
     run_dir = tmp / "run"
     proc = run_syncscope(
-        "profile", "--quiet", "--fail-on", "never", "--nproc-per-node", str(nproc),
-        "--out", str(run_dir), *options, str(script), *script_args,
+        "profile",
+        "--quiet",
+        "--fail-on",
+        "never",
+        "--nproc-per-node",
+        str(nproc),
+        "--out",
+        str(run_dir),
+        *options,
+        str(script),
+        *script_args,
     )
     report_path = run_dir / "report.json"
     assert report_path.exists(), f"no report.json; stderr:\n{proc.stderr[-3000:]}"

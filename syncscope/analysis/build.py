@@ -26,6 +26,7 @@ from syncscope.model import (
     SourceLocation,
     SyncToggle,
     Window,
+    Wrapper,
     WrapperInfo,
     compress_ranks,
 )
@@ -35,7 +36,9 @@ from syncscope.rundir import is_run_dir, rank_files, read_events, read_meta
 def _site(value: Any) -> SourceLocation | None:
     if not isinstance(value, dict) or "file" not in value:
         return None
-    return SourceLocation(str(value["file"]), int(value.get("line", 0)), str(value.get("function", "")))
+    return SourceLocation(
+        str(value["file"]), int(value.get("line", 0)), str(value.get("function", ""))
+    )
 
 
 def is_grad_sync(event: dict[str, Any]) -> bool:
@@ -164,7 +167,7 @@ def build_rank(events: Sequence[dict[str, Any]], rank: int | None = None) -> Ran
                     index=len(current.micro_batches),
                     start_ns=int(fwd.get("t", backward["t"])),
                     end_ns=t,
-                    wrapper=fwd.get("wrapper", "none") if fwd else _default_wrapper(wrappers),
+                    wrapper=_wrapper(fwd.get("wrapper") if fwd else _default_wrapper(wrappers)),
                     forward_sync=fwd.get("sync") if fwd else None,
                     backward_sync=all(sync_states) if sync_states else None,
                     in_no_sync_at_forward=no_sync_at_forward if fwd else False,
@@ -258,6 +261,10 @@ def _cuda(events: Sequence[dict[str, Any]]) -> bool:
     return any(e.get("type") == "step" and e.get("cuda_peak") for e in events)
 
 
+def _wrapper(value: object) -> Wrapper:
+    return "ddp" if value == "ddp" else "fsdp" if value == "fsdp" else "none"
+
+
 def _default_wrapper(wrappers: list[WrapperInfo]) -> str:
     return wrappers[0].kind if wrappers else "none"
 
@@ -285,7 +292,9 @@ def _collective(ev: dict[str, Any], position: int, done_ns: int | None) -> Colle
         phase=ev.get("phase", "other"),
         micro_batch=position,
         grad_sync=is_grad_sync(ev),
-        issuer=ev.get("issuer", "torch") if ev.get("issuer") in ("ddp", "fsdp", "user") else "torch",
+        issuer=ev.get("issuer", "torch")
+        if ev.get("issuer") in ("ddp", "fsdp", "user")
+        else "torch",
         bucket=ev.get("bucket"),
         module=str(ev.get("detail", "")),
         site=_site(ev.get("site")),
@@ -296,7 +305,9 @@ def _fingerprints_match(values: list[tuple[float, ...]]) -> bool:
     first = values[0]
     return all(
         len(v) == len(first)
-        and all(math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12) for a, b in zip(v, first, strict=True))
+        and all(
+            math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12) for a, b in zip(v, first, strict=True)
+        )
         for v in values[1:]
     )
 
@@ -381,7 +392,9 @@ def load_run(path: Path | Sequence[Path]) -> Run:
         if not run_dir.is_dir():
             raise BadRunDirectory(f"{run_dir}: no such run directory")
         if not is_run_dir(run_dir):
-            raise BadRunDirectory(f"{run_dir}: not a syncscope run directory (no meta.json or ranks/)")
+            raise BadRunDirectory(
+                f"{run_dir}: not a syncscope run directory (no meta.json or ranks/)"
+            )
         data = read_meta(run_dir)
         meta_data = {**data, **meta_data} if meta_data else data
         for file in rank_files(run_dir):

@@ -163,7 +163,9 @@ def _missing(rank: RankRun, window: Window) -> Iterator[Observation]:
             "expected_micro_batches": [n - 1],
             "grad_syncs": window.grad_syncs,
             "grad_sync_micro_batches": window.grad_sync_micro_batches,
-            "unsynced_micro_batches": [i for i in range(n) if i > max(window.grad_sync_micro_batches, default=-1)],
+            "unsynced_micro_batches": [
+                i for i in range(n) if i > max(window.grad_sync_micro_batches, default=-1)
+            ],
         },
         {"window_ns": window.duration_ns},
         _sources(window, n - 1),
@@ -173,7 +175,7 @@ def _missing(rank: RankRun, window: Window) -> Iterator[Observation]:
 
 def _grad_reset(rank: RankRun, window: Window) -> Iterator[Observation]:
     n = len(window.micro_batches)
-    wiped = [r for r in window.grad_resets if 0 < r.after_micro_batches]
+    wiped = [r for r in window.grad_resets if r.after_micro_batches > 0]
     if not wiped:
         return
     lost = max(r.after_micro_batches for r in wiped)
@@ -307,9 +309,7 @@ def _group(observations: list[Observation]) -> list[Finding]:
     findings: list[Finding] = []
     for (kind, cause), items in groups.items():
         first = items[0]
-        numeric = {
-            k: mean([float(o.cost[k]) for o in items if k in o.cost]) for k in first.cost
-        }
+        numeric = {k: mean([float(o.cost[k]) for o in items if k in o.cost]) for k in first.cost}
         windows = sorted({o.window for o in items})
         ranks = sorted({o.rank for o in items})
         findings.append(
@@ -320,7 +320,11 @@ def _group(observations: list[Observation]) -> list[Finding]:
                 message=f"{MESSAGES.get(kind, kind)} ({cause})",
                 ranks=tuple(ranks),
                 windows=tuple(windows),
-                evidence={**first.evidence, "example_rank": first.rank, "example_window": first.window},
+                evidence={
+                    **first.evidence,
+                    "example_rank": first.rank,
+                    "example_window": first.window,
+                },
                 cost={**numeric, "windows_affected": len(windows)},
                 sources=tuple(first.sources),
                 fix=SNIPPETS.get(first.fix) if first.fix else None,

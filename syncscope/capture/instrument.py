@@ -13,6 +13,7 @@ no change to the user's script:
 
 from __future__ import annotations
 
+import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
@@ -228,8 +229,8 @@ def _install_ddp(rec: Recorder, undo: list[Undo]) -> None:
             return
         import sys
 
-        frame = sys._getframe(1)
-        callers = []
+        frame: Any = sys._getframe(1)
+        callers: list[str] = []
         while frame is not None and len(callers) < 4:
             callers.append(frame.f_code.co_name)
             frame = frame.f_back
@@ -344,10 +345,8 @@ def install(rec: Recorder) -> Undo:
     _ACTIVE.append(rec)
 
     def uninstall() -> None:
-        try:
+        with contextlib.suppress(Exception):
             mode.__exit__(None, None, None)
-        except Exception:
-            pass
         if rec in _ACTIVE:
             _ACTIVE.remove(rec)
         for restore in reversed(undo):

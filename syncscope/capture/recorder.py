@@ -7,6 +7,7 @@ in, the phase, the DDP bucket order); everything else is derived later from the 
 
 from __future__ import annotations
 
+import contextlib
 import os
 import socket
 import sys
@@ -455,10 +456,8 @@ class Recorder:
         storage = False
         numel = False
         for t in tensors:
-            try:
+            with contextlib.suppress(Exception):
                 storage = storage or t.untyped_storage().data_ptr() in self._grad_ptrs
-            except Exception:
-                pass
             numel = numel or (t.is_floating_point() and t.numel() in self._grad_numels)
         return storage, numel
 

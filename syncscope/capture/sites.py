@@ -96,7 +96,10 @@ def issuer_of_collective(skip: int = 1) -> tuple[str, Site | None, str]:
         for marker, kind in _TORCH_MARKERS:
             if marker in filename:
                 return (kind, None, code.co_name)
-        if "/torch/distributed/distributed_c10d.py" in filename or "/torch/distributed/c10d" in filename:
+        if (
+            "/torch/distributed/distributed_c10d.py" in filename
+            or "/torch/distributed/c10d" in filename
+        ):
             via_c10d_python = True
         if (
             innermost_torch is None

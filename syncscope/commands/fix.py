@@ -11,12 +11,11 @@ import shutil
 import sys
 import tempfile
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from syncscope.errors import SyncscopeError
-from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # libcst is imported only when the command runs
     from syncscope.fixes.codemod import FixResult, Style

@@ -86,26 +86,66 @@ def profile(
         list[str] | None,
         typer.Argument(help="SCRIPT [SCRIPT_ARGS...] (or, with -m, the module's arguments)"),
     ] = None,
-    module: Annotated[str | None, typer.Option("-m", "--module", help="Run a module, like python -m.")] = None,
-    out: Annotated[Path | None, typer.Option("--out", "-o", help="Run directory (default syncscope-out/<name>-<timestamp>).")] = None,
-    fail_on: Annotated[str, typer.Option(help="Exit 1 on findings of this severity: never, warning, error.")] = "error",
-    hang_timeout: Annotated[float, typer.Option(help="Seconds without progress before the job is declared hung and stopped (0: never).")] = 300.0,
-    trace: Annotated[bool, typer.Option("--trace", help="Also record a torch.profiler trace on every rank.")] = False,
-    trace_windows: Annotated[str | None, typer.Option(help="Windows A:B to trace (with --trace).")] = None,
+    module: Annotated[
+        str | None, typer.Option("-m", "--module", help="Run a module, like python -m.")
+    ] = None,
+    out: Annotated[
+        Path | None,
+        typer.Option(
+            "--out", "-o", help="Run directory (default syncscope-out/<name>-<timestamp>)."
+        ),
+    ] = None,
+    fail_on: Annotated[
+        str, typer.Option(help="Exit 1 on findings of this severity: never, warning, error.")
+    ] = "error",
+    hang_timeout: Annotated[
+        float,
+        typer.Option(
+            help="Seconds without progress before the job is declared hung and stopped (0: never)."
+        ),
+    ] = 300.0,
+    trace: Annotated[
+        bool, typer.Option("--trace", help="Also record a torch.profiler trace on every rank.")
+    ] = False,
+    trace_windows: Annotated[
+        str | None, typer.Option(help="Windows A:B to trace (with --trace).")
+    ] = None,
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No terminal summary.")] = False,
-    nproc_per_node: Annotated[str | None, typer.Option("--nproc-per-node", "--nproc_per_node", rich_help_panel=LAUNCH)] = None,
+    nproc_per_node: Annotated[
+        str | None, typer.Option("--nproc-per-node", "--nproc_per_node", rich_help_panel=LAUNCH)
+    ] = None,
     nnodes: Annotated[str | None, typer.Option(rich_help_panel=LAUNCH)] = None,
-    node_rank: Annotated[str | None, typer.Option("--node-rank", "--node_rank", rich_help_panel=LAUNCH)] = None,
-    rdzv_backend: Annotated[str | None, typer.Option("--rdzv-backend", "--rdzv_backend", rich_help_panel=LAUNCH)] = None,
-    rdzv_endpoint: Annotated[str | None, typer.Option("--rdzv-endpoint", "--rdzv_endpoint", rich_help_panel=LAUNCH)] = None,
-    rdzv_id: Annotated[str | None, typer.Option("--rdzv-id", "--rdzv_id", rich_help_panel=LAUNCH)] = None,
-    rdzv_conf: Annotated[str | None, typer.Option("--rdzv-conf", "--rdzv_conf", rich_help_panel=LAUNCH)] = None,
-    master_addr: Annotated[str | None, typer.Option("--master-addr", "--master_addr", rich_help_panel=LAUNCH)] = None,
-    master_port: Annotated[str | None, typer.Option("--master-port", "--master_port", rich_help_panel=LAUNCH)] = None,
+    node_rank: Annotated[
+        str | None, typer.Option("--node-rank", "--node_rank", rich_help_panel=LAUNCH)
+    ] = None,
+    rdzv_backend: Annotated[
+        str | None, typer.Option("--rdzv-backend", "--rdzv_backend", rich_help_panel=LAUNCH)
+    ] = None,
+    rdzv_endpoint: Annotated[
+        str | None, typer.Option("--rdzv-endpoint", "--rdzv_endpoint", rich_help_panel=LAUNCH)
+    ] = None,
+    rdzv_id: Annotated[
+        str | None, typer.Option("--rdzv-id", "--rdzv_id", rich_help_panel=LAUNCH)
+    ] = None,
+    rdzv_conf: Annotated[
+        str | None, typer.Option("--rdzv-conf", "--rdzv_conf", rich_help_panel=LAUNCH)
+    ] = None,
+    master_addr: Annotated[
+        str | None, typer.Option("--master-addr", "--master_addr", rich_help_panel=LAUNCH)
+    ] = None,
+    master_port: Annotated[
+        str | None, typer.Option("--master-port", "--master_port", rich_help_panel=LAUNCH)
+    ] = None,
     standalone: Annotated[bool, typer.Option("--standalone", rich_help_panel=LAUNCH)] = False,
-    max_restarts: Annotated[str | None, typer.Option("--max-restarts", "--max_restarts", rich_help_panel=LAUNCH)] = None,
-    monitor_interval: Annotated[str | None, typer.Option("--monitor-interval", rich_help_panel=LAUNCH)] = None,
-    start_method: Annotated[str | None, typer.Option("--start-method", rich_help_panel=LAUNCH)] = None,
+    max_restarts: Annotated[
+        str | None, typer.Option("--max-restarts", "--max_restarts", rich_help_panel=LAUNCH)
+    ] = None,
+    monitor_interval: Annotated[
+        str | None, typer.Option("--monitor-interval", rich_help_panel=LAUNCH)
+    ] = None,
+    start_method: Annotated[
+        str | None, typer.Option("--start-method", rich_help_panel=LAUNCH)
+    ] = None,
     local_addr: Annotated[str | None, typer.Option("--local-addr", rich_help_panel=LAUNCH)] = None,
     log_dir: Annotated[str | None, typer.Option("--log-dir", rich_help_panel=LAUNCH)] = None,
 ) -> int:
@@ -128,11 +168,20 @@ def profile(
     values = {
         k: v
         for k, v in dict(
-            nproc_per_node=nproc_per_node, nnodes=nnodes, node_rank=node_rank,
-            rdzv_backend=rdzv_backend, rdzv_endpoint=rdzv_endpoint, rdzv_id=rdzv_id,
-            rdzv_conf=rdzv_conf, master_addr=master_addr, master_port=master_port,
-            max_restarts=max_restarts, monitor_interval=monitor_interval,
-            start_method=start_method, local_addr=local_addr, log_dir=log_dir,
+            nproc_per_node=nproc_per_node,
+            nnodes=nnodes,
+            node_rank=node_rank,
+            rdzv_backend=rdzv_backend,
+            rdzv_endpoint=rdzv_endpoint,
+            rdzv_id=rdzv_id,
+            rdzv_conf=rdzv_conf,
+            master_addr=master_addr,
+            master_port=master_port,
+            max_restarts=max_restarts,
+            monitor_interval=monitor_interval,
+            start_method=start_method,
+            local_addr=local_addr,
+            log_dir=log_dir,
         ).items()
         if v is not None
     }
@@ -162,7 +211,11 @@ def profile(
     progress = _Progress(quiet)
     try:
         result = launch(
-            options, run_dir, target, script_args, module=module is not None,
+            options,
+            run_dir,
+            target,
+            script_args,
+            module=module is not None,
             hang_timeout=hang_timeout,
             trace_windows=(trace_windows or "") if trace else None,
             on_progress=progress.update,
@@ -171,7 +224,9 @@ def profile(
         raise
     except Exception as exc:  # rendezvous and launcher failures: one line, data kept
         progress.close()
-        raise SyncscopeError(f"the launcher failed: {type(exc).__name__}: {exc}".splitlines()[0]) from None
+        raise SyncscopeError(
+            f"the launcher failed: {type(exc).__name__}: {exc}".splitlines()[0]
+        ) from None
     finally:
         progress.close()
     if result.hung:
@@ -196,7 +251,9 @@ def _report(run_dir: Path, status: int, failed: int | None, fail_on: str, quiet:
     paths = write_reports(run, findings, run_dir)
     if not quiet:
         print_summary(run, findings)
-    print(f"syncscope: run directory {run_dir} ({', '.join(p.name for p in paths)})", file=sys.stderr)
+    print(
+        f"syncscope: run directory {run_dir} ({', '.join(p.name for p in paths)})", file=sys.stderr
+    )
     if failed is not None:
         print(
             f"syncscope: the script failed on rank {failed} with exit status {status} "
@@ -239,7 +296,9 @@ class _Progress:
 
     def update(self, steps: int, ranks: int, elapsed: float) -> None:
         if self.status is not None:
-            self.status.update(f"running · {ranks} rank(s) reporting · {steps} optimizer steps on rank 0 · {elapsed:.0f} s")
+            self.status.update(
+                f"running · {ranks} rank(s) reporting · {steps} optimizer steps on rank 0 · {elapsed:.0f} s"
+            )
 
     def close(self) -> None:
         if self.status is not None:

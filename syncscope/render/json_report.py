@@ -12,7 +12,9 @@ SCHEMA_VERSION = 1
 
 
 def _site(site: SourceLocation | None) -> dict[str, Any] | None:
-    return None if site is None else {"file": site.file, "line": site.line, "function": site.function}
+    return (
+        None if site is None else {"file": site.file, "line": site.line, "function": site.function}
+    )
 
 
 def window_dict(w: Window) -> dict[str, Any]:
@@ -52,7 +54,12 @@ def rank_dict(r: RankRun) -> dict[str, Any]:
         "exit_status": r.exit_status,
         "exit_reason": r.exit_reason,
         "wrappers": [
-            {"kind": w.kind, "label": w.label, "params": w.param_count, "param_bytes": w.param_bytes}
+            {
+                "kind": w.kind,
+                "label": w.label,
+                "params": w.param_count,
+                "param_bytes": w.param_bytes,
+            }
             for w in r.wrappers
         ],
         "windows": [window_dict(w) for w in r.windows],

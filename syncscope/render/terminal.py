@@ -14,7 +14,11 @@ from rich.text import Text
 from syncscope.model import Finding, RankRun, Run, Window, compress_ranks, verdict_of
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
-VERDICT_STYLE = {"errors": "bold white on red", "warnings": "bold black on yellow", "clean": "bold white on green"}
+VERDICT_STYLE = {
+    "errors": "bold white on red",
+    "warnings": "bold black on yellow",
+    "clean": "bold white on green",
+}
 
 
 def human_bytes(n: float) -> str:
@@ -55,8 +59,16 @@ def _rank_signature(rank: RankRun) -> tuple[tuple[object, ...], ...]:
 
 def window_table(run: Run) -> Table:
     table = Table(title="Gradient syncs per window", title_justify="left", expand=False)
-    for column in ("ranks", "windows", "micro-batches", "grad syncs (expected 1)", "on micro-batch",
-                   "grad-sync bytes", "time in collectives", "window time"):
+    for column in (
+        "ranks",
+        "windows",
+        "micro-batches",
+        "grad syncs (expected 1)",
+        "on micro-batch",
+        "grad-sync bytes",
+        "time in collectives",
+        "window time",
+    ):
         table.add_column(column, justify="right" if column not in ("ranks", "windows") else "left")
     by_signature: dict[tuple[tuple[object, ...], ...], list[RankRun]] = {}
     for r in run.ranks:
@@ -85,29 +97,39 @@ def window_table(run: Run) -> Table:
     return table
 
 
+def _num(value: object) -> float:
+    return float(value) if isinstance(value, (int, float)) else 0.0
+
+
 def _cost_line(f: Finding) -> str:
     parts = []
     c = f.cost
     if "wasted_bytes_per_window" in c:
-        parts.append(f"{human_bytes(float(c['wasted_bytes_per_window']))} wasted per window")  # type: ignore[arg-type]
+        parts.append(f"{human_bytes(_num(c['wasted_bytes_per_window']))} wasted per window")
     if "redundant_time_ns_per_window" in c:
-        share = float(c.get("share_of_window_time", 0.0))  # type: ignore[arg-type]
+        share = _num(c.get("share_of_window_time", 0.0))
         parts.append(
-            f"{human_ns(float(c['redundant_time_ns_per_window']))} in redundant collectives "  # type: ignore[arg-type]
+            f"{human_ns(_num(c['redundant_time_ns_per_window']))} in redundant collectives "
             f"({share:.0%} of window time)"
         )
     if "projected_window_ns" in c and "window_ns" in c:
         parts.append(
-            f"window {human_ns(float(c['window_ns']))} -> ~{human_ns(float(c['projected_window_ns']))} after the fix"  # type: ignore[arg-type]
+            f"window {human_ns(_num(c['window_ns']))} -> ~{human_ns(_num(c['projected_window_ns']))} after the fix"
         )
     if "extra_memory_bytes_if_skipped" in c:
-        parts.append(f"skipping would hold ~{human_bytes(float(c['extra_memory_bytes_if_skipped']))} more gradient memory")  # type: ignore[arg-type]
+        parts.append(
+            f"skipping would hold ~{human_bytes(_num(c['extra_memory_bytes_if_skipped']))} more gradient memory"
+        )
     if "estimated_extra_memory_bytes" in c:
-        parts.append(f"~{human_bytes(float(c['estimated_extra_memory_bytes']))} extra gradient memory held")  # type: ignore[arg-type]
+        parts.append(
+            f"~{human_bytes(_num(c['estimated_extra_memory_bytes']))} extra gradient memory held"
+        )
     if "estimated_latency_overhead_ns_per_window" in c:
-        parts.append(f"~{human_ns(float(c['estimated_latency_overhead_ns_per_window']))} of per-call latency per window")  # type: ignore[arg-type]
+        parts.append(
+            f"~{human_ns(_num(c['estimated_latency_overhead_ns_per_window']))} of per-call latency per window"
+        )
     if "lost_share_of_gradient" in c:
-        parts.append(f"{float(c['lost_share_of_gradient']):.0%} of the window's gradient lost")  # type: ignore[arg-type]
+        parts.append(f"{_num(c['lost_share_of_gradient']):.0%} of the window's gradient lost")
     return "; ".join(parts)
 
 
@@ -135,7 +157,9 @@ def finding_panel(f: Finding) -> Panel:
         body.append(Text("fix: " + f.fix.summary, style="green"))
         body.append(Syntax(f.fix.snippet, "python", theme="ansi_dark", background_color="default"))
     title = f"[{SEVERITY_STYLE[f.severity]}]{f.severity}[/] {f.kind} ({f.cause})"
-    return Panel(Group(*body), title=title, title_align="left", border_style=SEVERITY_STYLE[f.severity])
+    return Panel(
+        Group(*body), title=title, title_align="left", border_style=SEVERITY_STYLE[f.severity]
+    )
 
 
 def summary_renderables(run: Run, findings: Sequence[Finding]) -> list[RenderableType]:

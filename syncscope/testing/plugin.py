@@ -6,12 +6,15 @@
     def test_accumulation_syncs_once(ddp_model):
         train(ddp_model, accum=4, steps=2)
 
-    def test_counts(syncscope):
+    def test_counts(syncscope, ddp_model):
         train(ddp_model, accum=4, steps=2)
         assert syncscope.grad_syncs_per_window == [1, 1]
 
-Inactive unless a test uses the fixture or the marker; importing this module does not
-import torch (the tracker is imported when first used).
+The marker tracks the test body (``pytest_runtest_call``: not fixtures' set-up) in this
+process and fails the test with the ``assert_syncs`` message when a limit is broken; a test
+that fails by itself is reported as it is. Inactive unless a test uses the fixture or the
+marker; importing this module does not import torch (the tracker is imported when first
+used).
 """
 
 from __future__ import annotations
@@ -36,42 +39,59 @@ def pytest_configure(config: pytest.Config) -> None:
 
 @pytest.fixture
 def syncscope() -> Generator[Any, None, None]:
-    """Tracks the test body; the value is live ``syncscope.Stats``."""
+    """Tracks the test (from this fixture's set-up to its teardown); the value is live
+    ``syncscope.Stats``. This process only: nothing is gathered from other ranks."""
     from syncscope.track import track
 
     with track(gather=False) as stats:
         yield stats
 
 
-def _limits(item: pytest.Item) -> dict[str, Any] | None:
+def marker_limits(item: pytest.Item) -> dict[str, Any] | None:
+    """The marker's limits, None without a marker; ``pytest.UsageError`` when they are bad."""
     marker = item.get_closest_marker(MARKER)
     if marker is None:
         return None
-    unknown = set(marker.kwargs) - set(MARKER_KEYS)
+    usage = f"@pytest.mark.syncscope takes keyword arguments {', '.join(MARKER_KEYS)}"
+    unknown = sorted(set(marker.kwargs) - set(MARKER_KEYS))
     if marker.args or unknown:
-        raise pytest.UsageError(
-            f"@pytest.mark.syncscope takes keyword arguments {', '.join(MARKER_KEYS)}; "
-            f"got {list(marker.args) + sorted(unknown)}"
+        bad = [repr(a) for a in marker.args] + unknown
+        raise pytest.UsageError(f"{usage}; got {', '.join(bad)}")
+    limits = {k: v for k, v in marker.kwargs.items() if v is not None}
+    if not limits:
+        raise pytest.UsageError(f"{usage}; give at least one limit")
+    from syncscope.testing.asserts import validate
+
+    try:
+        validate(
+            limits.get("grad_syncs_per_window"),
+            limits.get("max_grad_syncs_per_window"),
+            limits.get("at_micro_batch"),
         )
-    return dict(marker.kwargs)
+    except (TypeError, ValueError) as exc:
+        raise pytest.UsageError(f"@pytest.mark.syncscope: {exc}") from None
+    return limits
 
 
 @pytest.hookimpl(wrapper=True)
 def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
-    limits = _limits(item)
+    try:
+        limits = marker_limits(item)
+    except pytest.UsageError as exc:
+        pytest.fail(str(exc), pytrace=False)
     if limits is None:
         return (yield)
     from syncscope.testing.asserts import check, explain
     from syncscope.track import track
 
+    expect = {
+        "per_window": limits.get("grad_syncs_per_window"),
+        "max_per_window": limits.get("max_grad_syncs_per_window"),
+        "at_micro_batch": limits.get("at_micro_batch"),
+    }
     with track(gather=False) as stats:
         result = yield
-    problems = check(
-        stats,
-        per_window=limits.get("grad_syncs_per_window"),
-        max_per_window=limits.get("max_grad_syncs_per_window"),
-        at_micro_batch=limits.get("at_micro_batch"),
-    )
+    problems = check(stats, **expect)
     if problems:
-        raise AssertionError(explain(stats, problems))
+        pytest.fail(explain(stats, problems, **expect), pytrace=False)
     return result

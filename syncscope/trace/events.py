@@ -162,21 +162,47 @@ class RankEvents:
         return (min(starts), max(ends)) if starts else None
 
     def __call__(self, batch: list[dict[str, Any]]) -> None:
+        # The hot loop: one pass, locals only, no call per event for the common cases
+        # (compute/comm kernels, their launches, plain CPU ops). Everything else is rare.
         self.events += len(batch)
+        comm_kernels = self.comm_kernels.extend
+        compute_kernels = self.compute_kernels.extend
+        launches = self.launches.extend
+        cpu_compute = self.cpu_compute.extend
+        backward = self.backward.extend
         for e in batch:
-            if e.get("ph") != "X":
-                continue
             cat = e.get("cat")
+            if cat is None or e.get("ph") != "X":
+                continue
             try:
-                if cat == "kernel":
-                    self._kernel(e)
-                elif cat == "cpu_op" or cat == "user_annotation":
-                    self._cpu(e)
+                if cat == "cpu_op":
+                    name = e.get("name")
+                    if not isinstance(name, str):
+                        continue
+                    if name.startswith(_BACKWARD):
+                        start = int(e["ts"] * 1000.0)
+                        backward((start, start + int(e.get("dur", 0) * 1000.0)))
+                    elif not name.startswith(_NOT_COMPUTE):
+                        start = int(e["ts"] * 1000.0)
+                        cpu_compute((start, start + int(e.get("dur", 0) * 1000.0)))
+                    else:
+                        self._cpu(e)
+                elif cat == "kernel":
+                    start = int(e["ts"] * 1000.0)
+                    end = start + int(e.get("dur", 0) * 1000.0)
+                    name = str(e.get("name", ""))
+                    corr = int(e.get("args", {}).get("correlation", -1))
+                    if name.startswith("nccl") or "ncclKernel" in name or "ncclDevKernel" in name:
+                        comm_kernels((start, end, corr))
+                    elif not name.startswith(("Memcpy", "Memset")):
+                        compute_kernels((start, end, corr))
                 elif cat == "cuda_runtime" or cat == "cuda_driver":
                     corr = e.get("args", {}).get("correlation")
                     if corr is not None:
-                        self.launches.extend((int(corr), int(e["ts"] * 1000.0)))
-            except (KeyError, TypeError, ValueError):
+                        launches((int(corr), int(e["ts"] * 1000.0)))
+                elif cat == "user_annotation":
+                    self._cpu(e)
+            except (KeyError, TypeError, ValueError, AttributeError):
                 continue  # an event without ts/dur is not one we can place
 
     def comm_launches(self) -> dict[int, int]:
@@ -184,16 +210,6 @@ class RankEvents:
         wanted = set(self.comm_kernels[2::3])
         it = iter(self.launches)
         return {c: ts for c, ts in zip(it, it, strict=True) if c in wanted}
-
-    def _kernel(self, e: dict[str, Any]) -> None:
-        start = int(e["ts"] * 1000.0)
-        end = start + int(e.get("dur", 0) * 1000.0)
-        name = str(e.get("name", ""))
-        corr = int(e.get("args", {}).get("correlation", -1))
-        if name.startswith("nccl") or "ncclKernel" in name or "ncclDevKernel" in name:
-            self.comm_kernels.extend((start, end, corr))
-        elif not name.startswith(("Memcpy", "Memset")):
-            self.compute_kernels.extend((start, end, corr))
 
     def _cpu(self, e: dict[str, Any]) -> None:
         name = e.get("name")

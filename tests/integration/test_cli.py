@@ -29,13 +29,18 @@ def one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -> None:
 def test_help_from_console_script_and_module(entry: list[str]) -> None:
     exe = shutil.which(entry[0]) if entry[0] == "syncscope" else entry[0]
     assert exe, "console script 'syncscope' is not installed"
-    proc = subprocess.run([exe, *entry[1:], "profile", "--help"], capture_output=True, text=True, timeout=60)
+    proc = subprocess.run(
+        [exe, *entry[1:], "profile", "--help"], capture_output=True, text=True, timeout=60
+    )
     assert proc.returncode == 0
     assert "--nproc-per-node" in proc.stdout and "--hang-timeout" in proc.stdout
 
 
 def test_missing_script(tmp_path: Path) -> None:
-    one_line_error(run_syncscope("profile", "--out", str(tmp_path / "r"), "nope.py"), "script not found: nope.py")
+    one_line_error(
+        run_syncscope("profile", "--out", str(tmp_path / "r"), "nope.py"),
+        "script not found: nope.py",
+    )
 
 
 def test_script_with_syntax_error(tmp_path: Path) -> None:
@@ -52,7 +57,9 @@ def test_out_under_missing_parent(tmp_path: Path) -> None:
 def test_out_under_a_file(tmp_path: Path) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    one_line_error(run_syncscope("profile", "--out", str(blocker / "r"), str(SINGLE)), "cannot create")
+    one_line_error(
+        run_syncscope("profile", "--out", str(blocker / "r"), str(SINGLE)), "cannot create"
+    )
 
 
 def test_unknown_launcher_option(tmp_path: Path) -> None:
@@ -60,7 +67,9 @@ def test_unknown_launcher_option(tmp_path: Path) -> None:
 
 
 def test_world_size_the_machine_cannot_host(tmp_path: Path) -> None:
-    proc = run_syncscope("profile", "--nproc-per-node", "100000", "--out", str(tmp_path / "r"), str(SINGLE))
+    proc = run_syncscope(
+        "profile", "--nproc-per-node", "100000", "--out", str(tmp_path / "r"), str(SINGLE)
+    )
     one_line_error(proc, "cannot host")
     assert not (tmp_path / "r").exists()
 
@@ -70,7 +79,9 @@ def test_bad_fail_on_value(tmp_path: Path) -> None:
 
 
 def test_script_that_never_initialises_distributed(tmp_path: Path) -> None:
-    proc = run_syncscope("profile", "--nproc-per-node", "1", "--out", str(tmp_path / "r"), str(SINGLE))
+    proc = run_syncscope(
+        "profile", "--nproc-per-node", "1", "--out", str(tmp_path / "r"), str(SINGLE)
+    )
     assert proc.returncode == 0, proc.stderr
     assert "single done" in proc.stdout
     report = json.loads((tmp_path / "r" / "report.json").read_text())
@@ -81,7 +92,15 @@ def test_script_that_never_initialises_distributed(tmp_path: Path) -> None:
 
 
 def test_script_failure_propagates_and_keeps_data(tmp_path: Path) -> None:
-    proc = run_syncscope("profile", "--nproc-per-node", "2", "--out", str(tmp_path / "r"), str(LOOPS), "raise-on-rank-1")
+    proc = run_syncscope(
+        "profile",
+        "--nproc-per-node",
+        "2",
+        "--out",
+        str(tmp_path / "r"),
+        str(LOOPS),
+        "raise-on-rank-1",
+    )
     assert proc.returncode == 1
     assert "boom on rank 1" in proc.stderr
     assert "the script failed on rank 1" in proc.stderr
@@ -94,8 +113,18 @@ def test_script_failure_propagates_and_keeps_data(tmp_path: Path) -> None:
 @pytest.mark.parametrize(("fail_on", "code"), [("never", 0), ("error", 0), ("warning", 1)])
 def test_fail_on_controls_exit_status(tmp_path: Path, fail_on: str, code: int) -> None:
     proc = run_syncscope(
-        "profile", "-q", "--fail-on", fail_on, "--nproc-per-node", "2", "--out", str(tmp_path / "r"),
-        str(EXAMPLES / "ddp_sync_every_step.py"), "--steps", "1", "--quiet",
+        "profile",
+        "-q",
+        "--fail-on",
+        fail_on,
+        "--nproc-per-node",
+        "2",
+        "--out",
+        str(tmp_path / "r"),
+        str(EXAMPLES / "ddp_sync_every_step.py"),
+        "--steps",
+        "1",
+        "--quiet",
     )
     assert proc.returncode == code, proc.stderr
 
@@ -105,10 +134,22 @@ def test_terminal_summary_and_module_mode(tmp_path: Path) -> None:
     package.mkdir()
     (package / "__init__.py").write_text("")
     shutil.copy(EXAMPLES / "common.py", package / "common.py")
-    text = (EXAMPLES / "ddp_no_sync_backward_only.py").read_text().replace("from common", "from pkg.common")
+    text = (
+        (EXAMPLES / "ddp_no_sync_backward_only.py")
+        .read_text()
+        .replace("from common", "from pkg.common")
+    )
     (package / "train.py").write_text(text)
     proc = run_syncscope(
-        "profile", "--nproc-per-node", "2", "--out", str(tmp_path / "r"), "-m", "pkg.train", "--steps", "1",
+        "profile",
+        "--nproc-per-node",
+        "2",
+        "--out",
+        str(tmp_path / "r"),
+        "-m",
+        "pkg.train",
+        "--steps",
+        "1",
         cwd=tmp_path,
     )
     assert proc.returncode == 0, proc.stderr
@@ -123,9 +164,25 @@ def test_terminal_summary_and_module_mode(tmp_path: Path) -> None:
 def test_attach_under_torchrun_then_report(tmp_path: Path) -> None:
     run_dir = tmp_path / "attached"
     proc = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2",
-         "-m", "syncscope.attach", "--out", str(run_dir), str(EXAMPLES / "ddp_no_sync.py"), "--steps", "2"],
-        capture_output=True, text=True, timeout=180, cwd=ROOT,
+        [
+            sys.executable,
+            "-m",
+            "torch.distributed.run",
+            "--standalone",
+            "--nproc-per-node",
+            "2",
+            "-m",
+            "syncscope.attach",
+            "--out",
+            str(run_dir),
+            str(EXAMPLES / "ddp_no_sync.py"),
+            "--steps",
+            "2",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=180,
+        cwd=ROOT,
     )
     assert proc.returncode == 0, proc.stderr[-2000:]
     report = run_syncscope("report", str(run_dir), "--format", "json")
@@ -143,13 +200,40 @@ def _free_port() -> int:
 
 def test_two_nodes_through_multi_node_rendezvous_then_merge(tmp_path: Path) -> None:
     port = _free_port()
-    launcher = [sys.executable, "-m", "syncscope", "profile", "-q", "--nnodes", "2", "--nproc-per-node", "1",
-                "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}", "--rdzv-id", "twonodes"]
+    launcher = [
+        sys.executable,
+        "-m",
+        "syncscope",
+        "profile",
+        "-q",
+        "--nnodes",
+        "2",
+        "--nproc-per-node",
+        "1",
+        "--rdzv-backend",
+        "c10d",
+        "--rdzv-endpoint",
+        f"127.0.0.1:{port}",
+        "--rdzv-id",
+        "twonodes",
+    ]
     nodes = [
         subprocess.Popen(
-            [*launcher, "--node-rank", str(i), "--out", str(tmp_path / f"node{i}"),
-             str(EXAMPLES / "ddp_sync_every_step.py"), "--steps", "2", "--quiet"],
-            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=ROOT,
+            [
+                *launcher,
+                "--node-rank",
+                str(i),
+                "--out",
+                str(tmp_path / f"node{i}"),
+                str(EXAMPLES / "ddp_sync_every_step.py"),
+                "--steps",
+                "2",
+                "--quiet",
+            ],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+            cwd=ROOT,
         )
         for i in range(2)
     ]
@@ -159,8 +243,16 @@ def test_two_nodes_through_multi_node_rendezvous_then_merge(tmp_path: Path) -> N
     one = json.loads((tmp_path / "node0" / "report.json").read_text())
     assert one["world_size"] == 2 and [r["rank"] for r in one["ranks"]] == [0]
     assert any("merge" in note for note in one["notes"])
-    merged = run_syncscope("analyze", "-q", "--fail-on", "never", "--out", str(tmp_path / "merged"),
-                           str(tmp_path / "node0"), str(tmp_path / "node1"))
+    merged = run_syncscope(
+        "analyze",
+        "-q",
+        "--fail-on",
+        "never",
+        "--out",
+        str(tmp_path / "merged"),
+        str(tmp_path / "node0"),
+        str(tmp_path / "node1"),
+    )
     assert merged.returncode == 0, merged.stderr
     data = json.loads((tmp_path / "merged" / "report.json").read_text())
     assert [r["rank"] for r in data["ranks"]] == [0, 1]

@@ -54,7 +54,10 @@ def test_step_inside_no_sync_never_syncs(profiled) -> None:  # type: ignore[no-u
     assert ("rank-divergence", "missing-sync") in run.kinds()
 
 
-@pytest.mark.parametrize(("pattern", "cause"), [("zero-grad-each-micro", "optimizer.zero_grad"), ("grad-none-mid-window", "grad=None")])
+@pytest.mark.parametrize(
+    ("pattern", "cause"),
+    [("zero-grad-each-micro", "optimizer.zero_grad"), ("grad-none-mid-window", "grad=None")],
+)
 def test_gradients_wiped_mid_window(profiled, pattern, cause) -> None:  # type: ignore[no-untyped-def]
     run = loop(profiled, pattern)
     finding = run.finding("grad-reset-mid-window")
@@ -127,7 +130,10 @@ def test_redundant_sync_causes_from_examples(profiled) -> None:  # type: ignore[
     finding = backward_only.finding("redundant-sync")
     assert finding["cause"] == "no_sync-backward-only"
     assert finding["evidence"]["grad_sync_micro_batches"] == [0, 1, 2, 3]
-    assert finding["cost"]["wasted_bytes_per_window"] == 3 * backward_only.complete_windows(0)[0]["grad_sync_bytes"] // 4
+    assert (
+        finding["cost"]["wasted_bytes_per_window"]
+        == 3 * backward_only.complete_windows(0)[0]["grad_sync_bytes"] // 4
+    )
     assert 0 < finding["cost"]["share_of_window_time"] <= 1
     assert finding["cost"]["projected_window_ns"] < finding["cost"]["window_ns"]
     assert {s["role"] for s in finding["sources"]} >= {"forward", "backward", "no_sync", "step"}
@@ -152,7 +158,10 @@ def test_mismatched_collectives_hang_is_reported_and_bounded(profiled) -> None: 
 def test_accelerate_sync_each_batch_is_reported_as_deliberate(profiled) -> None:  # type: ignore[no-untyped-def]
     run = loop(profiled, "accelerate-sync-each-batch")
     # accumulation still happens (one real step per 4 micro-batches), syncing every one
-    assert [(w["micro_batches"], w["grad_syncs"]) for w in run.complete_windows(0)] == [(4, 4), (4, 4)]
+    assert [(w["micro_batches"], w["grad_syncs"]) for w in run.complete_windows(0)] == [
+        (4, 4),
+        (4, 4),
+    ]
     finding = run.finding("redundant-sync")
     assert (finding["cause"], finding["severity"]) == ("sync-each-batch", "info")
     assert finding["cost"]["wasted_bytes_per_window"] > 0

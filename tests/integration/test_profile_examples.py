@@ -37,7 +37,9 @@ def test_example_grad_syncs_per_window(profiled, script, syncs, positions, colle
     assert run.report["grad_syncs_per_window"] == [syncs, syncs]
 
 
-@pytest.mark.parametrize("script", ["ddp_sync_every_step.py", "ddp_no_sync.py", "accelerate_accumulate.py"])
+@pytest.mark.parametrize(
+    "script", ["ddp_sync_every_step.py", "ddp_no_sync.py", "accelerate_accumulate.py"]
+)
 def test_ddp_fingerprints_agree_across_ranks(profiled, script) -> None:  # type: ignore[no-untyped-def]
     run = profiled(EXAMPLES / script, "--steps", "2")
     for rank in (0, 1):

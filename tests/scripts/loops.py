@@ -62,12 +62,18 @@ def fsdp_model():
 
 if PATTERN == "flag-before-forward":  # [6] nanoGPT: correct
     model = DDP(mlp())
-    ddp_loop(model, torch.optim.SGD(model.parameters(), 0.1),
-             before=lambda last: setattr(model, "require_backward_grad_sync", last))
+    ddp_loop(
+        model,
+        torch.optim.SGD(model.parameters(), 0.1),
+        before=lambda last: setattr(model, "require_backward_grad_sync", last),
+    )
 elif PATTERN == "flag-after-forward":  # [7] build-nanogpt bug: last micro-batch never synced
     model = DDP(mlp())
-    ddp_loop(model, torch.optim.SGD(model.parameters(), 0.1),
-             after_forward=lambda last: setattr(model, "require_backward_grad_sync", last))
+    ddp_loop(
+        model,
+        torch.optim.SGD(model.parameters(), 0.1),
+        after_forward=lambda last: setattr(model, "require_backward_grad_sync", last),
+    )
 elif PATTERN == "forward-only-no_sync":  # [4] correct under DDP
     model = DDP(mlp())
     opt = torch.optim.SGD(model.parameters(), 0.1)
@@ -86,8 +92,12 @@ elif PATTERN == "step-inside-no_sync":  # [8] never syncs: ranks diverge
 elif PATTERN == "zero-grad-each-micro":  # [9] only the last micro-batch survives
     model = DDP(mlp())
     opt = torch.optim.SGD(model.parameters(), 0.1)
-    ddp_loop(model, opt, around=lambda last: model.no_sync() if not last else contextlib.nullcontext(),
-             reset_each=True)
+    ddp_loop(
+        model,
+        opt,
+        around=lambda last: model.no_sync() if not last else contextlib.nullcontext(),
+        reset_each=True,
+    )
 elif PATTERN == "grad-none-mid-window":  # a hand-written reset: p.grad = None
     model = DDP(mlp())
     opt = torch.optim.SGD(model.parameters(), 0.1)
@@ -124,7 +134,7 @@ elif PATTERN == "manual-flat-allreduce":  # no DDP: one flattened all-reduce bef
         flat = _flatten_dense_tensors(grads)
         dist.all_reduce(flat)
         flat /= dist.get_world_size()
-        for g, s in zip(grads, _unflatten_dense_tensors(flat, grads)):
+        for g, s in zip(grads, _unflatten_dense_tensors(flat, grads), strict=False):
             g.copy_(s)
         opt.step()
         opt.zero_grad()

@@ -5,8 +5,8 @@ from torch import nn
 
 model = nn.Linear(8, 8)
 optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
-for step in range(2):
-    for micro in range(3):
+for _step in range(2):
+    for _micro in range(3):
         model(torch.randn(4, 8)).sum().backward()
     optimizer.step()
     optimizer.zero_grad()

@@ -51,7 +51,9 @@ def test_redundant_run_message_has_expected_vs_actual_positions_finding_and_fix(
     # ... and the diagnosis with its source lines and fix snippet
     assert lines[8].startswith("finding: warning redundant-sync (other): gradients reduced")
     assert "  forward: train.py:42" in lines
-    assert any(line.startswith("  fix: Put forward *and* backward inside no_sync()") for line in lines)
+    assert any(
+        line.startswith("  fix: Put forward *and* backward inside no_sync()") for line in lines
+    )
     assert "        with model.no_sync() if not is_last else contextlib.nullcontext():" in lines
 
 
@@ -71,7 +73,10 @@ def test_misplaced_sync_on_one_rank_is_reported_from_that_rank() -> None:
     message = failure(stats, per_window=1, at_micro_batch=-1)
     assert "  window 0: grad syncs on micro-batches [0], expected [3]" in message
     assert "windows (rank 1, micro-batches counted from 0):" in message
-    assert "  window 2: 4 micro-batches, 1 grad sync on micro-batches [0]; expected 1 on [3]" in message
+    assert (
+        "  window 2: 4 micro-batches, 1 grad sync on micro-batches [0]; expected 1 on [3]"
+        in message
+    )
     assert "finding: error missing-sync (misplaced-sync)" in message
     # rank 0 was fine
     assert_syncs(stats_of(runs.divergent(), rank=0), per_window=1, at_micro_batch=-1)
@@ -82,7 +87,10 @@ def test_exact_list_of_counts() -> None:
     assert_syncs(stats, per_window=[4, 1, 1, 1])
     message = failure(stats, per_window=[1, 1, 1, 1])
     assert "expected grad syncs per window [1, 1, 1, 1], saw [4, 1, 1, 1]" in message
-    assert "  window 0: 4 micro-batches, 4 grad syncs on micro-batches [0, 1, 2, 3]; expected 1" in message
+    assert (
+        "  window 0: 4 micro-batches, 4 grad syncs on micro-batches [0, 1, 2, 3]; expected 1"
+        in message
+    )
 
 
 def test_no_complete_window_fails_instead_of_passing_vacuously() -> None:
@@ -92,7 +100,9 @@ def test_no_complete_window_fails_instead_of_passing_vacuously() -> None:
 
 
 def test_long_runs_are_cut_after_twelve_windows() -> None:
-    message = failure(stats_of(runs.make_run(ranks=1, windows=20, sync_at=runs.every)), per_window=1)
+    message = failure(
+        stats_of(runs.make_run(ranks=1, windows=20, sync_at=runs.every)), per_window=1
+    )
     shown = [line for line in message.splitlines() if " micro-batches, " in line]
     assert len(shown) == 12
     assert shown[-1].startswith("  window 11: 4 micro-batches")

@@ -37,8 +37,13 @@ def test_fsdp1_no_sync_around_forward_only_still_syncs() -> None:
         r = Rank(r.rank, wrappers=("fsdp",))
         for _ in range(2):
             for _ in range(4):
-                r.micro_batch(wrapper="fsdp", fwd_sync=False, bwd_sync=True, op="reduce_scatter",
-                              labels=("fsdp:M#0",))
+                r.micro_batch(
+                    wrapper="fsdp",
+                    fwd_sync=False,
+                    bwd_sync=True,
+                    op="reduce_scatter",
+                    labels=("fsdp:M#0",),
+                )
             r.add("toggle", how="no_sync", value=False, module="fsdp:M#0")
             r.step(fp=None, sharded=True)
         return r.finish()
@@ -51,8 +56,14 @@ def test_fsdp_skip_then_sync_holds_unsharded_gradients() -> None:
         r = Rank(r.rank, wrappers=("fsdp",))
         r.add("toggle", how="set_requires_gradient_sync", value=False, module="fsdp:M#0")
         for i in range(4):
-            r.micro_batch(wrapper="fsdp", fwd_sync=i == 3, bwd_sync=i == 3, syncs=int(i == 3),
-                          op="reduce_scatter", labels=("fsdp:M#0",))
+            r.micro_batch(
+                wrapper="fsdp",
+                fwd_sync=i == 3,
+                bwd_sync=i == 3,
+                syncs=int(i == 3),
+                op="reduce_scatter",
+                labels=("fsdp:M#0",),
+            )
         return r.step(sharded=True).finish()
 
     (f,) = both(build)
@@ -93,8 +104,18 @@ def test_no_sync_at_all_is_missing_and_diverges() -> None:
 
 
 def test_divergence_without_a_missing_sync_has_unknown_cause() -> None:
-    findings = diagnose(run_of(Rank(0).window([3]).finish(), Rank(1).micro_batch(syncs=0).micro_batch(syncs=0)
-                               .micro_batch(syncs=0).micro_batch(syncs=1).step(fp=(5.0, 6.0)).finish()))
+    findings = diagnose(
+        run_of(
+            Rank(0).window([3]).finish(),
+            Rank(1)
+            .micro_batch(syncs=0)
+            .micro_batch(syncs=0)
+            .micro_batch(syncs=0)
+            .micro_batch(syncs=1)
+            .step(fp=(5.0, 6.0))
+            .finish(),
+        )
+    )
     (f,) = [f for f in findings if f.kind == "rank-divergence"]
     assert f.cause == "unknown" and f.windows == (0,)
 
@@ -126,11 +147,16 @@ def test_fragmented_threshold() -> None:
             for _ in range(count):
                 r.coll(nbytes=512, phase="after-backward", issuer="user", grad_storage=True)
             return r.step().finish()
+
         return make
 
     assert both(build(15)) == []
     (f,) = both(build(16))
-    assert (f.kind, f.evidence["collectives_per_round"], f.evidence["mean_bytes"]) == ("fragmented-sync", 16, 512)
+    assert (f.kind, f.evidence["collectives_per_round"], f.evidence["mean_bytes"]) == (
+        "fragmented-sync",
+        16,
+        512,
+    )
 
 
 def test_collective_mismatch_by_size() -> None:
@@ -163,8 +189,19 @@ def test_single_process_without_distributed_has_no_sync_findings() -> None:
 
 def test_hang_reports_last_completed_and_blocked_in() -> None:
     r0 = Rank(0).window([3])
-    r0.add("coll", seq=99, t_end=r0.t, op="barrier", raw="barrier", bytes=0, dtype="", pg="0",
-           group=[0, 1], phase="other", issuer="user")
+    r0.add(
+        "coll",
+        seq=99,
+        t_end=r0.t,
+        op="barrier",
+        raw="barrier",
+        bytes=0,
+        dtype="",
+        pg="0",
+        group=[0, 1],
+        phase="other",
+        issuer="user",
+    )
     r1 = Rank(1).window([3])
     run = run_of(r0, r1, hung=True, hang_timeout_s=5.0)
     (f,) = [f for f in diagnose(run) if f.kind == "hang"]

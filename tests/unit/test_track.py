@@ -13,7 +13,6 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-import syncscope.track
 from syncscope.capture import instrument
 from syncscope.render.json_report import window_dict
 from syncscope.track import track
@@ -159,4 +158,3 @@ def test_syncscope_track_works_on_a_fresh_import() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
-
