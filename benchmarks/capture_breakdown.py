@@ -27,6 +27,7 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from syncscope.capture import instrument
 from syncscope.capture.recorder import Recorder
@@ -57,6 +58,35 @@ def _families(names: list[str]) -> Installer:
     return install
 
 
+class NullMode(TorchDispatchMode):
+    """The mechanism alone: a dispatch mode that passes every op straight through."""
+
+    def __torch_dispatch__(self, func: Any, types: Any, args: Any = (), kwargs: Any = None) -> Any:
+        return func(*args, **(kwargs or {}))
+
+
+def _null_mode(rec: Recorder) -> Callable[[], None]:
+    mode = NullMode()
+    mode.__enter__()
+    return lambda: mode.__exit__(None, None, None)
+
+
+def _mode_in_backward_only(rec: Recorder) -> Callable[[], None]:
+    """A sketch of the fix: the c10d mode entered only around backward passes."""
+    original = torch.Tensor.backward
+
+    def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
+        with instrument.CollectiveMode(rec):
+            return original(self, *args, **kwargs)
+
+    torch.Tensor.backward = backward  # type: ignore[method-assign]
+
+    def undo() -> None:
+        torch.Tensor.backward = original  # type: ignore[method-assign]
+
+    return undo
+
+
 VARIANTS: dict[str, Installer | None] = {
     "plain": None,
     "all hooks": instrument.install,
@@ -64,6 +94,8 @@ VARIANTS: dict[str, Installer | None] = {
     "backward patch": _families(["backward"]),
     "optimizer hooks": _families(["optimizer"]),
     "DDP forward/flag": _families(["ddp"]),
+    "null dispatch mode": _null_mode,
+    "c10d mode in bwd only": _mode_in_backward_only,
 }
 
 

@@ -58,18 +58,22 @@ def _rank_signature(rank: RankRun) -> tuple[tuple[object, ...], ...]:
 
 
 def window_table(run: Run) -> Table:
-    table = Table(title="Gradient syncs per window", title_justify="left", expand=False)
-    for column in (
-        "ranks",
-        "windows",
+    table = Table(
+        title="Gradient syncs per window (expected: 1, on the last micro-batch)",
+        title_justify="left",
+        expand=False,
+    )
+    for name in ("ranks", "windows"):
+        table.add_column(name, justify="left")
+    for name in (
         "micro-batches",
-        "grad syncs (expected 1)",
-        "on micro-batch",
-        "grad-sync bytes",
-        "time in collectives",
+        "grad syncs",
+        "at micro-batch",
+        "sync bytes",
+        "comm time",
         "window time",
     ):
-        table.add_column(column, justify="right" if column not in ("ranks", "windows") else "left")
+        table.add_column(name, justify="right")
     by_signature: dict[tuple[tuple[object, ...], ...], list[RankRun]] = {}
     for r in run.ranks:
         by_signature.setdefault(_rank_signature(r), []).append(r)
@@ -187,7 +191,10 @@ def summary_renderables(run: Run, findings: Sequence[Finding]) -> list[Renderabl
 
 
 def print_summary(run: Run, findings: Sequence[Finding], console: Console | None = None) -> None:
-    console = console or Console(stderr=False)
+    if console is None:
+        console = Console()
+        if not console.is_terminal:
+            console = Console(width=120)
     for item in summary_renderables(run, findings):
         console.print(item)
 

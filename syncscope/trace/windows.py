@@ -125,15 +125,32 @@ def _attach_done(comms: list[RawCollective], ev: RankEvents) -> None:
         del start
 
 
-def _micro_batches(
-    ev: RankEvents, lo: int, hi: int, backward: Sequence[Interval], wrapper: Wrapper
-) -> list[_Micro]:
-    bw = [b for b in backward if lo <= b[0] < hi]
-    marks = [m for m in ev.micro_marks if lo <= m.start < hi]
+class _Sorted:
+    """Markers sorted by time, so each window finds its own by bisection (not a scan)."""
+
+    def __init__(self, ev: RankEvents, backward: Sequence[Interval]) -> None:
+        self.backward = backward
+        self.bw_starts = [b[0] for b in backward]
+        self.micro = sorted(ev.micro_marks, key=lambda m: m.start)
+        self.micro_starts = [m.start for m in self.micro]
+        self.forwards = sorted(f.start for f in ev.forwards)
+        self.zero = sorted(ev.zero_grads, key=lambda z: z.start)
+        self.zero_starts = [z.start for z in self.zero]
+        marks = sorted(((w.start + w.end) // 2, i, w) for i, w in enumerate(ev.window_marks))
+        self.mark_mids = [m[0] for m in marks]
+        self.marks = [(i, w) for _, i, w in marks]
+
+    def window_mark(self, lo: int, hi: int) -> Span | None:
+        """The first (in trace order) syncscope.window# mark centred in [lo, hi)."""
+        inside = self.marks[bisect_left(self.mark_mids, lo) : bisect_left(self.mark_mids, hi)]
+        return min(inside, key=lambda m: m[0])[1] if inside else None
+
+
+def _micro_batches(idx: _Sorted, lo: int, hi: int, wrapper: Wrapper) -> list[_Micro]:
+    bw = idx.backward[bisect_left(idx.bw_starts, lo) : bisect_left(idx.bw_starts, hi)]
+    marks = idx.micro[bisect_left(idx.micro_starts, lo) : bisect_left(idx.micro_starts, hi)]
     if marks:
-        marked = [
-            _Micro(m.start, m.end, wrapper=wrapper) for m in sorted(marks, key=lambda m: m.start)
-        ]
+        marked = [_Micro(m.start, m.end, wrapper=wrapper) for m in marks]
         for m in marked:
             inside = [b for b in bw if m.start <= b[0] <= m.end]
             if inside:
@@ -141,7 +158,7 @@ def _micro_batches(
         return marked
     if not bw:
         return []
-    forwards = sorted(f.start for f in ev.forwards if lo <= f.start < hi)
+    forwards = idx.forwards[bisect_left(idx.forwards, lo) : bisect_left(idx.forwards, hi)]
     if not forwards:
         end = max(b[1] for b in bw)
         return [_Micro(bw[0][0], end, bw[0][0], end, marked=False)]
@@ -206,11 +223,12 @@ def build_rank(ev: RankEvents, meta: dict[str, Any], rank: int, notes: RankNotes
         bounds.append((lo, tail_end, None))
         notes.trailing = True
     measures = measure_windows(ev, [(a, b) for a, b, _ in bounds])
+    idx = _Sorted(ev, backward)
     windows: list[Window] = []
     sequence: list[tuple[str, int, tuple[int, ...] | None]] = []
     ci = 0
     for index, (lo, hi, step) in enumerate(bounds):
-        micro = _micro_batches(ev, lo, hi, backward, wrapper)
+        micro = _micro_batches(idx, lo, hi, wrapper)
         collectives: list[Collective] = []
         while (ci < len(comms) and comms[ci].start < hi) or (step is None and ci < len(comms)):
             raw = comms[ci]
@@ -220,14 +238,14 @@ def build_rank(ev: RankEvents, meta: dict[str, Any], rank: int, notes: RankNotes
             ci += 1
         resets = tuple(
             GradReset(sum(1 for m in micro if m.end <= z.start), "optimizer.zero_grad")
-            for z in ev.zero_grads
-            if lo <= z.start < hi and not (step and step.start <= z.start <= step.end)
+            for z in idx.zero[bisect_left(idx.zero_starts, lo) : bisect_left(idx.zero_starts, hi)]
+            if not (step and step.start <= z.start <= step.end)
         )
         m = measures[index] if measures else None
-        marks = [w for w in ev.window_marks if lo <= (w.start + w.end) // 2 < hi]
+        mark = idx.window_mark(lo, hi)
         windows.append(
             Window(
-                index=int(marks[0].name.rsplit("#", 1)[1]) if marks else index,
+                index=int(mark.name.rsplit("#", 1)[1]) if mark else index,
                 complete=step is not None,
                 start_ns=lo + base,
                 end_ns=hi + base,
