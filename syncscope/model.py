@@ -66,7 +66,7 @@ class Collective:
 
     seq: int  # order of issue on this rank, from 0
     op: str  # normalized, one of OPS
-    raw_op: str  # as observed, e.g. "c10d.allreduce_" or "c10d::allreduce_"
+    raw_op: str  # as observed: "allreduce_" (live dispatch op) or "c10d::allreduce_" (trace)
     bytes: int
     dtype: str
     group_ranks: tuple[int, ...] | None  # global ranks of the process group, None if unknown

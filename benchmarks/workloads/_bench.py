@@ -2,7 +2,9 @@
 
 Each workload is a plain torchrun script that runs unchanged under ``torchrun`` and under
 ``syncscope profile``. It times its own optimizer-step windows with ``time.perf_counter``
-(start-up, warm-up windows and teardown excluded) and rank 0 prints one line::
+(start-up, warm-up windows and teardown excluded), and the CPU time of the rank process
+over the same spans (``time.process_time``, all its threads: far less sensitive than wall
+time to other jobs sharing the cores), and rank 0 prints one line::
 
     SYNCSCOPE_BENCH {"config": "no_sync", "window_s": [...], "accum": 4, ...}
 
@@ -76,18 +78,22 @@ class Clock:
         self.rank = rank
         self.config = config
         self.marks = [time.perf_counter()]
+        self.cpu_marks = [time.process_time()]
 
     def tick(self) -> None:
         self.marks.append(time.perf_counter())
+        self.cpu_marks.append(time.process_time())
 
     def report(self) -> None:
         if self.rank != 0:
             return
         spans = [b - a for a, b in zip(self.marks, self.marks[1:])]
+        cpu = [b - a for a, b in zip(self.cpu_marks, self.cpu_marks[1:])]
         record: dict[str, Any] = {
             "config": self.config,
             "window_s": spans[self.args.warmup :],
             "warmup_s": spans[: self.args.warmup],
+            "window_cpu_s": cpu[self.args.warmup :],
             "accum": self.args.accum,
             "layers": self.args.layers,
             "hidden": self.args.hidden,

@@ -93,11 +93,12 @@ optimizer.zero_grad()  # here, once per window""",
     "step-gate": Fix(
         "step-gate",
         "Gate the step on the count of micro-batches done, so every window has N of them "
-        "(with i counting from 0, step when (i + 1) % N == 0).",
+        "(with i counting from 0, step when (i + 1) % N == 0); size epochs as a multiple "
+        "of N, or drop the leftover micro-batches, rather than stepping on a short window.",
         """for i, batch in enumerate(loader):
     ...
     loss.backward()
-    if (i + 1) % accum_steps == 0 or i + 1 == len(loader):
+    if (i + 1) % accum_steps == 0:
         optimizer.step()
         optimizer.zero_grad()""",
     ),

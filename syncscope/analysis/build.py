@@ -30,7 +30,13 @@ from syncscope.model import (
     WrapperInfo,
     compress_ranks,
 )
-from syncscope.rundir import is_run_dir, rank_files, read_events, read_meta
+from syncscope.rundir import (
+    EVENTS_FORMAT_VERSION,
+    is_run_dir,
+    rank_files,
+    read_events,
+    read_meta,
+)
 
 
 def _site(value: Any) -> SourceLocation | None:
@@ -191,7 +197,8 @@ def build_rank(events: Sequence[dict[str, Any]], rank: int | None = None) -> Ran
                     )
                 )
         elif kind == "coll":
-            current.touch(t)
+            if windows or current.micro_batches or pending_fwd or backward:
+                current.touch(t)  # set-up collectives (DDP's init broadcasts) start no window
             position = _position(str(ev.get("phase", "other")), len(current.micro_batches))
             coll = _collective(ev, position, done.get(ev["seq"]))
             current.collectives.append(coll)
@@ -402,6 +409,12 @@ def load_run(path: Path | Sequence[Path]) -> Run:
             if not events:
                 continue
             if events[0].get("type") == "header":
+                version = events[0].get("version", 1)
+                if not isinstance(version, int) or version > EVENTS_FORMAT_VERSION:
+                    raise BadRunDirectory(
+                        f"{file}: event format version {version!r} is newer than this "
+                        f"syncscope reads ({EVENTS_FORMAT_VERSION}); upgrade syncscope"
+                    )
                 headers.append(events[0])
             rank_run = build_rank(events)
             if rank_run.rank in ranks:

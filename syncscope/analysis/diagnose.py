@@ -64,7 +64,10 @@ def _redundant_cause(rank: RankRun, window: Window, position: int) -> tuple[str,
     if mb.wrapper == "fsdp":
         if mb.forward_sync is False and mb.backward_sync:
             return "no_sync-forward-only", "warning"
-        if not toggled:
+        early_ops = {c.op for c in window.grad_sync_collectives if c.micro_batch == position}
+        if early_ops == {"reduce_scatter"}:
+            # gradients reduce-scattered each micro-batch stay sharded: deliberate (HSDP
+            # skipping only its cross-replica all-reduce lands here too)
             return "fsdp-sharded-accumulation", "info"
         return "other", "warning"
     if mb.wrapper == "ddp":
@@ -103,7 +106,8 @@ def _redundant(rank: RankRun, window: Window) -> Iterator[Observation]:
         unsharded = sum(w.param_bytes for w in fsdp)
         shard = max((w.shard_world for w in fsdp), default=1)
         cost["extra_memory_bytes_if_skipped"] = int(unsharded * (1 - 1 / max(shard, 1)))
-        fix = "fsdp-sharded"
+        # HSDP: the cross-replica all-reduce can be skipped while keeping shards reduced
+        fix = "hsdp" if any(c.op == "all_reduce" for c in early) else "fsdp-sharded"
     elif cause == "sync-each-batch":
         fix = "sync-each-batch"
     yield Observation(

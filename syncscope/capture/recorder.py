@@ -140,6 +140,7 @@ class Recorder:
         self._closed = False
         self.dist_info: dict[str, Any] = {}
         self._works: list[tuple[int, Any]] = []
+        self._window_activity = False  # a backward, collective or reset since the last step
 
     def _note_dist(self) -> None:
         """Remember the default group while it exists (scripts often destroy it at the end)."""
@@ -294,6 +295,7 @@ class Recorder:
                     }
                 )
         self.bucket = 0
+        self._window_activity = True
         self.emit(
             {
                 "type": "bwd",
@@ -338,6 +340,8 @@ class Recorder:
 
     def on_grad_reset(self, how: str, set_to_none: bool | None) -> None:
         self._reset_since_backward = True
+        if self.micro_batch or self.bwd_depth:
+            self._window_activity = True
         self._grad_ptrs = None
         self.emit(
             {
@@ -357,7 +361,7 @@ class Recorder:
                 "how": how,
                 "value": bool(value),
                 "module": label,
-                "site": sites.site_dict(sites.user_site(3)),
+                "site": sites.site_dict(sites.user_site(1)),
             }
         )
 
@@ -391,9 +395,12 @@ class Recorder:
         if self.step_depth:
             return
         self.emit({"type": "step_end", "t": self.now()})
+        if self.window > 0 and not self._window_activity:
+            return  # a second optimizer's step closes the same window (as the builder merges)
         if self.trace is not None and self._window_open:
             self.trace.window_end(self.window)
         self._window_open = False
+        self._window_activity = False
         self.window += 1
         self.micro_batch = 0
         self.after_backward = False
@@ -471,6 +478,8 @@ class Recorder:
         t1: int,
     ) -> None:
         self._note_dist()
+        if self._works:
+            self.poll_works(at=t0)  # a synchronous predecessor finished before this issue
         op = _normalize_op(opname)
         lname = opname.lower()
         index = 1 if any(k in lname for k in _INPUT_SECOND) and "allreduce" not in lname else 0
@@ -494,6 +503,7 @@ class Recorder:
         with self._lock:
             seq = self.seq
             self.seq += 1
+        self._window_activity = True
         self.emit(
             {
                 "type": "coll",
@@ -531,10 +541,10 @@ class Recorder:
         with self._lock:
             self._works.append((seq, work))
 
-    def poll_works(self) -> None:
+    def poll_works(self, at: int | None = None) -> None:
         if not self._works:
             return
-        now = self.now()
+        now = self.now() if at is None else at
         with self._lock:
             pending = self._works
             self._works = []

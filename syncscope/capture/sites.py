@@ -95,7 +95,7 @@ def issuer_of_collective(skip: int = 1) -> tuple[str, Site | None, str]:
             break
         for marker, kind in _TORCH_MARKERS:
             if marker in filename:
-                return (kind, None, code.co_name)
+                return (kind, None, _fsdp_module(frame) if kind == "fsdp" else code.co_name)
         if (
             "/torch/distributed/distributed_c10d.py" in filename
             or "/torch/distributed/c10d" in filename
@@ -114,3 +114,14 @@ def issuer_of_collective(skip: int = 1) -> tuple[str, Site | None, str]:
     if innermost_torch is None or "/torch/autograd/" in innermost_torch:
         return ("autograd", None, "")
     return ("torch", None, "")
+
+
+def _fsdp_module(frame: FrameType | None) -> str:
+    """The FSDP module whose gradients are being reduced (its fully-qualified name)."""
+    while frame is not None:
+        owner = frame.f_locals.get("self")
+        name = getattr(owner, "_module_fqn", None)
+        if isinstance(name, str):
+            return name
+        frame = frame.f_back
+    return "fsdp"

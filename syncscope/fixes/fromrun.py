@@ -17,7 +17,17 @@ from syncscope.fixes.canonical import DdpForm
 from syncscope.fixes.codemod import RunHints
 from syncscope.fixes.resolve import WrapperKind
 
-TOGGLE_ROLES = frozenset({"no_sync", "toggle", "flag", "sync_toggle", "set_requires_gradient_sync"})
+TOGGLE_ROLES = frozenset(
+    {
+        "no_sync",
+        "toggle",
+        "flag",
+        "sync_toggle",
+        "require_backward_grad_sync",
+        "set_requires_gradient_sync",
+        "set_requires_all_reduce",
+    }
+)
 STYLE_HINTS: dict[str, tuple[WrapperKind, DdpForm | None]] = {
     "ddp-no_sync": ("ddp", "no_sync"),
     "ddp-flag": ("ddp", "flag"),

@@ -6,7 +6,15 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any
 
-from syncscope.model import Finding, RankRun, Run, SourceLocation, Window, verdict_of
+from syncscope.model import (
+    Finding,
+    RankRun,
+    Run,
+    SourceLocation,
+    Window,
+    compress_ranks,
+    verdict_of,
+)
 
 SCHEMA_VERSION = 1
 
@@ -73,6 +81,7 @@ def finding_dict(f: Finding) -> dict[str, Any]:
         "cause": f.cause,
         "message": f.message,
         "ranks": list(f.ranks),
+        "rank_ranges": compress_ranks(f.ranks),
         "windows": list(f.windows),
         "evidence": f.evidence,
         "cost": f.cost,

@@ -50,7 +50,7 @@ def _worker(
 
     try:
         try:
-            store = dist.TCPStore(
+            store = dist.TCPStore(  # type: ignore[attr-defined]
                 "127.0.0.1", port, world_size, is_master=False, timeout=timedelta(seconds=timeout)
             )
             dist.init_process_group(
@@ -114,7 +114,7 @@ def spawn(
         raise ValueError(f"world_size must be at least 1, not {world_size}")
     if timeout <= 0:
         raise ValueError(f"timeout must be positive, not {timeout}")
-    store = dist.TCPStore(
+    store = dist.TCPStore(  # type: ignore[attr-defined]
         "127.0.0.1",
         0,
         world_size + 1,
@@ -122,7 +122,7 @@ def spawn(
         wait_for_workers=False,
         timeout=timedelta(seconds=timeout),
     )
-    ctx = mp.get_context(start_method)
+    ctx: Any = mp.get_context(start_method)
     results = ctx.Queue()
     procs = [
         ctx.Process(

@@ -7,10 +7,11 @@ memory follows the largest single file, not the job. Each problem names the file
 
 from __future__ import annotations
 
+import os
 import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,9 @@ from syncscope.trace.read import is_trace_file, read_trace
 from syncscope.trace.windows import RankNotes, build_rank
 
 PROGRESS_MIN_BYTES = 64 << 20
+PARALLEL_MIN_BYTES = 32 << 20  # below this (on disk), worker start-up costs more than it saves
+MAX_WORKERS = 2
+WORKERS_ENV = "SYNCSCOPE_TRACE_WORKERS"  # force a worker count (0: read in this process)
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)")
 
 
@@ -101,8 +105,87 @@ def _progress(files: list[Path], enabled: bool) -> Iterator[Callable[[int], None
         yield lambda n: bar.advance(task, n)
 
 
+@dataclass
+class RankResult:
+    """What reading one file gives, checked against the other files by ``load_traces``.
+
+    Small enough to send from a worker process: the events themselves stay in the worker.
+    """
+
+    path: Path
+    job: _Job | None = None
+    has_info: bool = False
+    rank: int | None = None
+    rank_notes: list[str] = field(default_factory=list)
+    rank_run: RankRun | None = None
+    flags: RankNotes = field(default_factory=RankNotes)
+    error: str = ""  # a BadTrace met while reading (corrupt file, no rank)
+
+
+def read_rank(path: Path, advance: Callable[[int], None] | None = None) -> RankResult:
+    """Read one trace file and reduce it to its ``RankRun`` (in this process)."""
+    result = RankResult(path)
+    try:
+        events = RankEvents()
+        meta = read_trace(path, events, advance)
+        info = meta.get("distributedInfo")
+        info = info if isinstance(info, dict) else {}
+        result.job, result.has_info = _job(info), bool(info)
+        result.rank = _rank_of(path, info, result.rank_notes)
+    except BadTrace as exc:
+        result.error = str(exc)
+        return result
+    if events.steps and (result.rank < result.job.world_size or not info):
+        result.rank_run = build_rank(events, meta, result.rank, result.flags)
+    return result
+
+
+def _merge_flags(into: RankNotes, rank: RankNotes) -> None:
+    """Fold one rank's notes into the run's, as one shared RankNotes would have been set."""
+    into.no_markers = into.no_markers or rank.no_markers
+    into.own_markers = into.own_markers or rank.own_markers
+    into.trailing = into.trailing or rank.trailing
+    into.dtype_assumed = into.dtype_assumed or rank.dtype_assumed
+    into.sizes_unknown = into.sizes_unknown or rank.sizes_unknown
+    into.backend_only = rank.backend_only  # the last rank read decides, as before
+    into.extra.extend(rank.extra)
+
+
+def worker_count(files: Sequence[Path]) -> int:
+    """Worker processes for ``files``: none (0) for one file or a small job."""
+    forced = os.environ.get(WORKERS_ENV, "").strip()
+    if forced:
+        return max(0, int(forced)) if len(files) > 1 else 0
+    if len(files) < 2 or sum(p.stat().st_size for p in files) < PARALLEL_MIN_BYTES:
+        return 0
+    try:
+        cores = len(os.sched_getaffinity(0))
+    except AttributeError:  # not on Linux
+        cores = os.cpu_count() or 1
+    workers = min(MAX_WORKERS, cores, len(files))
+    return workers if workers > 1 else 0
+
+
+def _results(
+    files: list[Path], workers: int, advance: Callable[[int], None] | None
+) -> Iterator[RankResult]:
+    if workers < 2:
+        for path in files:
+            yield read_rank(path, advance)
+        return
+    from syncscope.trace.worker import Pool
+
+    with Pool(workers) as pool:
+        yield from pool.map(files, advance)
+
+
 def load_traces(paths: Sequence[Path], skip_bad: bool = False, progress: bool = False) -> Run:
-    """Read every trace named by ``paths`` into one Run (``source="trace"``)."""
+    """Read every trace named by ``paths`` into one Run (``source="trace"``).
+
+    Files are read in worker processes (``worker_count``) when there are several large ones;
+    each worker sends back only the rank's ``RankResult``. Results are checked in file order
+    either way, so errors and notes do not depend on which worker finished first.
+    """
     files = trace_files(paths)
     notes: list[str] = []
     skipped: list[str] = []
@@ -111,18 +194,25 @@ def load_traces(paths: Sequence[Path], skip_bad: bool = False, progress: bool = 
     flags = RankNotes()
     hosts: set[str] = set()
     with _progress(files, progress) as advance:
-        for path in files:
-            try:
-                rank_run, this_job = _load_one(path, ranks, job, notes, flags, advance)
-            except BadTrace as exc:
-                if not skip_bad:
-                    raise
-                skipped.append(str(exc))
-                continue
-            job = job or (this_job, path)
-            ranks[rank_run.rank] = (rank_run, path)
-            if rank_run.host:
-                hosts.add(rank_run.host)
+        results = _results(files, worker_count(files), advance)
+        try:
+            for result in results:
+                try:
+                    rank_run, this_job = _check(result, ranks, job, notes)
+                except BadTrace as exc:
+                    if not skip_bad:
+                        raise
+                    skipped.append(str(exc))
+                    continue
+                _merge_flags(flags, result.flags)
+                job = job or (this_job, result.path)
+                ranks[rank_run.rank] = (rank_run, result.path)
+                if rank_run.host:
+                    hosts.add(rank_run.host)
+        finally:
+            close = getattr(results, "close", None)
+            if close is not None:
+                close()  # stops the workers when a bad file ends the load early
     if not ranks:
         detail = f": {skipped[0]}" if skipped else ""
         raise BadTrace(f"no usable trace among {len(files)} file(s){detail}")
@@ -135,35 +225,36 @@ def load_traces(paths: Sequence[Path], skip_bad: bool = False, progress: bool = 
     return Run(meta=meta, ranks=tuple(ranks[r][0] for r in present))
 
 
-def _load_one(
-    path: Path,
+def _check(
+    result: RankResult,
     ranks: dict[int, tuple[RankRun, Path]],
     job: tuple[_Job, Path] | None,
     notes: list[str],
-    flags: RankNotes,
-    advance: Callable[[int], None] | None,
 ) -> tuple[RankRun, _Job]:
-    events = RankEvents()
-    meta = read_trace(path, events, advance)
-    info = meta.get("distributedInfo")
-    info = info if isinstance(info, dict) else {}
-    this_job = _job(info)
+    """The checks against the files before this one, in the order a sequential read made them."""
+    path = result.path
+    if result.job is None:
+        raise BadTrace(result.error)
+    this_job = result.job
     if job is not None and not _compatible(job[0], this_job):
         raise BadTrace(
             f"{path}: from a different job than {job[1]} "
             f"({this_job.describe()} vs {job[0].describe()}): analyze one job at a time"
         )
-    rank = _rank_of(path, info, notes)
+    if result.rank is None:
+        raise BadTrace(result.error)
+    rank = result.rank
+    notes.extend(result.rank_notes)
     if rank in ranks:
         raise BadTrace(f"{path}: rank {rank} appears twice (also in {ranks[rank][1]})")
-    if rank >= this_job.world_size and info:
+    if rank >= this_job.world_size and result.has_info:
         raise BadTrace(f"{path}: rank {rank} outside world size {this_job.world_size}")
-    if not events.steps:
+    if result.rank_run is None:
         raise BadTrace(
             f"{path}: no optimizer steps (no 'Optimizer.step#...' annotation): "
             "cannot cut the trace into windows"
         )
-    return build_rank(events, meta, rank, flags), this_job
+    return result.rank_run, this_job
 
 
 def _notes(flags: RankNotes, present: list[int], world: int) -> list[str]:

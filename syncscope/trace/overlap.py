@@ -10,6 +10,7 @@ clipped to the window's span. ``hta_overlap`` runs HTA itself (opt-in, ``--hta``
 
 from __future__ import annotations
 
+from array import array
 from bisect import bisect_right
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -79,20 +80,21 @@ class Measure:
         self.exposed = total(subtract(comm, compute))
 
 
-def _triples(values: Sequence[int]) -> Iterable[tuple[int, int, int]]:
-    it = iter(values)
-    return zip(it, it, it, strict=True)
-
-
-def _by_window(kernels: Sequence[int], spans: Sequence[Interval]) -> list[list[Interval]]:
+def _by_window(kernels: Sequence[int], spans: Sequence[Interval]) -> list[array[int]]:
+    """Per window span, the indices (into the start, end, correlation triples) of the kernels
+    that start in it: 8 bytes a kernel, where tuples for every kernel would cost ~120."""
     bounds = [lo for lo, _ in spans]
     last = spans[-1][1]
-    out: list[list[Interval]] = [[] for _ in spans]
-    for start, end, _ in _triples(kernels):
+    out: list[array[int]] = [array("q") for _ in spans]
+    for k, start in enumerate(kernels[0::3]):
         i = bisect_right(bounds, start) - 1
         if i >= 0 and start <= last:
-            out[i].append((start, end))
+            out[i].append(k)
     return out
+
+
+def _intervals(kernels: Sequence[int], indices: array[int]) -> list[Interval]:
+    return merge((kernels[3 * k], kernels[3 * k + 1]) for k in indices)
 
 
 def measure_windows(ev: RankEvents, spans: Sequence[Interval]) -> list[Measure] | None:
@@ -102,7 +104,10 @@ def measure_windows(ev: RankEvents, spans: Sequence[Interval]) -> list[Measure] 
     if ev.comm_kernels or ev.compute_kernels:
         comm = _by_window(ev.comm_kernels, spans)
         comp = _by_window(ev.compute_kernels, spans)
-        return [Measure(merge(c), merge(k)) for c, k in zip(comm, comp, strict=True)]
+        return [
+            Measure(_intervals(ev.comm_kernels, c), _intervals(ev.compute_kernels, k))
+            for c, k in zip(comm, comp, strict=True)
+        ]
     comm_src = [(c.start, c.end) for c in ev.backend_comms] or [
         (c.start, c.end) for c in ev.collectives
     ]

@@ -24,8 +24,8 @@ import orjson
 
 from syncscope.errors import BadTrace
 
-CHUNK_BYTES = 1 << 20
-_MAX_UNSPLIT = 32  # chunks without an event boundary before we call the JSON invalid
+CHUNK_BYTES = 1 << 18  # 256 KiB: ~2k events parsed at a time, a few MB of dicts
+_MAX_UNSPLIT = 128  # chunks without an event boundary before we call the JSON invalid
 _ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _GZIP_MAGIC = b"\x1f\x8b"

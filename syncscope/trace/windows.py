@@ -227,14 +227,18 @@ def build_rank(ev: RankEvents, meta: dict[str, Any], rank: int, notes: RankNotes
     windows: list[Window] = []
     sequence: list[tuple[str, int, tuple[int, ...] | None]] = []
     ci = 0
+    # Equal values share one object (names, sizes, groups, sequence entries): a rank's
+    # thousands of collectives repeat a handful of them, and the Run holds every rank's.
+    shared: dict[Any, Any] = {}
     for index, (lo, hi, step) in enumerate(bounds):
         micro = _micro_batches(idx, lo, hi, wrapper)
         collectives: list[Collective] = []
         while (ci < len(comms) and comms[ci].start < hi) or (step is None and ci < len(comms)):
             raw = comms[ci]
-            col = _collective(raw, ci, micro, step, wrapper, ev, notes)
+            col = _collective(raw, ci, micro, step, wrapper, ev, notes, base, shared)
             collectives.append(col)
-            sequence.append((col.op, col.bytes, col.group_ranks))
+            entry = (col.op, col.bytes, col.group_ranks)
+            sequence.append(shared.setdefault(entry, entry))
             ci += 1
         resets = tuple(
             GradReset(sum(1 for m in micro if m.end <= z.start), "optimizer.zero_grad")
@@ -253,7 +257,7 @@ def build_rank(ev: RankEvents, meta: dict[str, Any], rank: int, notes: RankNotes
                     MicroBatch(k, mb.start + base, mb.end + base, mb.wrapper, None, None)
                     for k, mb in enumerate(micro)
                 ),
-                collectives=tuple(_shift(c, base) for c in collectives),
+                collectives=tuple(collectives),
                 grad_resets=resets,
                 steps=step.count if step else 0,
                 step_ns=step.busy_ns if step else 0,
@@ -287,7 +291,10 @@ def _collective(
     wrapper: Wrapper,
     ev: RankEvents,
     notes: RankNotes,
+    base: int,
+    shared: dict[Any, Any],
 ) -> Collective:
+    """One Collective; times shifted by ``base`` to the wall clock."""
     op = normalize_op(raw.name)
     in_reduce = _within(raw.start, ev.fsdp_reduces)
     position, phase = _phase(raw.start, micro, in_reduce)
@@ -309,33 +316,21 @@ def _collective(
         (grad and phase == "backward") or (op == "broadcast" and phase == "forward")
     ):
         issuer = "ddp"
+    dtype = raw.dtype or "unknown"
     return Collective(
         seq=seq,
         op=op,
-        raw_op=raw.name,
-        bytes=nbytes,
-        dtype=raw.dtype or "unknown",
-        group_ranks=raw.group_ranks,
-        group_name=raw.group_name,
-        start_ns=raw.start,
-        end_ns=raw.end,
-        done_ns=raw.done,
+        raw_op=shared.setdefault(raw.name, raw.name),
+        bytes=shared.setdefault(nbytes, nbytes),
+        dtype=shared.setdefault(dtype, dtype),
+        group_ranks=shared.setdefault(raw.group_ranks, raw.group_ranks),
+        group_name=shared.setdefault(raw.group_name, raw.group_name),
+        start_ns=raw.start + base,
+        end_ns=raw.end + base,
+        done_ns=None if raw.done is None else raw.done + base,
         phase=phase,
         micro_batch=position,
         grad_sync=grad,
         issuer=issuer,
         module=_label(wrapper) if issuer in ("ddp", "fsdp") else "",
-    )
-
-
-def _shift(c: Collective, base: int) -> Collective:
-    if not base:
-        return c
-    from dataclasses import replace
-
-    return replace(
-        c,
-        start_ns=c.start_ns + base,
-        end_ns=c.end_ns + base,
-        done_ns=None if c.done_ns is None else c.done_ns + base,
     )

@@ -54,14 +54,6 @@ def train(model: DDP, accum: int = ACCUM, steps: int = STEPS, mode: str = "no_sy
 # -- functions run by spawn -----------------------------------------------------------------
 
 
-def whoami(scale: int) -> tuple[int, int, int]:
-    """(rank, world size, rank * scale), after one real all-reduce."""
-    t = torch.ones(1)
-    dist.all_reduce(t)
-    assert int(t.item()) == dist.get_world_size()
-    return dist.get_rank(), dist.get_world_size(), dist.get_rank() * scale
-
-
 def fail_on_rank_1() -> str:
     """Rank 1 raises; rank 0 waits for it in a barrier it never joins."""
     if dist.get_rank() == 1:

@@ -258,3 +258,13 @@ def test_two_nodes_through_multi_node_rendezvous_then_merge(tmp_path: Path) -> N
     assert [r["rank"] for r in data["ranks"]] == [0, 1]
     assert data["grad_syncs_per_window"] == [4, 4]
     assert all(w["fingerprint_match"] for r in data["ranks"] for w in r["windows"] if w["complete"])
+
+
+def test_analyze_of_a_run_directory_gives_the_live_findings(profiled, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    live = profiled(LOOPS, "flag-after-forward")
+    proc = run_syncscope("analyze", "-q", "--fail-on", "never", "--out", str(tmp_path / "a"), str(live.run_dir))
+    assert proc.returncode == 0, proc.stderr
+    again = json.loads((tmp_path / "a" / "report.json").read_text())
+    assert again["findings"] == live.report["findings"]
+    assert again["ranks"] == live.report["ranks"]
+    assert again["verdict"] == live.report["verdict"] == "errors"

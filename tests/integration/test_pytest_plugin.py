@@ -16,6 +16,28 @@ import pytest
 
 pytest_plugins = ["pytester"]
 
+
+@pytest.fixture(scope="module", autouse=True)
+def _import_torch_before_pytester(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """In-process pytester runs drop the modules the inner session imported first; a second
+    import of torch's distributed modules then crashes in GC. So run the whole tracked flow
+    once out here, importing everything the inner sessions will use."""
+    import torch.distributed as dist
+
+    from syncscope.testing.asserts import explain
+    from syncscope.track import track
+    from tests.helpers.ranks import make_ddp, train
+
+    store = dist.FileStore(str(tmp_path_factory.mktemp("warm") / "store"), 1)  # type: ignore[attr-defined]
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        with track() as stats:
+            train(make_ddp(), mode="every", steps=1)
+        explain(stats, ["warm-up"])
+    finally:
+        dist.destroy_process_group()
+
+
 CONFTEST = textwrap.dedent(
     """
     import contextlib
@@ -29,7 +51,7 @@ CONFTEST = textwrap.dedent(
 
     @pytest.fixture
     def ddp_model(tmp_path):
-        store = dist.FileStore(str(tmp_path / "store"), 1)
+        store = dist.FileStore(str(tmp_path / "store"), 1)  # type: ignore[attr-defined]
         dist.init_process_group("gloo", store=store, rank=0, world_size=1)
         torch.manual_seed(0)
         yield DDP(nn.Sequential(nn.Linear(8, 8), nn.ReLU(), nn.Linear(8, 1)))
@@ -48,6 +70,12 @@ CONFTEST = textwrap.dedent(
             optimizer.zero_grad()
     """
 )
+
+
+# Inner sessions run in this process; leave out what makes them slow there: hypothesis's
+# plugin (its modules are re-imported and assertion-rewritten on every inner session) and the
+# end-of-session gc.collect() passes (torch's heap makes each cost about 0.5 s).
+FAST = ("-p", "no:hypothesispytest", "-p", "no:unraisableexception", "-p", "no:cacheprovider")
 
 
 @pytest.fixture
@@ -75,7 +103,7 @@ def test_marker_passes_when_the_loop_syncs_once_per_window(inner: pytest.Pyteste
             train(ddp_model, no_sync=False)
         """
     )
-    result = inner.runpytest()
+    result = inner.runpytest(*FAST)
     result.assert_outcomes(passed=3)
 
 
@@ -90,7 +118,7 @@ def test_marker_fails_with_the_readable_message(inner: pytest.Pytester) -> None:
             train(ddp_model, no_sync=False)
         """
     )
-    result = inner.runpytest()
+    result = inner.runpytest(*FAST)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(
         [
@@ -121,7 +149,7 @@ def test_marker_does_not_hide_the_tests_own_failure(inner: pytest.Pytester) -> N
             assert 1 == 2, "the test's own assertion"
         """
     )
-    result = inner.runpytest()
+    result = inner.runpytest(*FAST)
     result.assert_outcomes(failed=1)
     result.stdout.fnmatch_lines(["*the test's own assertion*"])
     assert "gradient syncs are not as expected" not in result.stdout.str()
@@ -144,7 +172,7 @@ def test_fixture_gives_live_stats(inner: pytest.Pytester) -> None:
             assert_syncs(syncscope, per_window=1)
         """
     )
-    result = inner.runpytest()
+    result = inner.runpytest(*FAST)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines(
         [
@@ -178,13 +206,13 @@ def test_bad_marker_arguments_fail_that_test_clearly(
             pass
         """
     )
-    result = pytester.runpytest()
+    result = pytester.runpytest(*FAST)
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([text])
 
 
 def test_marker_is_registered(pytester: pytest.Pytester) -> None:
-    result = pytester.runpytest("--markers")
+    result = pytester.runpytest("--markers", *FAST)
     result.stdout.fnmatch_lines(["@pytest.mark.syncscope(max_grad_syncs_per_window=None, *"])
 
 
@@ -206,9 +234,10 @@ def test_a_pytest_session_that_does_not_use_it_never_imports_torch(
         """
         import sys
 
-        def test_plain():
+        def test_plain(request):
+            assert request.config.pluginmanager.has_plugin("syncscope")
             assert "torch" not in sys.modules
         """
     )
-    result = pytester.runpytest_subprocess("-p", "syncscope.testing.plugin")
+    result = pytester.runpytest_subprocess(*FAST)
     result.assert_outcomes(passed=1)

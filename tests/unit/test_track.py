@@ -15,13 +15,13 @@ from torch import nn
 
 from syncscope.capture import instrument
 from syncscope.render.json_report import window_dict
-from syncscope.track import track
+from syncscope.track import Stats, track
 from tests.helpers.ranks import ACCUM, STEPS, make_ddp, train
 
 
 @pytest.fixture
 def process_group(tmp_path: Path) -> Iterator[None]:
-    store = dist.FileStore(str(tmp_path / "store"), 1)
+    store = dist.FileStore(str(tmp_path / "store"), 1)  # type: ignore[attr-defined]
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
     try:
         yield
@@ -138,7 +138,7 @@ def test_syncscope_track_is_callable_after_the_submodule_is_imported() -> None:
 
     with syncscope.track() as stats:
         pass
-    assert isinstance(stats, syncscope.track.Stats)
+    assert isinstance(stats, Stats)
 
 
 @pytest.mark.xfail(
@@ -158,3 +158,33 @@ def test_syncscope_track_works_on_a_fresh_import() -> None:
     )
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     assert proc.returncode == 0, proc.stderr[-2000:]
+
+
+@pytest.mark.usefixtures("process_group")
+@pytest.mark.filterwarnings("ignore:Full backward hook is firing")
+def test_covers_what_comm_debug_mode_cannot() -> None:
+    """torch's CommDebugMode counts c10d ops but has no windows or micro-batches, and on
+    torch 2.13 it crashes (IndexError in its module tracker) when it wraps more than one DDP
+    forward. Where it works (around a bare backward) our counts agree with it."""
+    from torch.distributed.tensor.debug import CommDebugMode
+
+    allreduce = torch.ops.c10d.allreduce_
+    # GIVEN a forward outside, a backward inside: CommDebugMode copes, and so do we
+    model = make_ddp()
+    loss = model(torch.randn(4, 8)).sum()
+    with CommDebugMode() as comm:  # type: ignore[no-untyped-call]
+        loss.backward()
+    loss = model(torch.randn(4, 8)).sum()
+    with track() as stats:
+        loss.backward()
+    assert comm.get_comm_counts()[allreduce] == 1
+    assert stats.windows[0]["collectives"]["all_reduce"] == 1
+    # GIVEN a real accumulation loop (forwards inside): CommDebugMode crashes ...
+    with pytest.raises(IndexError), CommDebugMode():  # type: ignore[no-untyped-call]
+        train(make_ddp(), mode="no_sync")
+    # ... while track() gives the per-window story (a fresh model: the crash leaves
+    # CommDebugMode's hooks on the old one)
+    with track() as stats:
+        train(make_ddp(), mode="no_sync")
+    assert stats.grad_syncs_per_window == [1] * STEPS
+    assert [w["grad_sync_micro_batches"] for w in stats.windows] == [[ACCUM - 1]] * STEPS

@@ -1,0 +1,148 @@
+"""Launching the benchmark workloads and reading back what they measured.
+
+Every launch is a fresh ``torchrun`` (``python -m torch.distributed.run``) or ``syncscope
+profile`` process tree with ``OMP_NUM_THREADS=1``, on one node (2 ranks) or as 2 "nodes" x
+1 rank: two launcher processes meeting through the c10d rendezvous on 127.0.0.1. The
+workloads print one ``SYNCSCOPE_BENCH {json}`` line from rank 0; ``Launch.run`` returns it.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import uuid
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+WORKLOADS = Path(__file__).resolve().parent / "workloads"
+MARK = "SYNCSCOPE_BENCH "
+TIMEOUT_S = 240
+
+
+class LaunchFailed(RuntimeError):
+    pass
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _env() -> dict[str, str]:
+    env = dict(os.environ)
+    env["OMP_NUM_THREADS"] = "1"  # one thread per rank on every launcher alike
+    env["PYTHONWARNINGS"] = "ignore"
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+@dataclass(frozen=True)
+class Launch:
+    """One way of starting a script: the launcher, its capture mode and the topology."""
+
+    launcher: str  # "torchrun" or "profile"
+    nodes: int = 1  # 1: one node x 2 ranks; 2: two "nodes" x 1 rank on loopback
+    trace: bool = False  # syncscope profile --trace
+    extra: tuple[str, ...] = field(default=())
+
+    def _rdzv(self, run_id: str, port: int, node: int) -> list[str]:
+        if self.nodes == 1:
+            return ["--nproc-per-node", "2"] + (["--standalone"] if self.launcher == "torchrun" else [])
+        return [
+            "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
+            "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
+            "--rdzv-id", run_id,
+        ]  # fmt: skip
+
+    def argv(self, script: Path, args: Sequence[str], out: Path, node: int, run_id: str,
+             port: int) -> list[str]:  # fmt: skip
+        rdzv = self._rdzv(run_id, port, node)
+        if self.launcher == "torchrun":
+            return [sys.executable, "-m", "torch.distributed.run", *rdzv, str(script), *args]
+        node_out = out if self.nodes == 1 else out / f"node{node}"
+        return [
+            sys.executable, "-m", "syncscope", "profile", "--quiet", "--fail-on", "never",
+            "--out", str(node_out), *(["--trace"] if self.trace else []), *rdzv,
+            str(script), *args,
+        ]  # fmt: skip
+
+    def run(self, script: Path, args: Sequence[str], workdir: Path) -> dict[str, Any]:
+        """Start the job, wait for it, return rank 0's measurement (raises LaunchFailed)."""
+        run_id = f"bench-{uuid.uuid4().hex[:10]}"
+        out = workdir / run_id
+        port = free_port()
+        procs = [
+            subprocess.Popen(
+                self.argv(script, args, out, node, run_id, port),
+                cwd=workdir,
+                env=_env(),
+                stdout=subprocess.PIPE,
+                stderr=subprocess.STDOUT,
+                text=True,
+                start_new_session=True,
+            )
+            for node in range(self.nodes)
+        ]
+        outputs = [_wait(p) for p in procs]
+        for proc, text in zip(procs, outputs):
+            if proc.returncode != 0:
+                tail = "\n".join(text.strip().splitlines()[-8:])
+                raise LaunchFailed(f"{self} on {script.name} exited {proc.returncode}:\n{tail}")
+        for text in outputs:
+            for line in text.splitlines():
+                if line.startswith(MARK):
+                    record: dict[str, Any] = json.loads(line[len(MARK) :])
+                    record["run_dir"] = str(out)
+                    return record
+        raise LaunchFailed(f"{self} on {script.name}: no {MARK.strip()} line")
+
+    @property
+    def label(self) -> str:
+        if self.launcher == "torchrun":
+            return "torchrun"
+        return "syncscope profile --trace" if self.trace else "syncscope profile"
+
+
+def _wait(proc: subprocess.Popen[str]) -> str:
+    try:
+        text, _ = proc.communicate(timeout=TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGKILL)  # our own launcher's process group only
+        text, _ = proc.communicate()
+        return text + f"\n(killed after {TIMEOUT_S} s)"
+    return text
+
+
+@dataclass(frozen=True)
+class Spread:
+    median: float
+    low: float
+    high: float
+    n: int
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Spread:
+        return cls(statistics.median(values), min(values), max(values), len(values))
+
+    def contains(self, value: float) -> bool:
+        return self.low <= value <= self.high
+
+
+def per_micro_batch(record: dict[str, Any]) -> float:
+    """A run's figure: its median timed window divided by the micro-batches per window."""
+    return float(statistics.median(record["window_s"])) / int(record["accum"])
+
+
+def rotated(items: Sequence[Any], by: int) -> list[Any]:
+    """ABCD, BCDA, CDAB, ...: every item meets every position across repetitions."""
+    k = by % len(items)
+    return [*items[k:], *items[:k]]

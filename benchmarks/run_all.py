@@ -1,0 +1,302 @@
+"""The one benchmark command: writes docs/benchmarks.md, its charts and raw results.
+
+    python benchmarks/run_all.py            # full run, about 12-15 minutes on 2 cores
+    python benchmarks/run_all.py --quick    # one repetition, small sets; to a temp dir
+
+Sections (each measured inside the training script, start-up excluded):
+
+1. the Accelerate table: seconds per micro-batch for the four gradient-accumulation loops
+   and the baseline after ``syncscope fix``, on 1 node x 2 gloo ranks and on 2 "nodes" x 1
+   rank (torchrun multi-node rendezvous on loopback); configurations interleaved;
+2. capture cost: plain torchrun vs ``syncscope profile`` vs ``--trace`` vs a bare
+   ``torch.profiler`` trace (window-time ratios; issue 2's limit for counting mode: 1.03);
+3. ``syncscope analyze`` vs HTA's ``TraceAnalysis`` load (benchmarks/bench_analyze.py);
+4. grad-sync bytes per window against the gradient bytes of one reduction.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import logging
+import os
+import platform
+import re
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from datetime import datetime, timezone
+from importlib import metadata
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import (  # noqa: E402
+    ROOT,
+    WORKLOADS,
+    Launch,
+    LaunchFailed,
+    Spread,
+    per_micro_batch,
+    rotated,
+)
+from _report import render  # noqa: E402
+
+CONFIGS = [
+    {"name": "sync_every_microbatch", "label": "sync every micro-batch (baseline)"},
+    {"name": "no_sync_backward_only", "label": "no_sync improperly (backward only)"},
+    {"name": "no_sync", "label": "no_sync (forward and backward)"},
+    {"name": "accelerate_accumulate", "label": "accelerator.accumulate"},
+    {"name": "fixed", "label": "baseline after syncscope fix"},
+]
+TOPOLOGIES = {"1x2": "1 node x 2 ranks", "2x1": '2 "nodes" x 1 rank (c10d rendezvous)'}
+CAPTURE_MODES = [
+    {"name": "plain", "label": "plain torchrun"},
+    {"name": "profile", "label": "syncscope profile (counting)"},
+    {"name": "trace", "label": "syncscope profile --trace"},
+    {"name": "torch_profiler", "label": "bare torch.profiler trace"},
+]
+# Accelerate's published figures (T4 GPUs, batch 16/GPU, accumulate 4, seconds per batch)
+PUBLISHED = {
+    "2x1": {"sync_every_microbatch": 2.0, "no_sync_backward_only": 2.13, "no_sync": 0.91,
+            "accelerate_accumulate": 0.91},
+    "1x2": {"sync_every_microbatch": 0.50, "no_sync_backward_only": 0.50, "no_sync": 0.41,
+            "accelerate_accumulate": 0.41},
+}  # fmt: skip
+COUNTING_LIMIT = 1.03
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def fixed_script(work: Path) -> tuple[Path, str]:
+    """The baseline rewritten by ``syncscope fix --apply``; returns (path, unified diff)."""
+    fixed = work / "fixed"
+    fixed.mkdir()
+    for name in ("_bench.py", "sync_every_microbatch.py"):
+        shutil.copy(WORKLOADS / name, fixed / name)
+    cmd = [sys.executable, "-m", "syncscope", "fix", "sync_every_microbatch.py"]
+    diff = subprocess.run(cmd, cwd=fixed, capture_output=True, text=True, check=False).stdout
+    subprocess.run([*cmd, "--apply", "--no-backup"], cwd=fixed, capture_output=True, check=True)
+    return fixed / "sync_every_microbatch.py", diff
+
+
+def script_for(name: str, fixed: Path) -> Path:
+    return fixed if name == "fixed" else WORKLOADS / f"{name}.py"
+
+
+def accelerate_table(work: Path, fixed: Path, reps: int, args: list[str]) -> dict[str, Any]:
+    runs: list[dict[str, Any]] = []
+    names = [c["name"] for c in CONFIGS]
+    for rep in range(reps):
+        for topo in TOPOLOGIES:
+            launch = Launch("torchrun", nodes=1 if topo == "1x2" else 2)
+            for name in rotated(names, rep):
+                record = launch.run(script_for(name, fixed), args, work)
+                runs.append({"config": name, "topology": topo, "rep": rep,
+                             "s_per_micro_batch": per_micro_batch(record),
+                             "window_s": record["window_s"]})  # fmt: skip
+                log(f"accelerate {topo} rep {rep} {name}: {runs[-1]['s_per_micro_batch']:.4f} s")
+    spreads: dict[str, dict[str, Spread]] = {}
+    for topo in TOPOLOGIES:
+        spreads[topo] = {
+            name: Spread.of([r["s_per_micro_batch"] for r in runs
+                             if r["config"] == name and r["topology"] == topo])
+            for name in names
+        }  # fmt: skip
+    return {"configs": CONFIGS, "topologies": list(TOPOLOGIES), "topology_labels": TOPOLOGIES,
+            "args": args, "runs": runs, "spreads": spreads, "published": PUBLISHED}  # fmt: skip
+
+
+def capture_cost(work: Path, reps: int, args: list[str]) -> dict[str, Any]:
+    launches = {
+        "plain": Launch("torchrun"),
+        "profile": Launch("profile"),
+        "trace": Launch("profile", trace=True),
+        "torch_profiler": Launch("torchrun"),
+    }
+    script = WORKLOADS / "no_sync.py"
+    runs: list[dict[str, Any]] = []
+    for rep in range(reps):
+        for mode in rotated(list(launches), rep):
+            extra = ["--torch-profiler", str(work / f"tp-{rep}")] if mode == "torch_profiler" else []
+            record = launches[mode].run(script, [*args, *extra], work)
+            runs.append({"mode": mode, "rep": rep,
+                         "window_s": statistics.median(record["window_s"]),
+                         "cpu_s": statistics.median(record["window_cpu_s"])})  # fmt: skip
+            log(f"capture rep {rep} {mode}: {runs[-1]['window_s'] * 1e3:.1f} ms/window")
+    by = lambda mode, key: [r[key] for r in runs if r["mode"] == mode]  # noqa: E731
+    plain = {r["rep"]: r for r in runs if r["mode"] == "plain"}
+    window, cpu, ratio, paired, cpu_ratio = {}, {}, {}, {}, {}
+    for mode in launches:
+        window[mode] = Spread.of(by(mode, "window_s"))
+        cpu[mode] = Spread.of(by(mode, "cpu_s"))
+        ratio[mode] = window[mode].median / window["plain"].median
+        cpu_ratio[mode] = cpu[mode].median / cpu["plain"].median
+        paired[mode] = Spread.of([r["window_s"] / plain[r["rep"]]["window_s"]
+                                  for r in runs if r["mode"] == mode])  # fmt: skip
+    return {"modes": CAPTURE_MODES, "args": args, "runs": runs, "window": window, "cpu": cpu,
+            "ratio": ratio, "paired": paired, "cpu_ratio": cpu_ratio,
+            "limit": COUNTING_LIMIT}  # fmt: skip
+
+
+ANALYZE_LINE = re.compile(
+    r"^(?P<name>.+?)\s+(?P<files>\d+) files, largest\s+(?P<mib>[\d.]+) MiB \| "
+    r"CLI\s+(?P<cli_s>[\d.]+) s\s+(?P<cli_mib>\d+) MiB \| analysis\s+(?P<core_s>[\d.]+) s\s+"
+    r"(?P<core_mib>\d+) MiB .*?\| HTA load\s+(?:(?P<hta_s>[\d.]+) s\s+(?P<hta_mib>\d+) MiB|\(skipped\))"
+)
+
+
+def _kineto_rank_spacing(job: Path) -> None:
+    """Write the header as torch.profiler does (``"rank": 0``); synth.py writes ``"rank":0``.
+
+    HTA maps files to ranks with the regex ``"rank":\\s+(\\d+)``: without the space every
+    synthetic file falls back to rank 0 and HTA loads one file of the N.
+    """
+    for path in job.iterdir():
+        head, sep, rest = path.read_bytes().partition(b"\n")
+        path.write_bytes(re.sub(rb'"rank":(\d)', rb'"rank": \1', head) + sep + rest)
+
+
+def _hta_ranks(trace_dir: Path) -> int:
+    from hta.common.trace_file import create_rank_to_trace_dict_from_dir
+
+    logging.disable(logging.CRITICAL)
+    return len(create_rank_to_trace_dict_from_dir(str(trace_dir))[1])
+
+
+def analysis_speed(work: Path, quick: bool) -> dict[str, Any]:
+    """bench_analyze.py's measurements on the real traces and two synthetic jobs."""
+    import bench_analyze
+    from syncscope.trace.synth import write_job
+
+    sets = [(d.name, d) for d in sorted(bench_analyze.SHARED.iterdir()) if d.is_dir()]
+    synthetic = [(8, 1.0)] if quick else [(8, 8.0), (64, 2.0)]
+    for ranks, mib in synthetic:
+        job = work / f"synthetic-{ranks}"
+        write_job(job, ranks, int(mib * (1 << 20)))
+        _kineto_rank_spacing(job)
+        sets.append((f"synthetic {ranks} x {mib:g} MiB", job))
+    rows = []
+    for name, trace_dir in sets:
+        buffer = io.StringIO()
+        with contextlib.redirect_stdout(buffer):
+            bench_analyze.row(name, trace_dir, work, hta=True)
+        m = ANALYZE_LINE.match(buffer.getvalue().strip())
+        if m is None:
+            raise RuntimeError(f"bench_analyze.row printed {buffer.getvalue()!r}")
+        row: dict[str, Any] = {"name": name, "files": int(m["files"]),
+                               "hta_ranks": _hta_ranks(trace_dir)}  # fmt: skip
+        for key in ("mib", "cli_s", "core_s", "hta_s"):
+            row[key] = float(m[key]) if m[key] else None
+        for key in ("cli_mib", "core_mib", "hta_mib"):
+            row[key] = int(m[key]) if m[key] else None
+        rows.append(row)
+        log(f"analyze {name}: syncscope {row['cli_s']} s, HTA {row['hta_s']} s")
+    return {"synthetic": synthetic, "rows": rows}
+
+
+def sync_bytes(work: Path, fixed: Path, args: list[str]) -> dict[str, Any]:
+    rows = []
+    for config in CONFIGS:
+        record = Launch("profile").run(script_for(config["name"], fixed), args, work)
+        report = json.loads((Path(record["run_dir"]) / "report.json").read_text())
+        rank0 = next(r for r in report["ranks"] if r["rank"] == 0)
+        windows = [w for w in rank0["windows"] if w["complete"]]
+        minimum = sum(w["param_bytes"] for w in rank0["wrappers"])
+        per_window = statistics.median(w["grad_sync_bytes"] for w in windows)
+        rows.append({"config": config["name"], "label": config["label"],
+                     "grad_syncs": statistics.median(w["grad_syncs"] for w in windows),
+                     "bytes_per_window": per_window, "minimum_bytes": minimum,
+                     "ratio": per_window / minimum if minimum else None,
+                     "verdict": report["verdict"],
+                     "findings": sorted({f.get("code", "?") for f in report["findings"]})})  # fmt: skip
+        log(f"bytes {config['name']}: {rows[-1]['ratio']}")
+    return {"args": args, "rows": rows}
+
+
+def machine() -> dict[str, Any]:
+    def version(dist: str) -> str:
+        try:
+            return metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            return "not installed"
+
+    cpu = "unknown"
+    with open("/proc/cpuinfo") as fh:
+        for line in fh:
+            if line.startswith("model name"):
+                cpu = line.split(":", 1)[1].strip()
+                break
+    with open("/proc/meminfo") as fh:
+        mem_kib = int(fh.readline().split()[1])
+    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                         text=True, check=False).stdout.strip()  # fmt: skip
+    return {
+        "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+        "cpu": cpu,
+        "cores": os.cpu_count(),
+        "memory_gib": round(mem_kib / 2**20, 1),
+        "platform": platform.platform(),
+        "python": platform.python_version(),
+        "torch": version("torch"),
+        "accelerate": version("accelerate"),
+        "traceinsight": version("traceinsight"),
+        "syncscope": version("syncscope"),
+        "git": rev,
+        "load_start": os.getloadavg(),
+    }
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--quick", action="store_true", help="1 repetition, small trace sets")
+    parser.add_argument("--reps", type=int, help="repetitions (default 5; --quick: 1)")
+    parser.add_argument("--out", type=Path, help="output folder (default docs/; --quick: a temp dir)")
+    parser.add_argument("--skip-analyze", action="store_true", help="leave out section 3")
+    opts = parser.parse_args(argv)
+    reps = opts.reps or (1 if opts.quick else 5)
+    out = opts.out or (Path(tempfile.gettempdir()) / "syncscope-bench-quick" if opts.quick
+                       else ROOT / "docs")  # fmt: skip
+    windows = ["--windows", "2" if opts.quick else "4", "--warmup", "2"]
+    table_args = ["--layers", "8", "--hidden", "1024", "--batch", "8", "--accum", "4", *windows]
+    capture_args = ["--layers", "6", "--hidden", "1024", "--batch", "32", "--accum", "4",
+                    "--windows", "3" if opts.quick else "8", "--warmup", "2"]  # fmt: skip
+    started = time.monotonic()
+    results: dict[str, Any] = {"machine": machine(), "quick": opts.quick, "reps": reps}
+    with tempfile.TemporaryDirectory(prefix="syncscope-bench-") as tmp:
+        work = Path(tmp)
+        try:
+            fixed, diff = fixed_script(work)
+            results["fix_diff"] = diff
+            log("section 1: the Accelerate table")
+            results["accelerate"] = accelerate_table(work, fixed, reps, table_args)
+            log("section 2: capture cost")
+            results["capture"] = capture_cost(work, reps, capture_args)
+            log("section 4: grad-sync bytes per window")
+            results["bytes"] = sync_bytes(work, fixed, [*table_args[:8], "--windows", "2"])
+            if not opts.skip_analyze:
+                log("section 3: analysis speed (bench_analyze.py)")
+                results["analyze"] = analysis_speed(work, opts.quick)
+        except LaunchFailed as exc:
+            print(f"run_all: a launch failed: {exc}", file=sys.stderr)
+            return 1
+    results["machine"]["load_end"] = os.getloadavg()
+    results["machine"]["run_s"] = round(time.monotonic() - started, 1)
+    page = render(results, out)
+    log(f"wrote {page} in {results['machine']['run_s']:.0f} s")
+    cap = results["capture"]
+    print(f"counting-mode capture: window time x{cap['ratio']['profile']:.3f} of plain torchrun "
+          f"(paired median x{cap['paired']['profile'].median:.3f}; limit x{COUNTING_LIMIT})")  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

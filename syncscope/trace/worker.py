@@ -1,0 +1,182 @@
+"""Read trace files in worker processes (``main``, started by ``Pool``).
+
+``Pool(n).map(files)`` starts ``n`` fresh interpreters that import only the trace reader
+(not the CLI, not torch), hands each the next file as it finishes one, and yields the
+files' ``RankResult`` in file order. A worker holds one file's events at a time and sends
+back only the reduced rank, so the parent never sees raw events.
+
+Frames on the pipes: one kind byte, an 8-byte length, a pickle. Parent to worker: the path
+(``J``). Worker to parent: bytes read so far (``P``, for the progress bar), the result
+(``R``), or a traceback (``E``) for an unexpected failure.
+"""
+
+from __future__ import annotations
+
+import os
+import pickle
+import selectors
+import struct
+import subprocess
+import sys
+import traceback
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from types import TracebackType
+from typing import Any
+
+_HEADER = struct.Struct("<cQ")
+_PROGRESS_EVERY = 4 << 20
+_PATH_ENV = "SYNCSCOPE_WORKER_PATH"
+
+
+def _read_exact(fd: int, n: int) -> bytes:
+    parts: list[bytes] = []
+    while n:
+        data = os.read(fd, min(n, 1 << 20))
+        if not data:
+            raise EOFError
+        parts.append(data)
+        n -= len(data)
+    return b"".join(parts)
+
+
+def _send(fd: int, kind: bytes, obj: Any) -> None:
+    payload = pickle.dumps(obj, protocol=pickle.HIGHEST_PROTOCOL)
+    data = memoryview(_HEADER.pack(kind, len(payload)) + payload)
+    while data:
+        data = data[os.write(fd, data) :]
+
+
+def _receive(fd: int) -> tuple[bytes, Any]:
+    kind, size = _HEADER.unpack(_read_exact(fd, _HEADER.size))
+    return kind, pickle.loads(_read_exact(fd, size))
+
+
+def main() -> int:
+    """The worker: read paths from stdin, write results to stdout, until stdin closes."""
+    from syncscope.trace.load import read_rank
+
+    inp, out = sys.stdin.fileno(), sys.stdout.fileno()
+    sys.stdout = sys.stderr  # nothing else may write to the result pipe
+    while True:
+        try:
+            _, path = _receive(inp)
+        except EOFError:
+            return 0
+        pending = 0
+
+        def advance(n: int) -> None:
+            nonlocal pending
+            pending += n
+            if pending >= _PROGRESS_EVERY:
+                _send(out, b"P", pending)
+                pending = 0
+
+        try:
+            result = read_rank(path, advance)
+        except Exception:  # reported to the parent, which raises it there
+            _send(out, b"E", traceback.format_exc())
+            continue
+        if pending:
+            _send(out, b"P", pending)
+        _send(out, b"R", result)
+
+
+class Pool:
+    """``n`` worker processes; ``map`` yields one ``RankResult`` per file, in file order."""
+
+    def __init__(self, n: int) -> None:
+        # ``-S``: no site import (on some installs that alone costs 5 MB and 50 ms a worker);
+        # the worker gets this interpreter's import path instead.
+        paths = [p for p in sys.path if p and os.path.isdir(p)]
+        env = dict(os.environ)
+        env[_PATH_ENV] = os.pathsep.join(paths)
+        boot = (
+            "import os, sys; sys.path[:0] = os.environ.pop('SYNCSCOPE_WORKER_PATH').split(os.pathsep)\n"
+            "from syncscope.trace.worker import main; raise SystemExit(main())"
+        )
+        cmd = [sys.executable, "-S", "-c", boot]
+        self.procs: list[subprocess.Popen[bytes]] = []
+        for _ in range(n):
+            self.procs.append(
+                subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, env=env)
+            )
+
+    def __enter__(self) -> Pool:
+        return self
+
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self.close()
+
+    def close(self, wait: float = 0.0) -> None:
+        """Stop the workers: let them end their input and exit within ``wait`` s, else kill."""
+        for proc in self.procs:
+            if proc.stdin is not None and not proc.stdin.closed:
+                proc.stdin.close()
+            try:
+                proc.wait(timeout=wait)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+            if proc.stdout is not None:
+                proc.stdout.close()
+        self.procs = []
+
+    def map(self, files: list[Path], advance: Callable[[int], None] | None) -> Iterator[Any]:
+        sel = selectors.DefaultSelector()
+        todo = iter(enumerate(files))
+        working: dict[int, tuple[subprocess.Popen[bytes], int]] = {}  # fd -> (proc, index)
+        done: dict[int, Any] = {}
+        following = 0
+
+        def hand_out(proc: subprocess.Popen[bytes]) -> None:
+            assert proc.stdin is not None and proc.stdout is not None
+            job = next(todo, None)
+            if job is None:
+                sel.unregister(proc.stdout.fileno())
+                proc.stdin.close()  # the worker exits when its input ends
+                return
+            _send(proc.stdin.fileno(), b"J", job[1])
+            working[proc.stdout.fileno()] = (proc, job[0])
+
+        try:
+            for proc in self.procs:
+                assert proc.stdout is not None
+                sel.register(proc.stdout.fileno(), selectors.EVENT_READ)
+                hand_out(proc)
+            while working:
+                for key, _ in sel.select():
+                    fd = int(key.fd)
+                    proc, index = working[fd]
+                    try:
+                        kind, obj = _receive(fd)
+                    except EOFError:
+                        raise RuntimeError(
+                            f"trace worker stopped (exit status {proc.wait()}) "
+                            f"while reading {files[index]}"
+                        ) from None
+                    if kind == b"P":
+                        if advance is not None:
+                            advance(int(obj))
+                        continue
+                    if kind == b"E":
+                        raise RuntimeError(f"trace worker failed on {files[index]}:\n{obj}")
+                    del working[fd]
+                    done[index] = obj
+                    hand_out(proc)
+                while following in done:
+                    yield done.pop(following)
+                    following += 1
+            self.close(wait=5.0)  # all done: the workers are exiting
+        finally:
+            sel.close()
+            self.close()
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

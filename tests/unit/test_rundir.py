@@ -1,0 +1,74 @@
+"""The run directory format: crash-safe event files and versioned metadata."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from syncscope.analysis.build import load_run
+from syncscope.errors import BadRunDirectory
+from syncscope.rundir import EventWriter, rank_events_path, read_events, write_meta
+from tests.unit.events import Rank
+
+
+def write_rank(run_dir: Path, rank: Rank) -> Path:
+    path = rank_events_path(run_dir, rank.rank)
+    writer = EventWriter(path)
+    for event in rank.events:
+        writer.write(event)
+    writer.close()
+    return path
+
+
+def test_torn_last_line_is_skipped(tmp_path: Path) -> None:
+    # GIVEN a rank killed in the middle of writing an event
+    path = write_rank(tmp_path, Rank(0).window([3]).window([3]))
+    with path.open("ab") as fh:
+        fh.write(b'{"type": "coll", "seq": 9, "t": 1')
+    # THEN every complete event is read, and the run still builds
+    events = list(read_events(path))
+    assert events[-1]["type"] == "step_end"
+    write_meta(tmp_path, {"world_size": 1})
+    run = load_run(tmp_path)
+    assert [w.grad_syncs for w in run.ranks[0].windows] == [1, 1]
+    assert run.ranks[0].finished is False
+    assert any("without an exit record" in note for note in run.meta.notes)
+
+
+def test_newer_meta_format_is_refused(tmp_path: Path) -> None:
+    (tmp_path / "ranks").mkdir()
+    (tmp_path / "meta.json").write_text(json.dumps({"format": "syncscope-run", "format_version": 99}))
+    with pytest.raises(BadRunDirectory, match="newer than this syncscope reads"):
+        load_run(tmp_path)
+
+
+def test_newer_event_format_is_refused(tmp_path: Path) -> None:
+    rank = Rank(0).window([3]).finish()
+    rank.events[0]["version"] = 7
+    write_rank(tmp_path, rank)
+    with pytest.raises(BadRunDirectory, match="event format version 7"):
+        load_run(tmp_path)
+
+
+def test_not_a_run_directory(tmp_path: Path) -> None:
+    with pytest.raises(BadRunDirectory, match="not a syncscope run directory"):
+        load_run(tmp_path)
+    with pytest.raises(BadRunDirectory, match="no such run directory"):
+        load_run(tmp_path / "missing")
+
+
+def test_rank_appearing_twice_across_node_directories(tmp_path: Path) -> None:
+    for node in ("a", "b"):
+        write_rank(tmp_path / node, Rank(0).window([3]).finish())
+    with pytest.raises(BadRunDirectory, match="rank 0 appears twice"):
+        load_run([tmp_path / "a", tmp_path / "b"])
+
+
+def test_node_directories_merge_into_one_job(tmp_path: Path) -> None:
+    write_rank(tmp_path / "a", Rank(0).window([3]).finish())
+    write_rank(tmp_path / "b", Rank(1).window([3]).finish())
+    run = load_run([tmp_path / "a", tmp_path / "b"])
+    assert [r.rank for r in run.ranks] == [0, 1]
+    assert run.ranks[0].windows[0].fingerprint_match is True
