@@ -11,14 +11,14 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from syncscope.track import Stats, track
+    from syncscope.tracking import Stats, track
 
 __all__ = ["Stats", "__version__", "track"]
 
 
 def __getattr__(name: str) -> Any:
     if name in ("track", "Stats"):
-        from syncscope import track as _track_module
+        import importlib
 
-        return getattr(_track_module, name)
+        return getattr(importlib.import_module("syncscope.tracking"), name)
     raise AttributeError(f"module 'syncscope' has no attribute {name!r}")

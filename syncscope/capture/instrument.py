@@ -241,12 +241,20 @@ def _install_ddp(rec: Recorder, undo: list[Undo]) -> None:
     _patch(DDP, "require_backward_grad_sync", property(get_flag, set_flag), undo)
 
 
+FSDP2_MODULE = "torch.distributed.fsdp._fully_shard._fully_shard"
+
+
 def _install_fsdp2(rec: Recorder, undo: list[Undo]) -> None:
-    try:
-        from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
-        from torch.distributed.fsdp._fully_shard._fully_shard import FSDPModule
-    except ImportError:
-        return
+    """Hook FSDP2 when the job imports it (importing it ourselves costs seconds per rank)."""
+    from syncscope.capture.imports import when_imported
+
+    undo.append(when_imported(FSDP2_MODULE, lambda _: _patch_fsdp2(rec, undo)))
+
+
+def _patch_fsdp2(rec: Recorder, undo: list[Undo]) -> None:
+    from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
+    from torch.distributed.fsdp._fully_shard._fully_shard import FSDPModule
+
     from syncscope.capture.recorder import _fsdp_reduce_grads
 
     pre_forward = FSDPState._pre_forward

@@ -19,7 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from syncscope.track import Stats
+    from syncscope.tracking import Stats
 
 MAX_WINDOWS_SHOWN = 12
 

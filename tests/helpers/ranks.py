@@ -78,7 +78,7 @@ def track_ddp(mode: str) -> dict[str, Any]:
     """Track a DDP loop on every rank, then assert one sync per window on the last
     micro-batch (raises AssertionError for a wasteful loop)."""
     from syncscope.testing import assert_syncs
-    from syncscope.track import track
+    from syncscope.tracking import track
 
     model = make_ddp()
     with track() as stats:

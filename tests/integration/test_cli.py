@@ -262,7 +262,9 @@ def test_two_nodes_through_multi_node_rendezvous_then_merge(tmp_path: Path) -> N
 
 def test_analyze_of_a_run_directory_gives_the_live_findings(profiled, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     live = profiled(LOOPS, "flag-after-forward")
-    proc = run_syncscope("analyze", "-q", "--fail-on", "never", "--out", str(tmp_path / "a"), str(live.run_dir))
+    proc = run_syncscope(
+        "analyze", "-q", "--fail-on", "never", "--out", str(tmp_path / "a"), str(live.run_dir)
+    )
     assert proc.returncode == 0, proc.stderr
     again = json.loads((tmp_path / "a" / "report.json").read_text())
     assert again["findings"] == live.report["findings"]

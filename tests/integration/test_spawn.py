@@ -32,15 +32,14 @@ def test_a_rank_failure_is_reraised_with_that_ranks_traceback() -> None:
 def test_a_hung_rank_times_out_and_every_process_is_ended(tmp_path: Path) -> None:
     # GIVEN rank 1 sleeps forever while rank 0 waits for it in a barrier
     start = time.monotonic()
-    with pytest.raises(TimeoutError, match=r"rank\(s\) \[0, 1\] of 2 did not finish within 6 s"):
-        spawn(ranks.hang_on_rank_1, world_size=2, args=(str(tmp_path),), timeout=6)
+    with pytest.raises(TimeoutError, match=r"rank\(s\) \[0, 1\] of 2 did not finish within 8 s"):
+        spawn(ranks.hang_on_rank_1, world_size=2, args=(str(tmp_path),), timeout=8)
     # THEN it fails within the bound (plus the time to end the processes) ...
-    assert time.monotonic() - start < 6 + 10
-    # ... and no rank is left running (a loaded machine may not have started both in time)
+    assert time.monotonic() - start < 8 + 10
+    # ... and no rank is left running: no child process of ours, and the ranks that got as far
+    # as writing their pid (a loaded machine may take the whole timeout to start them) are gone
     assert not multiprocessing.active_children()
-    pids = [int(p.read_text()) for p in sorted(tmp_path.glob("rank*.pid"))]
-    assert pids
-    for pid in pids:
+    for pid in [int(p.read_text()) for p in tmp_path.glob("rank*.pid")]:
         with pytest.raises(ProcessLookupError):
             os.kill(pid, 0)
 

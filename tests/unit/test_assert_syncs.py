@@ -7,7 +7,7 @@ import pytest
 
 from syncscope.model import Run
 from syncscope.testing import assert_syncs
-from syncscope.track import Stats
+from syncscope.tracking import Stats
 from tests.unit import runs
 
 

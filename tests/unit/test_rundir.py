@@ -39,7 +39,9 @@ def test_torn_last_line_is_skipped(tmp_path: Path) -> None:
 
 def test_newer_meta_format_is_refused(tmp_path: Path) -> None:
     (tmp_path / "ranks").mkdir()
-    (tmp_path / "meta.json").write_text(json.dumps({"format": "syncscope-run", "format_version": 99}))
+    (tmp_path / "meta.json").write_text(
+        json.dumps({"format": "syncscope-run", "format_version": 99})
+    )
     with pytest.raises(BadRunDirectory, match="newer than this syncscope reads"):
         load_run(tmp_path)
 

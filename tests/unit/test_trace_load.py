@@ -116,3 +116,40 @@ def test_matching_ranks_have_no_mismatch(tmp_path: Path) -> None:
         ),
     )
     assert exposed_communication(unmeasured) == []
+
+
+@pytest.mark.parametrize("name", ["syncscope-gloo-fsdp2", "syncscope-gloo-ddp-every"])
+def test_worker_processes_give_the_same_run(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a multi-rank job and a redundant-sync synthetic job
+    synthetic = tmp_path / "synthetic"
+    write_job(synthetic, 3, 200_000, Shape(sync_every_micro_batch=True))
+    for paths in ([SAMPLES / name], [synthetic]):
+        monkeypatch.setenv("SYNCSCOPE_TRACE_WORKERS", "0")
+        alone = load_traces(paths)
+        # WHEN it is read by two worker processes
+        monkeypatch.setenv("SYNCSCOPE_TRACE_WORKERS", "2")
+        pooled = load_traces(paths)
+        # THEN the run is the same, field for field
+        assert pooled == alone
+
+
+def test_worker_processes_report_bad_files_in_file_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN two good ranks, a corrupt gzip and a duplicate rank
+    src = SAMPLES / "syncscope-gloo-ddp-no_sync"
+    shutil.copy(src / "rank-0.json.gz", tmp_path / "a.json.gz")
+    shutil.copy(src / "rank-1.json.gz", tmp_path / "b.json.gz")
+    (tmp_path / "c.json.gz").write_bytes((src / "rank-1.json.gz").read_bytes()[:500])
+    shutil.copy(src / "rank-0.json.gz", tmp_path / "d.json.gz")
+    monkeypatch.setenv("SYNCSCOPE_TRACE_WORKERS", "2")
+    # WHEN read by workers: the first bad file is the error, as in a sequential read
+    with pytest.raises(BadTrace, match=r"c\.json\.gz: truncated gzip"):
+        load_traces([tmp_path])
+    # THEN with skip_bad both bad files are skipped and named, in file order
+    run = load_traces([tmp_path], skip_bad=True)
+    assert [r.rank for r in run.ranks] == [0, 1]
+    skipped = [n for n in run.meta.notes if n.startswith("skipped ")]
+    assert len(skipped) == 2 and "c.json.gz" in skipped[0] and "d.json.gz" in skipped[1]

@@ -16,8 +16,6 @@ from __future__ import annotations
 
 import contextlib
 import datetime
-import sys
-import types
 from collections.abc import Iterator
 from typing import Any
 
@@ -150,14 +148,3 @@ def _finish(stats: Stats, sink: MemorySink, *, gather: bool) -> None:
         by_rank = _gather(events, live_world)
     meta = RunMeta(world_size=stats.world_size, command=("track()",))
     stats._finish(build_run(meta, by_rank))
-
-
-class _CallableModule(types.ModuleType):
-    """``syncscope.track()`` works whichever ``syncscope.track`` is bound: this module (bound
-    by any ``import syncscope.track``) or the function (bound by ``syncscope.__getattr__``)."""
-
-    def __call__(self, *, gather: bool = True) -> contextlib.AbstractContextManager[Stats]:
-        return track(gather=gather)
-
-
-sys.modules[__name__].__class__ = _CallableModule
