@@ -92,3 +92,22 @@ def track_ddp(mode: str) -> dict[str, Any]:
     }
     assert_syncs(stats, per_window=1, at_micro_batch=-1)
     return summary
+
+
+def run_example_tracked(script: str, *args: str) -> dict[str, Any]:
+    """Run one of examples/ as its own rank would, inside ``track()``; what it measured."""
+    import runpy
+    import sys
+
+    from syncscope.tracking import track
+
+    examples = Path(__file__).resolve().parents[2] / "examples"
+    sys.path.insert(0, str(examples))
+    sys.argv = [script, "--quiet", *args]
+    with track() as stats:
+        runpy.run_path(str(examples / script), run_name="__main__")
+    return {
+        "grad_syncs_per_window": stats.grad_syncs_per_window,
+        "positions": [w["grad_sync_micro_batches"] for w in stats.windows if w["complete"]],
+        "findings": sorted((f.kind, f.cause) for f in stats.findings),
+    }

@@ -1,0 +1,30 @@
+"""The examples again, through the test API instead of the CLI: ``spawn`` runs each example
+on 2 gloo ranks inside ``track()``, and the assertions read like the finding.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from syncscope.testing import spawn
+from tests.helpers.ranks import run_example_tracked
+
+
+def test_no_sync_around_forward_and_backward_syncs_once_on_the_last_micro_batch() -> None:
+    for seen in spawn(run_example_tracked, args=("ddp_no_sync.py",), timeout=120):
+        assert seen["grad_syncs_per_window"] == [1, 1, 1]
+        assert seen["positions"] == [[3], [3], [3]]
+        assert seen["findings"] == []
+
+
+@pytest.mark.parametrize(
+    ("script", "cause"),
+    [
+        ("ddp_sync_every_step.py", "no-no_sync"),
+        ("ddp_no_sync_backward_only.py", "no_sync-backward-only"),
+    ],
+)
+def test_wasteful_examples_sync_every_micro_batch(script: str, cause: str) -> None:
+    for seen in spawn(run_example_tracked, args=(script, "--steps", "2"), timeout=120):
+        assert seen["grad_syncs_per_window"] == [4, 4]
+        assert seen["findings"] == [("redundant-sync", cause)]
