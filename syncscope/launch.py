@@ -77,6 +77,7 @@ class LaunchResult:
     first_failed: int | None
     hung: bool
     wall_s: float
+    error: str = ""  # the launcher itself failed or was stopped (one line)
 
 
 @contextlib.contextmanager
@@ -203,6 +204,7 @@ def launch(
     failed: dict[int, int] = {}
     first_failed: int | None = None
     status = 0
+    error = ""
     try:
         with _quiet_elastic():
             run(args)
@@ -215,10 +217,18 @@ def launch(
         status = failed.get(first_failed, 1) or 1
     except SystemExit as exc:  # the launcher's own argument or rendezvous errors
         status = exc.code if isinstance(exc.code, int) else 1
+    except KeyboardInterrupt:
+        status, error = 130, "interrupted"
+    except Exception as exc:  # rendezvous failures, a signal to the agent (SignalException)
+        sigval = getattr(exc, "sigval", None)
+        status = 128 + int(sigval) if sigval is not None else 1
+        error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
     finally:
         monitor.stop()
         monitor.join(timeout=5)
     if monitor.hung:
         status, failed, first_failed = 1, {}, None  # syncscope stopped the job itself
     sys.stdout.flush()
-    return LaunchResult(status, failed, first_failed, monitor.hung, time.monotonic() - started)
+    return LaunchResult(
+        status, failed, first_failed, monitor.hung, time.monotonic() - started, error
+    )

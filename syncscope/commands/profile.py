@@ -220,19 +220,14 @@ def profile(
             trace_windows=(trace_windows or "") if trace else None,
             on_progress=progress.update,
         )
-    except SyncscopeError:
-        raise
-    except Exception as exc:  # rendezvous and launcher failures: one line, data kept
-        progress.close()
-        raise SyncscopeError(
-            f"the launcher failed: {type(exc).__name__}: {exc}".splitlines()[0]
-        ) from None
     finally:
         progress.close()
+    if result.error:
+        # the launcher failed or was stopped: say so in one line, and report what was captured
+        print(f"syncscope: error: the launcher stopped: {result.error}", file=sys.stderr)
     if result.hung:
         meta["hung"] = True
         write_meta(run_dir, meta)
-    if result.hung:
         print(
             f"syncscope: no rank made progress for {hang_timeout:g} s; the job was stopped "
             "(see the hang finding)",

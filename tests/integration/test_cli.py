@@ -270,3 +270,49 @@ def test_analyze_of_a_run_directory_gives_the_live_findings(profiled, tmp_path: 
     assert again["findings"] == live.report["findings"]
     assert again["ranks"] == live.report["ranks"]
     assert again["verdict"] == live.report["verdict"] == "errors"
+
+
+def test_killed_launcher_still_reports_what_was_captured(tmp_path: Path) -> None:
+    import os
+    import signal
+    import time
+
+    run_dir = tmp_path / "r"
+    env = dict(os.environ, LOOPS_STEPS="100000", OMP_NUM_THREADS="1")
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "syncscope",
+            "profile",
+            "-q",
+            "--nproc-per-node",
+            "2",
+            "--out",
+            str(run_dir),
+            str(LOOPS),
+            "flag-before-forward",
+        ],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        cwd=ROOT,
+        env=env,
+    )
+    rank0 = run_dir / "ranks" / "rank-00000.jsonl"
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline:
+        if rank0.exists() and rank0.read_bytes().count(b'"step_end"') >= 3:
+            break
+        time.sleep(0.2)
+    else:
+        proc.kill()
+        pytest.fail("the job never reached 3 optimizer steps")
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=120)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-2000:]
+    assert "the launcher stopped" in err
+    report = json.loads((run_dir / "report.json").read_text())
+    windows = [w for w in report["ranks"][0]["windows"] if w["complete"]]
+    assert len(windows) >= 3
+    assert all(w["grad_syncs"] == 1 for w in windows)
