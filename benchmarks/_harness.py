@@ -56,7 +56,9 @@ class Launch:
 
     def _rdzv(self, run_id: str, port: int, node: int) -> list[str]:
         if self.nodes == 1:
-            return ["--nproc-per-node", "2"] + (["--standalone"] if self.launcher == "torchrun" else [])
+            return ["--nproc-per-node", "2"] + (
+                ["--standalone"] if self.launcher == "torchrun" else []
+            )
         return [
             "--nnodes", "2", "--node-rank", str(node), "--nproc-per-node", "1",
             "--rdzv-backend", "c10d", "--rdzv-endpoint", f"127.0.0.1:{port}",
@@ -93,7 +95,7 @@ class Launch:
             for node in range(self.nodes)
         ]
         outputs = [_wait(p) for p in procs]
-        for proc, text in zip(procs, outputs):
+        for proc, text in zip(procs, outputs, strict=True):
             if proc.returncode != 0:
                 tail = "\n".join(text.strip().splitlines()[-8:])
                 raise LaunchFailed(f"{self} on {script.name} exited {proc.returncode}:\n{tail}")

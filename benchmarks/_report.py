@@ -62,11 +62,11 @@ def hbar_svg(title: str, rows: Sequence[tuple[str, Spread, str]], unit: str,
 
 
 def ms(s: Spread, scale: float = 1e3, digits: int = 1) -> str:
-    return f"{s.median * scale:.{digits}f} ({s.low * scale:.{digits}f}–{s.high * scale:.{digits}f})"
+    return f"{s.median * scale:.{digits}f} ({s.low * scale:.{digits}f}-{s.high * scale:.{digits}f})"
 
 
 def ratio_text(s: Spread) -> str:
-    return f"{s.median:.3f} ({s.low:.3f}–{s.high:.3f})"
+    return f"{s.median:.3f} ({s.low:.3f}-{s.high:.3f})"
 
 
 def write_charts(results: dict[str, Any], out_dir: Path) -> list[str]:
@@ -82,14 +82,14 @@ def write_charts(results: dict[str, Any], out_dir: Path) -> list[str]:
             if c["name"] in acc["spreads"][topo]
         ]  # fmt: skip
         name = f"accelerate-{topo}.svg"
-        title = f"Seconds per micro-batch, {acc['topology_labels'][topo]} (median, min–max)"
+        title = f"Seconds per micro-batch, {acc['topology_labels'][topo]} (median, min-max)"
         (charts / name).write_text(hbar_svg(title, rows, "ms", 1e3))
         names.append(name)
     cap = results["capture"]
     rows = [(m["label"], cap["window"][m["name"]], BASE if m["name"] == "plain" else BAR)
             for m in cap["modes"]]  # fmt: skip
     (charts / "capture.svg").write_text(
-        hbar_svg("Capture cost: window time (median, min–max)", rows, "ms", 1e3)
+        hbar_svg("Capture cost: window time (median, min-max)", rows, "ms", 1e3)
     )
     names.append("capture.svg")
     if results.get("analyze", {}).get("rows"):
@@ -118,7 +118,7 @@ def _meta(results: dict[str, Any]) -> list[str]:
         f"- Every figure is measured inside the training script with `time.perf_counter` "
         f"around optimizer-step windows, after warm-up windows; start-up and teardown are "
         f"excluded. {results['reps']} repetitions, configurations interleaved (ABCD, BCDA, "
-        f"...), so machine noise hits all alike. Medians, with min–max in parentheses.",
+        f"...), so machine noise hits all alike. Medians, with min-max in parentheses.",
         "",
     ]
 
@@ -136,10 +136,12 @@ def _accelerate(results: dict[str, Any]) -> list[str]:
         "median over the baseline's median. Published: Accelerate's docs (T4 GPUs, batch "
         "16/GPU; seconds per batch), ratio to their baseline.",
         "",
-        "| configuration | " + " | ".join(
+        "| configuration | "
+        + " | ".join(
             f"{acc['topology_labels'][t]}: ms/micro-batch | ratio | published ratio"
             for t in acc["topologies"]
-        ) + " |",
+        )
+        + " |",
         "|---|" + "---:|---:|---:|" * len(acc["topologies"]),
     ]
     for c in acc["configs"]:
@@ -149,7 +151,7 @@ def _accelerate(results: dict[str, Any]) -> list[str]:
             base = spreads[t]["sync_every_microbatch"].median
             pub = acc["published"][t].get(c["name"])
             pub_ratio = (f"{pub / acc['published'][t]['sync_every_microbatch']:.2f}"
-                         if pub is not None else "–")  # fmt: skip
+                         if pub is not None else "-")  # fmt: skip
             cells += [ms(s), f"{s.median / base:.2f}", pub_ratio]
         lines.append(f"| {c['label']} | " + " | ".join(cells) + " |")
     lines += ["", *[f"![{t}](benchmarks/accelerate-{t}.svg)" for t in acc["topologies"]], ""]
@@ -160,9 +162,9 @@ def _accelerate(results: dict[str, Any]) -> list[str]:
         lines[-1] += (
             f"{acc['topology_labels'][t]}: fixed {fixed.median * 1e3:.1f} ms vs no_sync "
             f"{ref.median * 1e3:.1f} ms (x{fixed.median / ref.median:.3f}), "
-            f"{'within noise' if inside else 'OUTSIDE the noise'} (one median inside the "
-            "other's min–max). "
+            f"{'within noise' if inside else 'OUTSIDE the noise'}. "
         )
+    lines[-1] += "(Within noise: one median lies inside the other's min-max.)"
     lines += ["", "The rewrite `syncscope fix` made to the baseline:", "", "```diff",
               results["fix_diff"].rstrip(), "```", ""]  # fmt: skip
     return lines
@@ -205,31 +207,38 @@ def _analyze(results: dict[str, Any]) -> list[str]:
     ana = results.get("analyze")
     if not ana:
         return []
-    sizes = ", ".join(f"{r} ranks x {m:g} MiB" for r, m in ana["synthetic"])
+    seen = ", ".join(f"{n} of {r}" for r, n in ana["hta_ranks"].items())
     lines = [
         "## 3. Analysis speed and peak memory",
         "",
-        "Measured with `bench_analyze.row` from benchmarks/bench_analyze.py: each figure is a "
-        "fresh process under `/usr/bin/time` (wall seconds, peak RSS). *syncscope analyze*: "
-        "the CLI, start-up and report writing included; *analysis*: loading and diagnosing "
-        "alone; *HTA*: `TraceAnalysis(trace_dir=...)`, the load alone, no analysis. Real "
-        f"traces from ../shared/data/kineto; synthetic DDP jobs ({sizes}) from "
-        "`syncscope.trace.synth`, their header respaced to `\"rank\": N` as torch.profiler "
-        "writes it (HTA finds a file's rank with a regex that needs the space; unpatched, "
-        "HTA loads 1 file of a synthetic job). *HTA ranks*: the files HTA maps to a rank.",
+        f"`{ana['command'].replace(str(Path.cwd()), '.')}`: benchmarks/bench_analyze.py, "
+        "its figures as it prints them (fresh processes, tools alternating, medians; "
+        "*syncscope analyze* is the whole CLI, start-up and report writing included; *HTA* is "
+        "`TraceAnalysis(trace_dir=...)`, the load alone). Real traces from "
+        f"../shared/data/kineto; synthetic DDP jobs of {ana['synthetic_mib']:g} MiB per rank "
+        "from `syncscope.trace.synth`, written by run_all.py with the header respaced to "
+        '`"rank": N` as torch.profiler writes it: HTA finds a file\'s rank with the regex '
+        '`"rank":\\s+(\\d+)`, and on synth.py\'s compact `"rank":N` it maps every file to '
+        f"rank 0 and loads one file of the job. HTA ranks found after respacing: {seen}.",
         "",
-        "| trace set | files | HTA ranks | largest MiB | syncscope analyze s | MiB | "
-        "analysis s | MiB | HTA load s | MiB | HTA / analyze |",
-        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for r in ana["rows"]:
-        hta = (f"{r['hta_s']:.2f} | {r['hta_mib']} | {r['hta_s'] / r['cli_s']:.1f}x"
-               if r["hta_s"] is not None else "– | – | –")  # fmt: skip
-        lines.append(
-            f"| {r['name']} | {r['files']} | {r['hta_ranks']} | {r['mib']:.1f} | "
-            f"{r['cli_s']:.2f} | {r['cli_mib']} | {r['core_s']:.2f} | {r['core_mib']} | {hta} |"
-        )
-    return [*lines, "", "![analyze](benchmarks/analyze.svg)", ""]
+    if ana["rows"]:
+        lines += [
+            "| trace set | files | largest MiB | syncscope analyze s | tree RSS MiB | "
+            "HTA load s | HTA RSS MiB | HTA / syncscope |",
+            "|---|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for r in ana["rows"]:
+            hta = (f"{r['hta_s']:.2f} | {r['hta_mib']} | {r['hta_s'] / r['cli_s']:.1f}x"
+                   if r["hta_s"] is not None else "- | - | -")  # fmt: skip
+            lines.append(
+                f"| {r['name']} | {r['files']} | {r['mib']:.1f} | {r['cli_s']:.2f} | "
+                f"{r['cli_mib']} | {hta} |"
+            )
+        lines += ["", "![analyze](benchmarks/analyze.svg)", ""]
+    if ana["status"]:
+        lines += [f"bench_analyze.py exited {ana['status']}: {' '.join(ana['stderr_tail'])}", ""]
+    return [*lines, "Its output:", "", "```", ana["stdout"].rstrip(), "```", ""]
 
 
 def _bytes(results: dict[str, Any]) -> list[str]:
@@ -246,7 +255,7 @@ def _bytes(results: dict[str, Any]) -> list[str]:
         "|---|---:|---:|---:|---:|---|",
     ]
     for r in b["rows"]:
-        ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "–"
+        ratio = f"{r['ratio']:.2f}" if r["ratio"] is not None else "-"
         lines.append(
             f"| {r['label']} | {r['grad_syncs']:g} | {r['bytes_per_window'] / 2**20:.1f} MiB | "
             f"{r['minimum_bytes'] / 2**20:.1f} MiB | **{ratio}** | "

@@ -1,29 +1,33 @@
 """Benchmark: ``syncscope analyze`` vs HTA's ``TraceAnalysis(trace_dir=...)`` load alone.
 
-Each measurement runs in a fresh process under ``/usr/bin/time`` (wall seconds, peak RSS).
-Sets: the real traces in ../shared/data/kineto (when present) and synthetic DDP jobs of
-8 and 64 ranks x 50 MB (written to a temp dir; the 64-rank set is opt-in: --big).
+Each measurement runs the command in a fresh process and samples its whole process tree
+(the command and any worker processes it starts) every 20 ms: wall seconds, and the peak of
+the tree's summed RSS and summed PSS (``/proc/PID/smaps_rollup``; PSS splits shared pages
+such as libpython between the processes that map them, RSS counts them once per process).
+The tools run side by side, alternating (ABAB...), and the medians are printed, so load from
+other jobs on the machine hits both alike. Sets: the real traces in ../shared/data/kineto
+(when present) and synthetic DDP jobs of 8 and 64 ranks x 50 MB (written to a temp dir, or
+read from --synthetic-dir; the 64-rank set is opt-in: --big).
 
-    python benchmarks/bench_analyze.py [--big] [--mb 50] [--no-hta-synthetic]
+    python benchmarks/bench_analyze.py [--big] [--mb 50] [--reps 3] [--no-hta-synthetic]
 """
 
 from __future__ import annotations
 
 import argparse
 import os
+import statistics
 import subprocess
 import sys
 import tempfile
+import time
 from pathlib import Path
+
+import psutil
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "kineto"
-CORE = (
-    "import sys; from pathlib import Path\n"
-    "from syncscope.trace.load import load_traces\n"
-    "from syncscope.commands.analyze import findings_for\n"
-    "findings_for(load_traces([Path(sys.argv[1])], skip_bad=True))\n"
-)
+REAL_SETS = ("df_index_resolver", "nccl_parser_config")
 HTA_LOAD = (
     "import logging, sys; logging.disable(logging.CRITICAL)\n"
     "from hta.trace_analysis import TraceAnalysis\n"
@@ -31,22 +35,43 @@ HTA_LOAD = (
 )
 
 
-def measure(cmd: list[str]) -> tuple[float, float]:
-    """(wall seconds, peak RSS MiB) of ``cmd`` in a fresh process."""
+def _tree_kib(proc: psutil.Process) -> tuple[int, int]:
+    """Summed (RSS, PSS) KiB of ``proc`` and its descendants."""
+    rss = pss = 0
+    try:
+        procs = [proc, *proc.children(recursive=True)]
+    except psutil.Error:
+        return 0, 0
+    for p in procs:
+        try:
+            with open(f"/proc/{p.pid}/smaps_rollup") as f:
+                for line in f:
+                    if line.startswith("Rss:"):
+                        rss += int(line.split()[1])
+                    elif line.startswith("Pss:"):
+                        pss += int(line.split()[1])
+        except OSError:
+            continue
+    return rss, pss
+
+
+def measure(cmd: list[str]) -> tuple[float, float, float]:
+    """(wall seconds, peak tree RSS MiB, peak tree PSS MiB) of ``cmd`` in a fresh process."""
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        ["/usr/bin/time", "-f", "@@ %e %M", *cmd],
-        capture_output=True,
-        text=True,
-        env=env,
-        check=False,
-    )
-    line = [x for x in proc.stderr.splitlines() if x.startswith("@@ ")]
-    if not line:  # a bad-input exit (status 2) still has a time
-        tail = proc.stderr.strip().splitlines()[-1:] or ["?"]
-        raise RuntimeError(f"{cmd[:4]} failed: {tail[0]}")
-    _, wall, rss_kib = line[-1].split()
-    return float(wall), int(rss_kib) / 1024
+    start = time.perf_counter()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    watched = psutil.Process(proc.pid)
+    peak_rss = peak_pss = 0
+    while proc.poll() is None:
+        rss, pss = _tree_kib(watched)
+        peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
+        time.sleep(0.02)
+    wall = time.perf_counter() - start
+    assert proc.stderr is not None
+    err = proc.stderr.read().decode(errors="replace")
+    if proc.returncode not in (0, 1):
+        raise RuntimeError(f"{cmd[:4]} failed: {err.strip().splitlines()[-1:]}")
+    return wall, peak_rss / 1024, peak_pss / 1024
 
 
 def syncscope_cmd(trace_dir: Path, out: Path) -> list[str]:
@@ -68,50 +93,63 @@ def uncompressed_mib(trace_dir: Path) -> float:
     return largest / (1 << 20)
 
 
-def row(name: str, trace_dir: Path, tmp: Path, hta: bool) -> None:
+def row(name: str, trace_dir: Path, tmp: Path, hta: bool, reps: int) -> None:
     largest = uncompressed_mib(trace_dir)
     files = len(list(trace_dir.iterdir()))
-    ss_t, ss_m = measure(syncscope_cmd(trace_dir, tmp / f"out-{name}"))
-    core_t, core_m = measure([sys.executable, "-c", CORE, str(trace_dir)])
-    if hta:
-        hta_t, hta_m = measure([sys.executable, "-c", HTA_LOAD, str(trace_dir)])
-        ratio = f"{hta_t / ss_t:5.1f}x CLI, {hta_t / core_t:5.1f}x analysis"
-        hta_text = f"{hta_t:7.2f} s {hta_m:8.0f} MiB"
-    else:
-        ratio, hta_text = "    -", "      (skipped)     "
-    print(
-        f"{name:24s} {files:2d} files, largest {largest:5.1f} MiB | CLI {ss_t:6.2f} s "
-        f"{ss_m:4.0f} MiB | analysis {core_t:6.2f} s {core_m:4.0f} MiB "
-        f"({core_m / largest:4.2f}x largest) | HTA load {hta_text} | {ratio}",
-        flush=True,
+    ours: list[tuple[float, float, float]] = []
+    theirs: list[tuple[float, float, float]] = []
+    for i in range(reps):  # ABAB: each tool sees the same machine load
+        ours.append(measure(syncscope_cmd(trace_dir, tmp / f"out-{name}-{i}")))
+        if hta:
+            theirs.append(measure([sys.executable, "-c", HTA_LOAD, str(trace_dir)]))
+    t, rss, pss = (statistics.median(x[k] for x in ours) for k in range(3))
+    text = (
+        f"{name:22s} {files:2d} files, largest {largest:5.1f} MiB | syncscope analyze "
+        f"{t:6.2f} s, tree RSS {rss:4.0f} MiB ({rss / largest:4.2f}x largest), "
+        f"PSS {pss:4.0f} MiB ({pss / largest:4.2f}x)"
     )
+    if theirs:
+        ht, hrss, _ = (statistics.median(x[k] for x in theirs) for k in range(3))
+        text += f" | HTA load {ht:6.2f} s, {hrss:5.0f} MiB | {ht / t:4.1f}x faster"
+    else:
+        text += " | HTA load skipped"
+    times = ", ".join(f"{x[0]:.2f}" for x in ours)
+    hta_times = ", ".join(f"{x[0]:.2f}" for x in theirs)
+    print(text, flush=True)
+    print(f"{'':22s} runs: syncscope [{times}]" + (f", HTA [{hta_times}]" if theirs else ""))
 
 
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--big", action="store_true", help="also the 64-rank set (3.2 GB)")
     parser.add_argument("--mb", type=float, default=50.0)
+    parser.add_argument("--reps", type=int, default=3, help="alternating runs per tool")
+    parser.add_argument("--big-reps", type=int, default=1)
     parser.add_argument("--no-hta-synthetic", action="store_true", help="HTA on real traces only")
     parser.add_argument("--hta-big", action="store_true", help="HTA on the 64-rank set too")
+    parser.add_argument("--synthetic-dir", type=Path, help="reuse synthetic-R dirs here")
+    parser.add_argument("--only", choices=("real", "synthetic"), help="one kind of set")
     args = parser.parse_args()
     from syncscope.trace.synth import write_job
 
-    baseline_t, baseline_m = measure([sys.executable, "-m", "syncscope", "--help"])
-    print(f"syncscope CLI start-up alone: {baseline_t:.2f} s, {baseline_m:.0f} MiB")
+    print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
+    t, rss, _ = measure([sys.executable, "-m", "syncscope", "--help"])
+    print(f"syncscope CLI start-up alone: {t:.2f} s, {rss:.0f} MiB", flush=True)
     with tempfile.TemporaryDirectory(prefix="syncscope-bench-") as tmp_name:
         tmp = Path(tmp_name)
-        if SHARED.is_dir():
-            for d in sorted(SHARED.iterdir()):
-                if d.is_dir():
-                    row(d.name, d, tmp, hta=True)
-        sets = [8, 64] if args.big else [8]
+        if SHARED.is_dir() and args.only != "synthetic":
+            for d in REAL_SETS:
+                if (SHARED / d).is_dir():
+                    row(d, SHARED / d, tmp, hta=True, reps=args.reps)
+        sets = [] if args.only == "real" else [8, 64] if args.big else [8]
         for ranks in sets:
-            job = tmp / f"synthetic-{ranks}"
-            write_job(job, ranks, int(args.mb * (1 << 20)))
+            job = (args.synthetic_dir or tmp) / f"synthetic-{ranks}"
+            if not (job.is_dir() and len(list(job.iterdir())) == ranks):
+                write_job(job, ranks, int(args.mb * (1 << 20)))
             hta = not args.no_hta_synthetic and (ranks <= 8 or args.hta_big)
-            row(f"synthetic {ranks} x {args.mb:g} MB", job, tmp, hta)
-            for p in job.iterdir():
-                p.unlink()
+            reps = args.reps if ranks <= 8 else args.big_reps
+            row(f"synthetic {ranks} x {args.mb:g} MB", job, tmp, hta, reps)
+        print(f"load average {os.getloadavg()[0]:.1f} at the end", flush=True)
     return 0
 
 

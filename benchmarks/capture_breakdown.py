@@ -164,9 +164,11 @@ def main() -> None:
         for name in names:
             med = statistics.median(times[name])
             med_cpu = statistics.median(cpu[name])
-            print(f"{name:20s} wall {med * 1e3:7.2f} ms x{med / base:5.3f} "
-                  f"(min {min(times[name]) * 1e3:6.1f}) | CPU {med_cpu * 1e3:7.2f} ms "
-                  f"x{med_cpu / base_cpu:5.3f} (min {min(cpu[name]) * 1e3:6.1f})")
+            print(
+                f"{name:20s} wall {med * 1e3:7.2f} ms x{med / base:5.3f} "
+                f"(min {min(times[name]) * 1e3:6.1f}) | CPU {med_cpu * 1e3:7.2f} ms "
+                f"x{med_cpu / base_cpu:5.3f} (min {min(cpu[name]) * 1e3:6.1f})"
+            )
         if profiler is not None:
             pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
     dist.destroy_process_group()

@@ -17,8 +17,6 @@ Sections (each measured inside the training script, start-up excluded):
 from __future__ import annotations
 
 import argparse
-import contextlib
-import io
 import json
 import logging
 import os
@@ -37,7 +35,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import (  # noqa: E402
+from _harness import (
     ROOT,
     WORKLOADS,
     Launch,
@@ -46,7 +44,7 @@ from _harness import (  # noqa: E402
     per_micro_batch,
     rotated,
 )
-from _report import render  # noqa: E402
+from _report import render
 
 CONFIGS = [
     {"name": "sync_every_microbatch", "label": "sync every micro-batch (baseline)"},
@@ -126,7 +124,9 @@ def capture_cost(work: Path, reps: int, args: list[str]) -> dict[str, Any]:
     runs: list[dict[str, Any]] = []
     for rep in range(reps):
         for mode in rotated(list(launches), rep):
-            extra = ["--torch-profiler", str(work / f"tp-{rep}")] if mode == "torch_profiler" else []
+            extra = (
+                ["--torch-profiler", str(work / f"tp-{rep}")] if mode == "torch_profiler" else []
+            )
             record = launches[mode].run(script, [*args, *extra], work)
             runs.append({"mode": mode, "rep": rep,
                          "window_s": statistics.median(record["window_s"]),
@@ -147,10 +147,11 @@ def capture_cost(work: Path, reps: int, args: list[str]) -> dict[str, Any]:
             "limit": COUNTING_LIMIT}  # fmt: skip
 
 
+# bench_analyze.py's result line (its owner may reshape it; the raw output is kept anyway)
 ANALYZE_LINE = re.compile(
-    r"^(?P<name>.+?)\s+(?P<files>\d+) files, largest\s+(?P<mib>[\d.]+) MiB \| "
-    r"CLI\s+(?P<cli_s>[\d.]+) s\s+(?P<cli_mib>\d+) MiB \| analysis\s+(?P<core_s>[\d.]+) s\s+"
-    r"(?P<core_mib>\d+) MiB .*?\| HTA load\s+(?:(?P<hta_s>[\d.]+) s\s+(?P<hta_mib>\d+) MiB|\(skipped\))"
+    r"^(?P<name>\S.*?)\s+(?P<files>\d+) files, largest\s+(?P<mib>[\d.]+) MiB \| "
+    r"syncscope analyze\s+(?P<cli_s>[\d.]+) s, tree RSS\s+(?P<cli_mib>\d+) MiB.*?"
+    r"(?:HTA load\s+(?P<hta_s>[\d.]+) s,\s+(?P<hta_mib>\d+) MiB|HTA load skipped)"
 )
 
 
@@ -173,34 +174,36 @@ def _hta_ranks(trace_dir: Path) -> int:
 
 
 def analysis_speed(work: Path, quick: bool) -> dict[str, Any]:
-    """bench_analyze.py's measurements on the real traces and two synthetic jobs."""
-    import bench_analyze
+    """Runs benchmarks/bench_analyze.py on synthetic jobs written here with HTA-readable headers."""
     from syncscope.trace.synth import write_job
 
-    sets = [(d.name, d) for d in sorted(bench_analyze.SHARED.iterdir()) if d.is_dir()]
-    synthetic = [(8, 1.0)] if quick else [(8, 8.0), (64, 2.0)]
-    for ranks, mib in synthetic:
-        job = work / f"synthetic-{ranks}"
+    mib = 1.0 if quick else 3.0
+    synthetic = work / "synthetic"
+    ranks_seen = {}
+    for ranks in (8,) if quick else (8, 64):
+        job = synthetic / f"synthetic-{ranks}"
         write_job(job, ranks, int(mib * (1 << 20)))
         _kineto_rank_spacing(job)
-        sets.append((f"synthetic {ranks} x {mib:g} MiB", job))
+        ranks_seen[ranks] = _hta_ranks(job)
+    cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_analyze.py"), "--mb", f"{mib:g}",
+           "--synthetic-dir", str(synthetic)]  # fmt: skip
+    cmd += ["--reps", "1"] if quick else ["--big", "--hta-big"]
+    proc = subprocess.run(cmd, capture_output=True, text=True, check=False)
     rows = []
-    for name, trace_dir in sets:
-        buffer = io.StringIO()
-        with contextlib.redirect_stdout(buffer):
-            bench_analyze.row(name, trace_dir, work, hta=True)
-        m = ANALYZE_LINE.match(buffer.getvalue().strip())
+    for line in proc.stdout.splitlines():
+        m = ANALYZE_LINE.match(line)
         if m is None:
-            raise RuntimeError(f"bench_analyze.row printed {buffer.getvalue()!r}")
-        row: dict[str, Any] = {"name": name, "files": int(m["files"]),
-                               "hta_ranks": _hta_ranks(trace_dir)}  # fmt: skip
-        for key in ("mib", "cli_s", "core_s", "hta_s"):
+            continue
+        row: dict[str, Any] = {"name": m["name"].strip(), "files": int(m["files"])}
+        for key in ("mib", "cli_s", "hta_s"):
             row[key] = float(m[key]) if m[key] else None
-        for key in ("cli_mib", "core_mib", "hta_mib"):
+        for key in ("cli_mib", "hta_mib"):
             row[key] = int(m[key]) if m[key] else None
         rows.append(row)
-        log(f"analyze {name}: syncscope {row['cli_s']} s, HTA {row['hta_s']} s")
-    return {"synthetic": synthetic, "rows": rows}
+        log(f"analyze {row['name']}: syncscope {row['cli_s']} s, HTA {row['hta_s']} s")
+    return {"command": " ".join(["python benchmarks/bench_analyze.py", *cmd[2:]]),
+            "synthetic_mib": mib, "hta_ranks": ranks_seen, "rows": rows, "stdout": proc.stdout,
+            "status": proc.returncode, "stderr_tail": proc.stderr.strip().splitlines()[-3:]}  # fmt: skip
 
 
 def sync_bytes(work: Path, fixed: Path, args: list[str]) -> dict[str, Any]:
@@ -259,7 +262,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 repetition, small trace sets")
     parser.add_argument("--reps", type=int, help="repetitions (default 5; --quick: 1)")
-    parser.add_argument("--out", type=Path, help="output folder (default docs/; --quick: a temp dir)")
+    parser.add_argument(
+        "--out", type=Path, help="output folder (default docs/; --quick: a temp dir)"
+    )
     parser.add_argument("--skip-analyze", action="store_true", help="leave out section 3")
     opts = parser.parse_args(argv)
     reps = opts.reps or (1 if opts.quick else 5)
@@ -268,7 +273,7 @@ def main(argv: list[str] | None = None) -> int:
     windows = ["--windows", "2" if opts.quick else "4", "--warmup", "2"]
     table_args = ["--layers", "8", "--hidden", "1024", "--batch", "8", "--accum", "4", *windows]
     capture_args = ["--layers", "6", "--hidden", "1024", "--batch", "32", "--accum", "4",
-                    "--windows", "3" if opts.quick else "8", "--warmup", "2"]  # fmt: skip
+                    "--windows", "3" if opts.quick else "6", "--warmup", "2"]  # fmt: skip
     started = time.monotonic()
     results: dict[str, Any] = {"machine": machine(), "quick": opts.quick, "reps": reps}
     with tempfile.TemporaryDirectory(prefix="syncscope-bench-") as tmp:
@@ -284,7 +289,10 @@ def main(argv: list[str] | None = None) -> int:
             results["bytes"] = sync_bytes(work, fixed, [*table_args[:8], "--windows", "2"])
             if not opts.skip_analyze:
                 log("section 3: analysis speed (bench_analyze.py)")
-                results["analyze"] = analysis_speed(work, opts.quick)
+                try:
+                    results["analyze"] = analysis_speed(work, opts.quick)
+                except Exception as exc:  # another engineer's script: keep the other sections
+                    log(f"section 3 failed: {type(exc).__name__}: {exc}")
         except LaunchFailed as exc:
             print(f"run_all: a launch failed: {exc}", file=sys.stderr)
             return 1

@@ -87,8 +87,8 @@ class Clock:
     def report(self) -> None:
         if self.rank != 0:
             return
-        spans = [b - a for a, b in zip(self.marks, self.marks[1:])]
-        cpu = [b - a for a, b in zip(self.cpu_marks, self.cpu_marks[1:])]
+        spans = [b - a for a, b in zip(self.marks, self.marks[1:], strict=False)]
+        cpu = [b - a for a, b in zip(self.cpu_marks, self.cpu_marks[1:], strict=False)]
         record: dict[str, Any] = {
             "config": self.config,
             "window_s": spans[self.args.warmup :],

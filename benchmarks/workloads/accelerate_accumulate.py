@@ -17,7 +17,7 @@ model, optimizer = accelerator.prepare(model, optimizer)
 data = make_data(args, rank)
 clock = Clock(args, rank, "accelerate_accumulate")
 
-for step in range(args.steps):
+for step in range(args.steps):  # noqa: B007 (the shape users write)
     for micro in range(args.accum):
         with accelerator.accumulate(model):
             loss = model(data[micro]).pow(2).mean()

@@ -16,7 +16,7 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 data = make_data(args, rank)
 clock = Clock(args, rank, "no_sync")
 
-for step in range(args.steps):
+for step in range(args.steps):  # noqa: B007 (the shape users write)
     for micro in range(args.accum):
         is_last = micro == args.accum - 1
         with model.no_sync() if not is_last else contextlib.nullcontext():

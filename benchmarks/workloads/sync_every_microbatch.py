@@ -14,7 +14,7 @@ optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 data = make_data(args, rank)
 clock = Clock(args, rank, "sync_every_microbatch")
 
-for step in range(args.steps):
+for step in range(args.steps):  # noqa: B007 (the shape users write)
     for micro in range(args.accum):
         loss = model(data[micro]).pow(2).mean() / args.accum
         loss.backward()
