@@ -8,6 +8,7 @@ any browser without plotly's JavaScript or kaleido.
 from __future__ import annotations
 
 import html
+import re
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -208,10 +209,11 @@ def _analyze(results: dict[str, Any]) -> list[str]:
     if not ana:
         return []
     seen = ", ".join(f"{n} of {r}" for r, n in ana["hta_ranks"].items())
+    command = re.sub(r"/\S*/synthetic", "<tmp>/synthetic", ana["command"])
     lines = [
         "## 3. Analysis speed and peak memory",
         "",
-        f"`{ana['command'].replace(str(Path.cwd()), '.')}`: benchmarks/bench_analyze.py, "
+        f"`{command}`: benchmarks/bench_analyze.py, "
         "its figures as it prints them (fresh processes, tools alternating, medians; "
         "*syncscope analyze* is the whole CLI, start-up and report writing included; *HTA* is "
         "`TraceAnalysis(trace_dir=...)`, the load alone). Real traces from "

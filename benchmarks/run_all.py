@@ -220,7 +220,7 @@ def sync_bytes(work: Path, fixed: Path, args: list[str]) -> dict[str, Any]:
                      "bytes_per_window": per_window, "minimum_bytes": minimum,
                      "ratio": per_window / minimum if minimum else None,
                      "verdict": report["verdict"],
-                     "findings": sorted({f.get("code", "?") for f in report["findings"]})})  # fmt: skip
+                     "findings": sorted({f["kind"] for f in report["findings"]})})  # fmt: skip
         log(f"bytes {config['name']}: {rows[-1]['ratio']}")
     return {"args": args, "rows": rows}
 

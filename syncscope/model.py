@@ -48,6 +48,28 @@ OPS: tuple[str, ...] = (
 GRAD_REDUCING_OPS = frozenset({"all_reduce", "reduce_scatter"})
 
 
+def normalize_op(name: str) -> str:
+    """``allreduce_``, ``c10d::_allgather_base_``, ``nccl:all_reduce`` -> one of OPS."""
+    n = name.split("::", 1)[-1].split(":", 1)[-1].lower().strip("_")
+    if "allreduce" in n or "all_reduce" in n:
+        return "all_reduce"
+    if "reduce_scatter" in n or "reducescatter" in n:
+        return "reduce_scatter"
+    if "allgather" in n or "all_gather" in n:
+        return "all_gather"
+    if "broadcast" in n:
+        return "broadcast"
+    if "alltoall" in n or "all_to_all" in n:
+        return "all_to_all"
+    if "barrier" in n:
+        return "barrier"
+    if n.startswith("send"):
+        return "send"
+    if n.startswith("recv"):
+        return "recv"
+    return "other"
+
+
 @dataclass(frozen=True, slots=True)
 class SourceLocation:
     """A place in the user's code (file and 1-based line)."""

@@ -1,10 +1,10 @@
-"""Instrumentation: the patches and the dispatch mode that feed a Recorder.
+"""Instrumentation: the patches and the collective kernels that feed a Recorder.
 
 Everything is installed by ``install(recorder)`` and undone by the returned callable, with
 no change to the user's script:
 
-- a ``TorchDispatchMode`` that looks only at ops in the ``c10d`` namespace sees every
-  collective (DDP's C++ reducer and FSDP2 included) with its tensors, group and work;
+- a Python kernel at the Autograd key of every ``c10d`` op sees every collective (DDP's C++
+  reducer and FSDP2 included) with its tensors, group and work (``capture.collectives``);
 - ``Tensor.backward`` / ``torch.autograd.backward`` mark micro-batches;
 - DDP ``forward`` / ``require_backward_grad_sync`` / ``no_sync`` and FSDP2's pre/post forward
   and ``set_requires_gradient_sync`` give the wrapper's sync intent;
@@ -13,79 +13,16 @@ no change to the user's script:
 
 from __future__ import annotations
 
-import contextlib
 import functools
 from collections.abc import Callable
 from typing import Any
 
 import torch
-from torch.utils._python_dispatch import TorchDispatchMode
 
-from syncscope.capture import sites
+from syncscope.capture import collectives, sites
 from syncscope.capture.recorder import Recorder
 
 Undo = Callable[[], None]
-
-_ACTIVE: list[Recorder] = []
-
-
-def active_recorder() -> Recorder | None:
-    return _ACTIVE[-1] if _ACTIVE else None
-
-
-class CollectiveMode(TorchDispatchMode):
-    """Passes every op through; records those of the ``c10d`` namespace."""
-
-    def __init__(self, recorder: Recorder) -> None:
-        super().__init__()
-        self.recorder = recorder
-        self._is_c10d: dict[Any, bool] = {}
-
-    def __torch_dispatch__(
-        self,
-        func: Any,
-        types: Any,
-        args: tuple[Any, ...] = (),
-        kwargs: dict[str, Any] | None = None,
-    ) -> Any:
-        is_c10d = self._is_c10d.get(func)
-        if is_c10d is None:
-            is_c10d = self._is_c10d[func] = getattr(func, "namespace", "") == "c10d"
-        if not is_c10d or self.recorder.internal():
-            return func(*args, **(kwargs or {}))
-        rec = self.recorder
-        t0 = rec.now()
-        out = func(*args, **(kwargs or {}))
-        t1 = rec.now()
-        try:
-            pg, work = _unbox(args, out)
-            rec.on_collective(str(func._opname), args, pg, work, t0, t1)
-        except Exception as exc:  # never break the user's job because of a record
-            rec.emit({"type": "warning", "t": t1, "message": f"collective not recorded: {exc}"})
-        return out
-
-
-def _unbox(args: tuple[Any, ...], out: Any) -> tuple[Any, Any]:
-    from torch._C._distributed_c10d import ProcessGroup, Work
-
-    pg = None
-    for arg in args:
-        if isinstance(arg, torch.ScriptObject):
-            try:
-                pg = ProcessGroup.unbox(arg)
-                break
-            except Exception:
-                continue
-    work = None
-    candidates = out if isinstance(out, (tuple, list)) else (out,)
-    for item in candidates:
-        if isinstance(item, torch.ScriptObject):
-            try:
-                work = Work.unbox(item)
-                break
-            except Exception:
-                continue
-    return pg, work
 
 
 def _patch(obj: Any, name: str, value: Any, undo: list[Undo]) -> None:
@@ -348,15 +285,9 @@ def install(rec: Recorder) -> Undo:
     _install_optimizer(rec, undo)
     _install_ddp(rec, undo)
     _install_fsdp2(rec, undo)
-    mode = CollectiveMode(rec)
-    mode.__enter__()
-    _ACTIVE.append(rec)
+    undo.append(collectives.attach(rec))
 
     def uninstall() -> None:
-        with contextlib.suppress(Exception):
-            mode.__exit__(None, None, None)
-        if rec in _ACTIVE:
-            _ACTIVE.remove(rec)
         for restore in reversed(undo):
             restore()
 

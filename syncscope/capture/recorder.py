@@ -26,6 +26,7 @@ from syncscope.capture.fingerprint import (
     fingerprint,
     rss_bytes,
 )
+from syncscope.model import normalize_op
 from syncscope.rundir import EVENTS_FORMAT, EVENTS_FORMAT_VERSION
 
 
@@ -59,27 +60,6 @@ class TraceHooks(Protocol):
     def grad_sync(self, op: str, nbytes: int) -> None: ...
     def window_end(self, index: int) -> None: ...
     def close(self) -> None: ...
-
-
-def _normalize_op(name: str) -> str:
-    n = name.lower()
-    if "allreduce" in n or "all_reduce" in n:
-        return "all_reduce"
-    if "reduce_scatter" in n:
-        return "reduce_scatter"
-    if "allgather" in n or "all_gather" in n:
-        return "all_gather"
-    if "broadcast" in n:
-        return "broadcast"
-    if "alltoall" in n or "all_to_all" in n:
-        return "all_to_all"
-    if "barrier" in n:
-        return "barrier"
-    if n.startswith("send"):
-        return "send"
-    if n.startswith("recv"):
-        return "recv"
-    return "other"
 
 
 def _tensors(value: Any) -> list[torch.Tensor]:
@@ -480,7 +460,7 @@ class Recorder:
         self._note_dist()
         if self._works:
             self.poll_works(at=t0)  # a synchronous predecessor finished before this issue
-        op = _normalize_op(opname)
+        op = normalize_op(opname)
         lname = opname.lower()
         index = 1 if any(k in lname for k in _INPUT_SECOND) and "allreduce" not in lname else 0
         tensors = _tensors(args[index]) if len(args) > index else []

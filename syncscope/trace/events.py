@@ -45,28 +45,6 @@ _INPUT_SECOND = (
 )
 
 
-def normalize_op(name: str) -> str:
-    """``c10d::_allgather_base_`` -> ``all_gather``; one of model.OPS."""
-    n = name.split("::", 1)[-1].split(":", 1)[-1].lower().strip("_")
-    if "allreduce" in n or "all_reduce" in n:
-        return "all_reduce"
-    if "reduce_scatter" in n or "reducescatter" in n:
-        return "reduce_scatter"
-    if "allgather" in n or "all_gather" in n:
-        return "all_gather"
-    if "broadcast" in n:
-        return "broadcast"
-    if "alltoall" in n or "all_to_all" in n:
-        return "all_to_all"
-    if "barrier" in n:
-        return "barrier"
-    if n.startswith("send"):
-        return "send"
-    if n.startswith("recv"):
-        return "recv"
-    return "other"
-
-
 def dtype_bytes(dtype: str) -> int | None:
     return _DTYPE_BYTES.get(dtype.lower())
 

@@ -65,7 +65,7 @@ def exposed_communication(run: Run, hta: dict[str, Any] | None = None) -> list[F
         Finding(
             kind="exposed-communication",
             severity=severity,
-            cause="communication not overlapped with compute",
+            cause="not-overlapped",
             message=(
                 f"{mean_exposed:.2f} ms of collective time per window is not overlapped with "
                 f"compute ({100 * mean_share:.1f}% of the window; worst: rank {worst['rank']} "
@@ -125,7 +125,7 @@ def collective_mismatch(run: Run) -> list[Finding]:
                 Finding(
                     kind="collective-mismatch",
                     severity="error",
-                    cause="ranks issued different collectives",
+                    cause=_mismatch_cause(base, other),
                     message=(
                         f"process group [{group}], window {key[0]}, collective #{key[1]}: "
                         f"rank {ref} issued {_describe(base)}, rank(s) "
@@ -159,3 +159,10 @@ def _same(a: Collective | None, b: Collective | None) -> bool:
 
 def trace_findings(run: Run, hta: dict[str, Any] | None = None) -> list[Finding]:
     return exposed_communication(run, hta) + collective_mismatch(run)
+
+
+def _mismatch_cause(base: Collective | None, other: Collective | None) -> str:
+    """The same vocabulary as the live diagnosis: ``count``, ``op`` or ``size``."""
+    if base is None or other is None:
+        return "count"
+    return "op" if base.op != other.op else "size"

@@ -28,8 +28,9 @@ from syncscope.model import (
     Window,
     Wrapper,
     WrapperInfo,
+    normalize_op,
 )
-from syncscope.trace.events import RankEvents, RawCollective, Span, dtype_bytes, normalize_op
+from syncscope.trace.events import RankEvents, RawCollective, Span, dtype_bytes
 from syncscope.trace.overlap import Interval, measure_windows, merge
 
 SCALAR_BYTES = 16  # an all-reduce this small after backward is a metric (loss), not gradients

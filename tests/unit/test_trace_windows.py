@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from syncscope.trace.events import normalize_op
+from syncscope.model import normalize_op
 from syncscope.trace.load import load_traces
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -13,7 +13,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from syncscope.capture import instrument
+from syncscope.capture import collectives
 from syncscope.render.json_report import window_dict
 from syncscope.tracking import Stats, track
 from tests.helpers.ranks import ACCUM, STEPS, make_ddp, train
@@ -118,7 +118,8 @@ def test_an_exception_propagates_and_every_hook_is_removed() -> None:
     )
     assert after == before
     assert "require_backward_grad_sync" not in vars(torch.nn.parallel.DistributedDataParallel)
-    assert instrument.active_recorder() is None
+    assert collectives.active_recorder() is None
+    assert collectives._library is None  # the c10d kernels are unregistered
     # what was seen before the exception is still there
     assert [w["micro_batches"] for w in stats.windows] == [1]
     assert stats.run.ranks[0].exit_reason == "exception"
