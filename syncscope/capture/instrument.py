@@ -13,8 +13,9 @@ no change to the user's script:
 
 from __future__ import annotations
 
+import contextlib
 import functools
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -179,6 +180,57 @@ def _install_ddp(rec: Recorder, undo: list[Undo]) -> None:
 
 
 FSDP2_MODULE = "torch.distributed.fsdp._fully_shard._fully_shard"
+FSDP1_MODULE = "torch.distributed.fsdp.fully_sharded_data_parallel"
+
+
+def _install_fsdp1(rec: Recorder, undo: list[Undo]) -> None:
+    """FSDP1 (needs an accelerator): decides at backward from ``_sync_gradients``."""
+    from syncscope.capture.imports import when_imported
+
+    undo.append(when_imported(FSDP1_MODULE, lambda module: _patch_fsdp1(rec, undo, module)))
+
+
+def _patch_fsdp1(rec: Recorder, undo: list[Undo], module: Any) -> None:
+    fsdp = module.FullyShardedDataParallel
+    forward = fsdp.forward
+
+    @functools.wraps(forward)
+    def fsdp1_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if rec.fwd_depth == 0 and self not in rec.fsdp1_modules:
+            params = [p for p in self.parameters() if p.requires_grad]
+            rec.on_wrapper(
+                "fsdp",
+                self,
+                {
+                    "params": len(params),
+                    "param_bytes": sum(p.numel() * p.element_size() for p in params),
+                    "shard_world": int(getattr(self, "world_size", 1) or 1),
+                    "fsdp_version": 1,
+                },
+                key=None,
+            )
+        label = rec.fsdp1_modules.get(self, "fsdp:inner")
+        extra = {"accelerate": acc} if (acc := _accelerate_state()) else None
+        rec.on_forward_begin("fsdp", label, bool(getattr(self, "_sync_gradients", True)), extra)
+        try:
+            return forward(self, *args, **kwargs)
+        finally:
+            rec.on_forward_end()
+
+    _patch(fsdp, "forward", fsdp1_forward, undo)
+
+    no_sync = fsdp.no_sync
+
+    @functools.wraps(no_sync)
+    @contextlib.contextmanager
+    def fsdp1_no_sync(self: Any) -> Iterator[None]:
+        label = rec.fsdp1_modules.get(self, "fsdp:?")
+        rec.on_toggle("no_sync", False, label)
+        with no_sync(self):
+            yield
+        rec.on_toggle("no_sync", True, label)
+
+    _patch(fsdp, "no_sync", fsdp1_no_sync, undo)
 
 
 def _install_fsdp2(rec: Recorder, undo: list[Undo]) -> None:
@@ -285,6 +337,7 @@ def install(rec: Recorder) -> Undo:
     _install_optimizer(rec, undo)
     _install_ddp(rec, undo)
     _install_fsdp2(rec, undo)
+    _install_fsdp1(rec, undo)
     undo.append(collectives.attach(rec))
 
     def uninstall() -> None:

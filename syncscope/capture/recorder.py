@@ -108,6 +108,7 @@ class Recorder:
         self.events = 0
         self.ddp_modules: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self.fsdp_roots: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        self.fsdp1_modules: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._labels = 0
         self._pending_fp: list[tuple[int, PendingFingerprint]] = []
@@ -208,7 +209,12 @@ class Recorder:
         """Register a DDP module (key: the module) or FSDP2 root (key: its FSDPState)."""
         self._note_dist()
         label = self.new_label(kind, module)
-        (self.ddp_modules if kind == "ddp" else self.fsdp_roots)[key or module] = label
+        if kind == "ddp":
+            self.ddp_modules[module] = label
+        elif key is None:
+            self.fsdp1_modules[module] = label  # FSDP1: the module holds the sync flag
+        else:
+            self.fsdp_roots[key] = label  # FSDP2: keyed by the root's FSDPState
         self.emit({"type": "wrapper", "kind": kind, "label": label, "t": self.now(), **info})
         return label
 
@@ -253,6 +259,8 @@ class Recorder:
             state[label] = bool(module.require_backward_grad_sync)
         for fsdp_state, label in list(self.fsdp_roots.items()):
             state[label] = _fsdp_reduce_grads(fsdp_state)
+        for module, label in list(self.fsdp1_modules.items()):
+            state[label] = bool(getattr(module, "_sync_gradients", True))
         return state
 
     # -- backward -------------------------------------------------------------------------

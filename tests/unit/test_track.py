@@ -185,3 +185,14 @@ def test_covers_what_comm_debug_mode_cannot() -> None:
         train(make_ddp(), mode="no_sync")
     assert stats.grad_syncs_per_window == [1] * STEPS
     assert [w["grad_sync_micro_batches"] for w in stats.windows] == [[ACCUM - 1]] * STEPS
+
+
+def test_fsdp1_is_hooked_when_imported_and_unhooked_after() -> None:
+    # FSDP1 needs an accelerator to run; its hooks are installed on import and removed at exit
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP1
+
+    before = (FSDP1.forward, FSDP1.no_sync)
+    with track(gather=False):
+        assert FSDP1.forward is not before[0]
+        assert FSDP1.no_sync is not before[1]
+    assert (FSDP1.forward, FSDP1.no_sync) == before
