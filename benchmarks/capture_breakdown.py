@@ -29,7 +29,7 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from syncscope.capture import instrument
+from syncscope.capture import collectives, instrument
 from syncscope.capture.recorder import Recorder
 from syncscope.rundir import EventWriter
 
@@ -39,17 +39,13 @@ Installer = Callable[[Recorder], Callable[[], None]]
 def _families(names: list[str]) -> Installer:
     def install(rec: Recorder) -> Callable[[], None]:
         undo: list[Callable[[], None]] = []
-        mode = None
         for name in names:
-            if name == "dispatch":
-                mode = instrument.CollectiveMode(rec)
-                mode.__enter__()
+            if name == "collectives":
+                undo.append(collectives.attach(rec))
             else:
                 getattr(instrument, f"_install_{name}")(rec, undo)
 
         def uninstall() -> None:
-            if mode is not None:
-                mode.__exit__(None, None, None)
             for restore in reversed(undo):
                 restore()
 
@@ -71,31 +67,14 @@ def _null_mode(rec: Recorder) -> Callable[[], None]:
     return lambda: mode.__exit__(None, None, None)
 
 
-def _mode_in_backward_only(rec: Recorder) -> Callable[[], None]:
-    """A sketch of the fix: the c10d mode entered only around backward passes."""
-    original = torch.Tensor.backward
-
-    def backward(self: torch.Tensor, *args: Any, **kwargs: Any) -> Any:
-        with instrument.CollectiveMode(rec):
-            return original(self, *args, **kwargs)
-
-    torch.Tensor.backward = backward  # type: ignore[method-assign]
-
-    def undo() -> None:
-        torch.Tensor.backward = original  # type: ignore[method-assign]
-
-    return undo
-
-
 VARIANTS: dict[str, Installer | None] = {
     "plain": None,
     "all hooks": instrument.install,
-    "c10d dispatch mode": _families(["dispatch"]),
+    "c10d kernels": _families(["collectives"]),
     "backward patch": _families(["backward"]),
     "optimizer hooks": _families(["optimizer"]),
     "DDP forward/flag": _families(["ddp"]),
-    "null dispatch mode": _null_mode,
-    "c10d mode in bwd only": _mode_in_backward_only,
+    "null dispatch mode": _null_mode,  # what the earlier TorchDispatchMode capture paid
 }
 
 
@@ -170,7 +149,7 @@ def main() -> None:
                 f"x{med_cpu / base_cpu:5.3f} (min {min(cpu[name]) * 1e3:6.1f})"
             )
         if profiler is not None:
-            pstats.Stats(profiler).sort_stats("tottime").print_stats(25)
+            pstats.Stats(profiler).sort_stats(os.environ.get("SORT", "tottime")).print_stats(os.environ.get("FILTER", ""), 30)
     dist.destroy_process_group()
 
 

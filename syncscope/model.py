@@ -13,6 +13,7 @@ Nothing here does I/O. Builders (``syncscope.analysis.build`` for live captures,
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -48,6 +49,7 @@ OPS: tuple[str, ...] = (
 GRAD_REDUCING_OPS = frozenset({"all_reduce", "reduce_scatter"})
 
 
+@functools.lru_cache(maxsize=256)
 def normalize_op(name: str) -> str:
     """``allreduce_``, ``c10d::_allgather_base_``, ``nccl:all_reduce`` -> one of OPS."""
     n = name.split("::", 1)[-1].split(":", 1)[-1].lower().strip("_")

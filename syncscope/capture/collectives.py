@@ -28,7 +28,7 @@ _library: Any = None
 
 def _unbox(args: tuple[Any, ...], out: Any) -> tuple[Any, Any]:
     """The op's ProcessGroup and Work as Python objects (they travel as ScriptObjects)."""
-    from torch._C._distributed_c10d import ProcessGroup, Work
+    from torch._C._distributed_c10d import ProcessGroup, Work  # cached after the first call
 
     pg = None
     for arg in args:
@@ -55,10 +55,15 @@ def _kernel(name: str, op: Any) -> Callable[..., Any]:
         starts = [r.now() for r in recorders]
         with torch._C._AutoDispatchBelowAutograd():
             out = op(*args, **kwargs)
+        if not recorders:
+            return out
+        try:
+            pg, work = _unbox(args, out)
+        except Exception:
+            pg = work = None
         for rec, t0 in zip(recorders, starts, strict=True):
             t1 = rec.now()
             try:
-                pg, work = _unbox(args, out)
                 rec.on_collective(name, args, pg, work, t0, t1)
             except Exception as exc:  # a record must never break the user's job
                 rec.emit({"type": "warning", "t": t1, "message": f"{name} not recorded: {exc}"})

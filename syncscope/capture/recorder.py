@@ -121,6 +121,8 @@ class Recorder:
         self._closed = False
         self.dist_info: dict[str, Any] = {}
         self._works: list[tuple[int, Any]] = []
+        self._params_key: tuple[object, ...] = ()
+        self._params_cache: list[torch.Tensor] = []
         self._window_activity = False  # a backward, collective or reset since the last step
 
     def _note_dist(self) -> None:
@@ -279,7 +281,7 @@ class Recorder:
                         "t": self.now(),
                         "how": "grad=None",
                         "site": None,
-                        "params": self._grads_after_backward - present,
+                        "sampled_params": self._grads_after_backward - present,
                     }
                 )
         self.bucket = 0
@@ -300,7 +302,7 @@ class Recorder:
         self.bwd_depth = max(0, self.bwd_depth - 1)
         if not outermost:
             return
-        self.emit({"type": "bwd_end", "t": self.now(), "mem": rss_bytes()})
+        self.emit({"type": "bwd_end", "t": self.now()})
         if self.trace is not None:
             self.trace.micro_batch_end(self.window, self.micro_batch)
         self.micro_batch += 1
@@ -310,21 +312,32 @@ class Recorder:
         self._grads_after_backward = self._count_grads()
 
     def _params(self) -> list[torch.Tensor]:
+        """Parameters of the known optimizers (else of the wrapped models), cached."""
+        optimizers = [(id(opt), len(opt.param_groups)) for opt in list(self.optimizers)]
+        wrappers = (len(self.ddp_modules), len(self.fsdp_roots), len(self.fsdp1_modules))
+        key = (*optimizers, *wrappers)
+        if key == self._params_key:
+            return self._params_cache
         seen: dict[int, torch.Tensor] = {}
         for opt in list(self.optimizers):
             for group in opt.param_groups:
                 for p in group["params"]:
                     seen[id(p)] = p
         if not seen:
-            for module in list(self.ddp_modules) + [
-                m for s in list(self.fsdp_roots) for m in getattr(s, "_modules", ())
-            ]:
+            modules = [*self.ddp_modules, *self.fsdp1_modules]
+            modules += [m for s in list(self.fsdp_roots) for m in getattr(s, "_modules", ())]
+            for module in modules:
                 for p in module.parameters():
                     seen[id(p)] = p
-        return list(seen.values())
+        self._params_key, self._params_cache = key, list(seen.values())
+        return self._params_cache
 
     def _count_grads(self) -> int:
-        return sum(1 for p in self._params() if p.grad is not None)
+        """Parameters holding a gradient, among a spread sample of at most 64 of them
+        (a reset wipes them all, so a sample sees it at a cost independent of model size)."""
+        params = self._params()
+        sample = params[:: max(1, len(params) // 64)]
+        return sum(1 for p in sample if p.grad is not None)
 
     def on_grad_reset(self, how: str, set_to_none: bool | None) -> None:
         self._reset_since_backward = True
