@@ -187,6 +187,11 @@ def profile(
     }
     options = LaunchOptions(values, standalone)
     run_dir = out or _default_out(target)
+    if out is None:  # our own default place: create it (a user's --out parent must exist)
+        try:
+            run_dir.parent.mkdir(parents=True, exist_ok=True)
+        except OSError as exc:
+            raise SyncscopeError(f"cannot create {run_dir.parent}: {exc.strerror}") from None
 
     from syncscope.rundir import prepare_run_dir, write_meta
 

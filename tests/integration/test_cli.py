@@ -328,3 +328,13 @@ def test_killed_launcher_still_reports_what_was_captured(tmp_path: Path) -> None
     windows = [w for w in report["ranks"][0]["windows"] if w["complete"]]
     assert len(windows) >= 3
     assert all(w["grad_syncs"] == 1 for w in windows)
+
+
+def test_default_run_directory_is_created(tmp_path: Path) -> None:
+    # GIVEN a fresh working directory (no syncscope-out/ yet), WHEN profiling without --out
+    proc = run_syncscope("profile", "-q", "--nproc-per-node", "1", str(SINGLE), cwd=tmp_path)
+    # THEN the run lands in syncscope-out/<name>-<timestamp>/
+    assert proc.returncode == 0, proc.stderr
+    (run_dir,) = (tmp_path / "syncscope-out").iterdir()
+    assert run_dir.name.startswith("single-")
+    assert (run_dir / "report.json").exists() and (run_dir / "report.html").exists()
