@@ -168,7 +168,23 @@ def main(argv: list[str] | None = None) -> int:
         status, reason = 1, f"{type(exc).__name__}: {exc}"[:500]
     finally:
         session.close(status, reason)
+        _release()
     return status
+
+
+def _release() -> None:
+    """Free the script's objects while the interpreter is still whole.
+
+    A DDP module or process group that outlives the script is otherwise destroyed during
+    interpreter finalization, where torch's backend threads can abort the process
+    (SIGABRT) after the job has finished. Collecting here, once everything is recorded,
+    makes that teardown happen in order.
+    """
+    import gc
+
+    sys.stdout.flush()
+    sys.stderr.flush()
+    gc.collect()
 
 
 if __name__ == "__main__":

@@ -198,6 +198,9 @@ class Recorder:
         if self.trace is not None:
             self.trace.close()
         self._closed = True
+        # hold nothing of the job's once closed: its tensors and works must be free to go
+        self._params_key, self._params_cache, self._pending_fp = (), [], []
+        self._grad_ptrs = None
 
     def on_dist_init(self) -> None:
         self._note_dist()

@@ -9,11 +9,14 @@ import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 
 from syncscope.errors import SyncscopeError
+
+if TYPE_CHECKING:
+    from syncscope.model import Run
 
 LAUNCH = "Launcher (torch.distributed.run)"
 
@@ -254,6 +257,15 @@ def _report(run_dir: Path, status: int, failed: int | None, fail_on: str, quiet:
     print(
         f"syncscope: run directory {run_dir} ({', '.join(p.name for p in paths)})", file=sys.stderr
     )
+    if failed is not None and _finished_everywhere(run):
+        # every rank recorded the script's normal end; a process then died in shutdown
+        print(
+            f"syncscope: warning: rank {failed} finished the script (its exit is recorded, "
+            f"nothing was lost) but its process then ended with exit status {status} while "
+            "Python shut down; the measurements above are complete",
+            file=sys.stderr,
+        )
+        return exit_status(findings, fail_on)
     if failed is not None:
         print(
             f"syncscope: the script failed on rank {failed} with exit status {status} "
@@ -263,6 +275,15 @@ def _report(run_dir: Path, status: int, failed: int | None, fail_on: str, quiet:
     if status:
         return status
     return exit_status(findings, fail_on)
+
+
+def _finished_everywhere(run: Run) -> bool:
+    """True when every rank of the job wrote an exit record saying the script ended well."""
+    return (
+        len(run.ranks) == run.world_size
+        and bool(run.ranks)
+        and all(r.finished and r.exit_status == 0 for r in run.ranks)
+    )
 
 
 def _world_size(values: dict[str, str]) -> int:

@@ -110,6 +110,25 @@ def test_script_failure_propagates_and_keeps_data(tmp_path: Path) -> None:
     assert [w["grad_syncs"] for w in rank1["windows"] if w["complete"]] == [4, 4]
 
 
+def test_crash_in_shutdown_after_the_script_finished_is_a_warning(tmp_path: Path) -> None:
+    """A process that dies after every rank recorded a normal end lost nothing: say so."""
+    proc = run_syncscope(
+        "profile",
+        "--nproc-per-node",
+        "2",
+        "--out",
+        str(tmp_path / "r"),
+        str(LOOPS),
+        "abort-at-shutdown-on-rank-1",
+    )
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert "warning: rank 1 finished the script" in proc.stderr
+    assert "exit status 134" in proc.stderr
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert [r["exit_status"] for r in report["ranks"]] == [0, 0]
+    assert [w["grad_syncs"] for w in report["ranks"][1]["windows"] if w["complete"]] == [4, 4]
+
+
 def test_fail_on_controls_exit_status(tmp_path: Path) -> None:
     # profile itself: a warning-only run fails with --fail-on warning
     proc = run_syncscope(

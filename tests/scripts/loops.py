@@ -178,6 +178,19 @@ elif PATTERN == "raise-on-rank-1":
     if RANK == 1:
         raise RuntimeError("boom on rank 1")
     time.sleep(0.5)
+elif PATTERN == "abort-at-shutdown-on-rank-1":  # the script ends well, the process does not
+    model = DDP(mlp())
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    ddp_loop(model, opt)
+    if RANK == 1:
+        import atexit
+        import os
+
+        def late_abort() -> None:  # after the script and syncscope's exit record
+            time.sleep(2)  # rank 0 writes its own exit record meanwhile
+            os.abort()
+
+        atexit.register(late_abort)
 elif PATTERN == "accelerate-sync-each-batch":  # deliberate: sync every micro-batch (memory)
     from accelerate import Accelerator
     from accelerate.utils import GradientAccumulationPlugin
