@@ -149,7 +149,9 @@ def main() -> None:
                 f"x{med_cpu / base_cpu:5.3f} (min {min(cpu[name]) * 1e3:6.1f})"
             )
         if profiler is not None:
-            pstats.Stats(profiler).sort_stats(os.environ.get("SORT", "tottime")).print_stats(os.environ.get("FILTER", ""), 30)
+            pstats.Stats(profiler).sort_stats(os.environ.get("SORT", "tottime")).print_stats(
+                os.environ.get("FILTER", ""), 30
+            )
     dist.destroy_process_group()
 
 

@@ -266,14 +266,18 @@ def main(argv: list[str] | None = None) -> int:
         "--out", type=Path, help="output folder (default docs/; --quick: a temp dir)"
     )
     parser.add_argument("--skip-analyze", action="store_true", help="leave out section 3")
+    parser.add_argument(
+        "--capture-reps", type=int, help="repetitions of section 2 (default 10; --quick: 1)"
+    )
     opts = parser.parse_args(argv)
     reps = opts.reps or (1 if opts.quick else 5)
+    capture_reps = opts.capture_reps or (1 if opts.quick else 10)
     out = opts.out or (Path(tempfile.gettempdir()) / "syncscope-bench-quick" if opts.quick
                        else ROOT / "docs")  # fmt: skip
     windows = ["--windows", "2" if opts.quick else "4", "--warmup", "2"]
     table_args = ["--layers", "8", "--hidden", "1024", "--batch", "8", "--accum", "4", *windows]
     capture_args = ["--layers", "6", "--hidden", "1024", "--batch", "32", "--accum", "4",
-                    "--windows", "3" if opts.quick else "6", "--warmup", "2"]  # fmt: skip
+                    "--windows", "3" if opts.quick else "8", "--warmup", "2"]  # fmt: skip
     started = time.monotonic()
     results: dict[str, Any] = {"machine": machine(), "quick": opts.quick, "reps": reps}
     with tempfile.TemporaryDirectory(prefix="syncscope-bench-") as tmp:
@@ -284,7 +288,7 @@ def main(argv: list[str] | None = None) -> int:
             log("section 1: the Accelerate table")
             results["accelerate"] = accelerate_table(work, fixed, reps, table_args)
             log("section 2: capture cost")
-            results["capture"] = capture_cost(work, reps, capture_args)
+            results["capture"] = capture_cost(work, capture_reps, capture_args)
             log("section 4: grad-sync bytes per window")
             results["bytes"] = sync_bytes(work, fixed, [*table_args[:8], "--windows", "2"])
             if not opts.skip_analyze:
