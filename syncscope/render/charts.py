@@ -1,8 +1,11 @@
 """Plotly figures built from the run model. Analysis code never plots; these functions do.
 
 Every builder takes model objects (or the ``summary.Grid`` built from them) and returns a
-``plotly.graph_objects.Figure``. Arrays go in as typed-array specs (``{"dtype", "bdata"}``),
-which keeps a 1,024-rank page small. Strings that come from a run (module and op names) are
+``Figure``: the plain ``{"data": [...], "layout": {...}}`` dict that ``Plotly.newPlot`` takes,
+built directly rather than through ``plotly.graph_objects`` (whose import and validation cost
+more than the rest of a report). ``subplots`` lays out a grid of axes the way plotly's
+``make_subplots`` does. Arrays go in as typed-array specs (``{"dtype", "bdata"}``), which
+keeps a 1,024-rank page small. Strings that come from a run (module and op names) are
 HTML-escaped before they reach plotly, which renders a subset of HTML in labels.
 """
 
@@ -13,9 +16,7 @@ import base64
 import html
 import sys
 from collections.abc import Sequence
-
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
+from typing import Any
 
 from syncscope.render.summary import Grid, window_means
 
@@ -39,6 +40,10 @@ PLACEMENT_WINDOWS_SHOWN = 16  # initial x range; the rest is a pan away
 HEATMAP_ROWS = 128  # rank rows drawn at most; more ranks share a row
 
 _TYPECODES = {"u1": "B", "i2": "h", "u2": "H", "i4": "i", "f4": "f", "f8": "d"}
+AXIS_STYLE: dict[str, Any] = {"gridcolor": "#eef0f3", "zeroline": False, "linecolor": "#d5d9df"}
+
+Figure = dict[str, Any]
+"""A plotly figure as JSON-ready dicts: ``{"data": [trace, ...], "layout": {...}}``."""
 
 
 def smallest_dtype(values: Sequence[float | None]) -> str:
@@ -65,13 +70,95 @@ def typed2d(rows: Sequence[Sequence[float | None]], dtype: str = "f4") -> dict[s
     return spec
 
 
+def _axis(letter: str, cell: int) -> str:
+    """The layout key of subplot ``cell``'s x or y axis: xaxis, xaxis2, ..."""
+    return f"{letter}axis{cell if cell > 1 else ''}"
+
+
+def subplots(
+    rows: int,
+    cols: int,
+    titles: Sequence[str],
+    *,
+    shared_xaxes: bool = False,
+    vertical_spacing: float | None = None,
+    horizontal_spacing: float | None = None,
+    column_widths: Sequence[float] | None = None,
+) -> Figure:
+    """A grid of x/y axes laid out as plotly's ``make_subplots`` does: the same domains, cells
+    numbered row by row from the top left (cell 1 on xaxis/yaxis, cell 2 on xaxis2/yaxis2, ...),
+    a title above each cell, shared x axes matching the bottom row's and unlabelled above it."""
+    hs = 0.2 / cols if horizontal_spacing is None else horizontal_spacing
+    vs = 0.5 / rows if vertical_spacing is None else vertical_spacing
+    if column_widths is None:
+        widths = [(1.0 - hs * (cols - 1)) / cols] * cols
+    else:
+        widths = [(1.0 - hs * (cols - 1)) * (w / float(sum(column_widths))) for w in column_widths]
+    heights = [(1.0 - vs * (rows - 1)) / rows] * rows
+    layout: dict[str, Any] = {}
+    annotations: list[dict[str, Any]] = []
+    for r in range(rows):  # from the top
+        below = rows - 1 - r
+        y0 = sum(heights[:below]) + below * vs
+        # clamped to [0, 1] against float noise, as make_subplots does
+        y_domain = [min(max(y0, 0.0), 1.0), min(max(y0 + heights[below], 0.0), 1.0)]
+        for c in range(cols):
+            cell = r * cols + c + 1
+            x0 = sum(widths[:c]) + c * hs
+            x_domain = [x0, x0 + widths[c]]
+            suffix = str(cell) if cell > 1 else ""
+            x_axis: dict[str, Any] = {"domain": x_domain, "anchor": "y" + suffix}
+            if shared_xaxes and below:
+                x_axis |= {"matches": f"x{(rows - 1) * cols + c + 1}", "showticklabels": False}
+            layout[_axis("x", cell)] = x_axis
+            layout[_axis("y", cell)] = {"domain": y_domain, "anchor": "x" + suffix}
+            if cell <= len(titles) and titles[cell - 1]:
+                annotations.append(
+                    {
+                        "y": y_domain[1],
+                        "xref": "paper",
+                        "x": sum(x_domain) / 2.0,
+                        "yref": "paper",
+                        "text": titles[cell - 1],
+                        "showarrow": False,
+                        "font": {"size": 16},
+                        "xanchor": "center",
+                        "yanchor": "bottom",
+                    }
+                )
+    if annotations:
+        layout["annotations"] = annotations
+    return {"data": [], "layout": layout}
+
+
+def add_trace(fig: Figure, trace_type: str, cell: int | None = None, **trace: Any) -> None:
+    """Append a ``trace_type`` trace; with ``cell``, on that subplot's axes."""
+    if cell is not None:
+        suffix = str(cell) if cell > 1 else ""
+        trace |= {"xaxis": "x" + suffix, "yaxis": "y" + suffix}
+    fig["data"].append({"type": trace_type, **trace})
+
+
+def update_axes(fig: Figure, letter: str, cell: int | None = None, **props: Any) -> None:
+    """Set ``props`` on the ``letter`` ("x" or "y") axes: every one there is, or one cell's."""
+    layout = fig["layout"]
+    if cell is not None:
+        names = [_axis(letter, cell)]
+    else:
+        names = [k for k in layout if k.startswith(f"{letter}axis")] or [_axis(letter, 1)]
+    for name in names:
+        layout.setdefault(name, {}).update(props)
+
+
 def styled(
-    title: str, height: int, fig: go.Figure | None = None, top: int = 72, **layout: object
-) -> go.Figure:
+    title: str, height: int, fig: Figure | None = None, top: int = 72, **layout: object
+) -> Figure:
     """Apply the house style to ``fig`` (a new figure when None): title, then legend, left."""
-    fig = go.Figure() if fig is None else fig
-    fig.update_layout(
-        template=go.layout.Template(),  # no default template: saves ~10 KB per figure
+    fig = {"data": [], "layout": {}} if fig is None else fig
+    fig["layout"].update(
+        # no default template (saves ~10 KB per figure), spelled as plotly.py spells an emptied
+        # one, so that plotly.py reading this JSON back does not apply its default theme either
+        template={"data": {"scatter": [{"type": "scatter"}]}},
         title={
             "text": html.escape(title),
             "x": 0.01,
@@ -98,8 +185,8 @@ def styled(
         hoverlabel={"bgcolor": "white"},
         **layout,
     )
-    fig.update_xaxes(gridcolor="#eef0f3", zeroline=False, linecolor="#d5d9df")
-    fig.update_yaxes(gridcolor="#eef0f3", zeroline=False, linecolor="#d5d9df")
+    update_axes(fig, "x", **AXIS_STYLE)
+    update_axes(fig, "y", **AXIS_STYLE)
     return fig
 
 
@@ -116,7 +203,7 @@ def _sync_colorscale(zmax: int) -> list[list[object]]:
     ]
 
 
-def placement_figure(grid: Grid) -> go.Figure:
+def placement_figure(grid: Grid) -> Figure:
     """Where grad syncs landed, per window and micro-batch, against where one belongs."""
     if grid.large:
         return _placement_heatmap(grid)
@@ -153,25 +240,30 @@ def placement_figure(grid: Grid) -> go.Figure:
     for kind, (label, marker) in styles.items():
         xs, ys = groups[kind]
         if xs or kind != "idle":
-            fig.add_trace(
-                go.Scatter(
-                    x=typed(xs, "f4"),
-                    y=typed(ys, "i2"),
-                    mode="markers",
-                    name=label,
-                    marker=marker,
-                    hovertemplate="rank %{y}<br>window %{x:.2f}<extra>" + label + "</extra>",
-                    visible=True if xs else "legendonly",
-                )
+            add_trace(
+                fig,
+                "scatter",
+                x=typed(xs, "f4"),
+                y=typed(ys, "i2"),
+                mode="markers",
+                name=label,
+                marker=marker,
+                hovertemplate="rank %{y}<br>window %{x:.2f}<extra>" + label + "</extra>",
+                visible=True if xs else "legendonly",
             )
-    fig.update_xaxes(
-        title="window", dtick=1, range=[0, min(grid.windows, PLACEMENT_WINDOWS_SHOWN)], tick0=0
+    update_axes(
+        fig,
+        "x",
+        title={"text": "window"},
+        dtick=1,
+        range=[0, min(grid.windows, PLACEMENT_WINDOWS_SHOWN)],
+        tick0=0,
     )
-    fig.update_yaxes(title="rank", autorange="reversed", dtick=1)
+    update_axes(fig, "y", title={"text": "rank"}, autorange="reversed", dtick=1)
     return fig
 
 
-def _placement_heatmap(grid: Grid) -> go.Figure:
+def _placement_heatmap(grid: Grid) -> Figure:
     depth = max((c.micro_batches for c in grid.cells(complete_only=False)), default=0)
     share = [[0.0] * grid.windows for _ in range(depth)]
     expected: list[tuple[int, int]] = []
@@ -183,58 +275,77 @@ def _placement_heatmap(grid: Grid) -> go.Figure:
         lasts = {c.expected_micro_batch for c in column if c.expected_micro_batch is not None}
         expected.extend((w, m) for m in lasts)
     fig = styled("Share of ranks that synced, per window and micro-batch", 160 + 28 * depth)
-    fig.add_trace(
-        go.Heatmap(
-            z=typed2d(share),
-            zmin=0,
-            zmax=1,
-            colorscale=[[0, "#f4f6f8"], [1, ACCENT]],
-            colorbar={"title": "ranks", "tickformat": ".0%", "len": 0.9},
-            hovertemplate="window %{x}, micro-batch %{y}: %{z:.1%} of ranks<extra></extra>",
-        )
+    add_trace(
+        fig,
+        "heatmap",
+        z=typed2d(share),
+        zmin=0,
+        zmax=1,
+        colorscale=[[0, "#f4f6f8"], [1, ACCENT]],
+        colorbar={"title": {"text": "ranks"}, "tickformat": ".0%", "len": 0.9},
+        hovertemplate="window %{x}, micro-batch %{y}: %{z:.1%} of ranks<extra></extra>",
     )
-    fig.add_trace(
-        go.Scatter(
-            x=[w for w, _ in expected],
-            y=[m for _, m in expected],
-            mode="markers",
-            name="where one sync belongs",
-            hoverinfo="skip",
-            marker={"symbol": "square-open", "size": 12, "color": OK, "line": {"width": 2}},
-        )
+    add_trace(
+        fig,
+        "scatter",
+        x=[w for w, _ in expected],
+        y=[m for _, m in expected],
+        mode="markers",
+        name="where one sync belongs",
+        hoverinfo="skip",
+        marker={"symbol": "square-open", "size": 12, "color": OK, "line": {"width": 2}},
     )
-    fig.update_xaxes(title="window")
-    fig.update_yaxes(title="micro-batch", autorange="reversed", dtick=1)
+    update_axes(fig, "x", title={"text": "window"})
+    update_axes(fig, "y", title={"text": "micro-batch"}, autorange="reversed", dtick=1)
     return fig
 
 
-def syncs_per_window_figure(grid: Grid, expected: float = 1.0) -> go.Figure:
+def syncs_per_window_figure(grid: Grid, expected: float = 1.0) -> Figure:
     """Grad syncs per window: bars per rank, or a rank x window heatmap for large jobs."""
     if grid.large:
         return _syncs_heatmap(grid, expected)
     fig = styled("Gradient syncs per window, per rank", 300, barmode="group", bargap=0.25)
     for i, (rank, row) in enumerate(zip(grid.ranks, grid.rows, strict=True)):
-        fig.add_trace(
-            go.Bar(
-                x=typed(range(len(row)), "i4"),
-                y=typed([c.syncs if c else None for c in row]),
-                name=f"rank {rank}",
-                marker_color=RANK_COLORS[i % len(RANK_COLORS)],
-                hovertemplate=f"rank {rank}" + ", window %{x}: %{y} syncs<extra></extra>",
-            )
+        add_trace(
+            fig,
+            "bar",
+            x=typed(range(len(row)), "i4"),
+            y=typed([c.syncs if c else None for c in row]),
+            name=f"rank {rank}",
+            marker={"color": RANK_COLORS[i % len(RANK_COLORS)]},
+            hovertemplate=f"rank {rank}" + ", window %{x}: %{y} syncs<extra></extra>",
         )
-    fig.add_hline(
-        y=expected,
-        line={"color": OK, "dash": "dash", "width": 2},
-        annotation_text="expected",
-        annotation_position="top right",
-    )
-    fig.update_xaxes(title="window")
-    fig.update_yaxes(title="grad syncs", rangemode="tozero")
+    # a horizontal line across the plot, labelled at its top right (plotly's add_hline)
+    fig["layout"]["shapes"] = [
+        {
+            "type": "line",
+            "xref": "x domain",
+            "x0": 0,
+            "x1": 1,
+            "yref": "y",
+            "y0": expected,
+            "y1": expected,
+            "line": {"color": OK, "dash": "dash", "width": 2},
+        }
+    ]
+    fig["layout"]["annotations"] = [
+        {
+            "text": "expected",
+            "showarrow": False,
+            "xref": "x domain",
+            "x": 1,
+            "xanchor": "right",
+            "yref": "y",
+            "y": expected,
+            "yanchor": "bottom",
+        }
+    ]
+    update_axes(fig, "x", title={"text": "window"})
+    update_axes(fig, "y", title={"text": "grad syncs"}, rangemode="tozero")
     return fig
 
 
-def _syncs_heatmap(grid: Grid, expected: float) -> go.Figure:
+def _syncs_heatmap(grid: Grid, expected: float) -> Figure:
     """Rank x window, binned to at most HEATMAP_ROWS rows; a bin shows its most deviant rank,
     so one rank that missed a sync among 1,024 stays visible."""
     size = -(-len(grid.ranks) // HEATMAP_ROWS)
@@ -251,58 +362,56 @@ def _syncs_heatmap(grid: Grid, expected: float) -> go.Figure:
     zmax = max(2, *(int(v) for row in z for v in row if v is not None))
     per = f" (each row {size} ranks; a row shows its most unusual rank)" if size > 1 else ""
     fig = styled("Gradient syncs per window, by rank (green: exactly one)" + per, 600)
-    fig.add_trace(
-        go.Heatmap(
-            z=typed2d(z, smallest_dtype([v for row in z for v in row])),
-            y=typed(labels, "i4"),
-            zmin=-0.5,
-            zmax=zmax + 0.5,
-            colorscale=_sync_colorscale(zmax),
-            colorbar={"title": "syncs", "dtick": 1},
-            hovertemplate=f"ranks %{{y}}+{size - 1}" if size > 1 else "rank %{y}",
-        )
+    ranks = f"ranks %{{y}}+{size - 1}" if size > 1 else "rank %{y}"
+    add_trace(
+        fig,
+        "heatmap",
+        z=typed2d(z, smallest_dtype([v for row in z for v in row])),
+        y=typed(labels, "i4"),
+        zmin=-0.5,
+        zmax=zmax + 0.5,
+        colorscale=_sync_colorscale(zmax),
+        colorbar={"title": {"text": "syncs"}, "dtick": 1},
+        hovertemplate=ranks + ", window %{x}: %{z} syncs<extra></extra>",
     )
-    fig.data[0].hovertemplate += ", window %{x}: %{z} syncs<extra></extra>"
-    fig.update_xaxes(title="window")
-    fig.update_yaxes(title="rank", autorange="reversed")
+    update_axes(fig, "x", title={"text": "window"})
+    update_axes(fig, "y", title={"text": "rank"}, autorange="reversed")
     return fig
 
 
-def window_metrics_figure(grid: Grid) -> go.Figure:
+def window_metrics_figure(grid: Grid) -> Figure:
     """Bytes synced, window time and peak memory per window (mean, or per rank when few)."""
-    fig = make_subplots(
-        rows=3,
-        cols=1,
+    fig = subplots(
+        3,
+        1,
+        ("grad sync bytes", "window time (ms)", "peak memory"),
         shared_xaxes=True,
         vertical_spacing=0.07,
-        subplot_titles=("grad sync bytes", "window time (ms)", "peak memory"),
     )
     styled("Per window: bytes, time, memory", 580, fig, top=80, showlegend=False)
     x = typed(range(grid.windows), "i4")
     mib = [None if v is None else v / 2**20 for v in window_means(grid, "bytes")]
-    fig.add_trace(
-        go.Bar(
-            x=x,
-            y=typed(mib),
-            marker_color=ACCENT,
-            name="MiB synced",
-            hovertemplate="window %{x}: %{y:.1f} MiB<extra></extra>",
-        ),
-        row=1,
-        col=1,
+    add_trace(
+        fig,
+        "bar",
+        1,
+        x=x,
+        y=typed(mib),
+        marker={"color": ACCENT},
+        name="MiB synced",
+        hovertemplate="window %{x}: %{y:.1f} MiB<extra></extra>",
     )
     ms = [None if v is None else v / 1e6 for v in window_means(grid, "duration_ns")]
-    fig.add_trace(
-        go.Scatter(
-            x=x,
-            y=typed(ms),
-            mode="lines+markers",
-            line_color=INK,
-            name="ms",
-            hovertemplate="window %{x}: %{y:.2f} ms<extra></extra>",
-        ),
-        row=2,
-        col=1,
+    add_trace(
+        fig,
+        "scatter",
+        2,
+        x=x,
+        y=typed(ms),
+        mode="lines+markers",
+        line={"color": INK},
+        name="ms",
+        hovertemplate="window %{x}: %{y:.2f} ms<extra></extra>",
     )
     per_mib = 2**20
     series: list[tuple[str, list[float | None]]]
@@ -320,21 +429,21 @@ def window_metrics_figure(grid: Grid) -> go.Figure:
             for r, row in zip(grid.ranks, grid.rows, strict=True)
         ]
     for n, (label, ys) in enumerate(series):
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=typed(ys),
-                mode="lines",
-                name=label,
-                line_color=RANK_COLORS[n % len(RANK_COLORS)],
-                hovertemplate=label + ", window %{x}: %{y:.0f} MiB<extra></extra>",
-            ),
-            row=3,
-            col=1,
+        add_trace(
+            fig,
+            "scatter",
+            3,
+            x=x,
+            y=typed(ys),
+            mode="lines",
+            name=label,
+            line={"color": RANK_COLORS[n % len(RANK_COLORS)]},
+            hovertemplate=label + ", window %{x}: %{y:.0f} MiB<extra></extra>",
         )
-    fig.update_yaxes(title_text="MiB", row=1, col=1, rangemode="tozero")
-    fig.update_yaxes(title_text="ms", row=2, col=1, rangemode="tozero")
-    fig.update_yaxes(title_text="MiB", row=3, col=1)
-    fig.update_xaxes(title_text="window", row=3, col=1)
-    fig.update_xaxes(dtick=1 if grid.windows <= 20 else None)
+    update_axes(fig, "y", 1, title={"text": "MiB"}, rangemode="tozero")
+    update_axes(fig, "y", 2, title={"text": "ms"}, rangemode="tozero")
+    update_axes(fig, "y", 3, title={"text": "MiB"})
+    update_axes(fig, "x", 3, title={"text": "window"})
+    if grid.windows <= 20:
+        update_axes(fig, "x", dtick=1)
     return fig

@@ -12,14 +12,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
 from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
 from syncscope.model import Finding, Run, Verdict
-from syncscope.render.charts import ACCENT, MUTED, styled, typed
+from syncscope.render.charts import (
+    ACCENT,
+    MUTED,
+    Figure,
+    add_trace,
+    styled,
+    subplots,
+    typed,
+    update_axes,
+)
 from syncscope.render.html import finding_card
 from syncscope.render.page import esc, figure_block, page, section
 from syncscope.render.summary import (
@@ -179,48 +186,47 @@ def _exposed_per_window(grid: Grid) -> float | None:
     return sum(values) / len(values) if values else None
 
 
-def diff_figure(a: Grid, b: Grid, labels: tuple[str, str] = ("before", "after")) -> go.Figure:
+def diff_figure(a: Grid, b: Grid, labels: tuple[str, str] = ("before", "after")) -> Figure:
     """Grad syncs and window time per window, before against after."""
-    fig = make_subplots(
-        rows=2,
-        cols=1,
+    fig = subplots(
+        2,
+        1,
+        ("grad syncs per window (mean over ranks)", "window time (ms)"),
         shared_xaxes=True,
         vertical_spacing=0.12,
-        subplot_titles=("grad syncs per window (mean over ranks)", "window time (ms)"),
     )
     styled("Before and after, window by window", 460, fig, top=100)
     for grid, label, color in ((a, labels[0], MUTED), (b, labels[1], ACCENT)):
         x = typed(range(grid.windows), "i4")
         syncs = window_means(grid, "syncs")
         ms = [None if v is None else v / 1e6 for v in window_means(grid, "duration_ns")]
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=typed(syncs),
-                name=label,
-                mode="lines",
-                line={"color": color, "width": 3},
-                legendgroup=label,
-            ),
-            row=1,
-            col=1,
+        add_trace(
+            fig,
+            "scatter",
+            1,
+            x=x,
+            y=typed(syncs),
+            name=label,
+            mode="lines",
+            line={"color": color, "width": 3},
+            legendgroup=label,
         )
-        fig.add_trace(
-            go.Scatter(
-                x=x,
-                y=typed(ms),
-                name=label,
-                mode="lines",
-                line={"color": color, "width": 3},
-                legendgroup=label,
-                showlegend=False,
-            ),
-            row=2,
-            col=1,
+        add_trace(
+            fig,
+            "scatter",
+            2,
+            x=x,
+            y=typed(ms),
+            name=label,
+            mode="lines",
+            line={"color": color, "width": 3},
+            legendgroup=label,
+            showlegend=False,
         )
-    fig.update_yaxes(rangemode="tozero")
-    fig.update_xaxes(title_text="window", row=2, col=1)
-    fig.update_xaxes(dtick=1 if max(a.windows, b.windows) <= 20 else None)
+    update_axes(fig, "y", rangemode="tozero")
+    update_axes(fig, "x", 2, title={"text": "window"})
+    if max(a.windows, b.windows) <= 20:
+        update_axes(fig, "x", dtick=1)
     return fig
 
 

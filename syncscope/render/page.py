@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import functools
 import html
+import importlib.util
+import pkgutil
 from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
 
-import plotly.graph_objects as go
-import plotly.offline
+import orjson
 from pygments import highlight
 from pygments.formatters import HtmlFormatter
 from pygments.lexers import PythonLexer
@@ -116,9 +119,30 @@ def esc(value: object) -> str:
     return html.escape(str(value), quote=True)
 
 
+# what plotly's JSON encoder escapes: no "</script>" or "<!--" can end the inline JSON early,
+# and no line separator can break a script
+_UNSAFE_IN_SCRIPT = (
+    ("<", "\\u003c"),
+    (">", "\\u003e"),
+    ("/", "\\u002f"),
+    ("\u2028", "\\u2028"),
+    ("\u2029", "\\u2029"),
+)
+
+
 @functools.cache
 def _plotly_js() -> str:
-    return str(plotly.offline.get_plotlyjs())
+    """The plotly.js bundle the installed plotly package ships (``plotly.offline.get_plotlyjs``),
+    read without importing plotly: its import alone costs more than rendering a report."""
+    spec = importlib.util.find_spec("plotly")
+    for folder in (spec and spec.submodule_search_locations) or ():
+        bundle = Path(folder, "package_data", "plotly.min.js")
+        if bundle.is_file():
+            return bundle.read_bytes().decode("utf-8")
+    data = pkgutil.get_data("plotly", "package_data/plotly.min.js")  # a zipped install
+    if data is None:
+        raise FileNotFoundError("plotly.min.js is not in the installed plotly package")
+    return data.decode("utf-8")
 
 
 @functools.cache
@@ -131,9 +155,18 @@ def code_block(source: str) -> str:
     return str(highlight(source, PythonLexer(), HtmlFormatter(cssclass="code", style="friendly")))
 
 
-def figure_block(fig: go.Figure, fig_id: str) -> str:
-    """A chart container and its figure as inert JSON (plotly's encoder escapes '<' and '/')."""
-    data = fig.to_json().replace("</", "<\\/")
+def figure_json(fig: dict[str, Any]) -> str:
+    """A figure (``{"data": [...], "layout": {...}}``) as JSON that is safe inside <script>."""
+    data = orjson.dumps(fig).decode("utf-8")
+    for unsafe, safe in _UNSAFE_IN_SCRIPT:
+        if unsafe in data:
+            data = data.replace(unsafe, safe)
+    return data
+
+
+def figure_block(fig: dict[str, Any], fig_id: str) -> str:
+    """A chart container and its figure as inert JSON (``figure_json`` escapes '<' and '/')."""
+    data = figure_json(fig)
     return (
         f'<div class="chart" id="{esc(fig_id)}"></div>\n'
         f'<script type="application/json" data-figure="{esc(fig_id)}">{data}</script>'

@@ -6,11 +6,21 @@ from __future__ import annotations
 import html
 from collections.abc import Sequence
 
-import plotly.graph_objects as go
-from plotly.subplots import make_subplots
-
 from syncscope.model import Run
-from syncscope.render.charts import EXTRA, INK, MISSING, MUTED, OK, styled, typed, typed2d
+from syncscope.render.charts import (
+    EXTRA,
+    INK,
+    MISSING,
+    MUTED,
+    OK,
+    Figure,
+    add_trace,
+    styled,
+    subplots,
+    typed,
+    typed2d,
+    update_axes,
+)
 from syncscope.render.summary import Grid, window_means
 
 TIMELINE_RANKS = 8
@@ -25,7 +35,7 @@ def timeline_ranks(run: Run, preferred: Sequence[int] = ()) -> list[int]:
     return sorted(picked)
 
 
-def timeline_figure(run: Run, ranks: Sequence[int], first_window: int = 0) -> go.Figure:
+def timeline_figure(run: Run, ranks: Sequence[int], first_window: int = 0) -> Figure:
     """Forward/backward, optimizer step and collectives per rank over a few windows.
 
     One trace per kind of bar (and per collective op and module, named in the hover), with
@@ -101,30 +111,32 @@ def timeline_figure(run: Run, ranks: Sequence[int], first_window: int = 0) -> go
             if k != kind:
                 continue
             size = "<br>%{customdata[2]:.2f} MiB" if k.endswith("collective") or "sync" in k else ""
-            fig.add_trace(
-                go.Bar(
-                    y=typed([b[0] for b in rows], "i2"),
-                    base=typed([b[1] - origin for b in rows]),
-                    x=typed([b[2] for b in rows]),
-                    customdata=typed2d([b[3:] for b in rows]),
-                    orientation="h",
-                    name=kind,
-                    legendgroup=kind,
-                    showlegend=kind not in shown,
-                    marker={"color": color, "line": {"width": 0}},
-                    width=width,
-                    offset=offset,
-                    hovertemplate=(f"{label}<br>" if label else "")
-                    + "window %{customdata[0]}, micro-batch %{customdata[1]}"
-                    + size
-                    + "<br>%{base:.2f} ms + %{x:.3f} ms<extra>"
-                    + kind
-                    + "</extra>",
-                )
+            add_trace(
+                fig,
+                "bar",
+                y=typed([b[0] for b in rows], "i2"),
+                base=typed([b[1] - origin for b in rows]),
+                x=typed([b[2] for b in rows]),
+                customdata=typed2d([b[3:] for b in rows]),
+                orientation="h",
+                name=kind,
+                legendgroup=kind,
+                showlegend=kind not in shown,
+                marker={"color": color, "line": {"width": 0}},
+                width=width,
+                offset=offset,
+                hovertemplate=(f"{label}<br>" if label else "")
+                + "window %{customdata[0]}, micro-batch %{customdata[1]}"
+                + size
+                + "<br>%{base:.2f} ms + %{x:.3f} ms<extra>"
+                + kind
+                + "</extra>",
             )
             shown.add(kind)
-    fig.update_xaxes(title="ms since the first window shown")
-    fig.update_yaxes(
+    update_axes(fig, "x", title={"text": "ms since the first window shown"})
+    update_axes(
+        fig,
+        "y",
         autorange="reversed",
         tickvals=list(range(len(ranks))),
         ticktext=[f"rank {r}" for r in ranks],
@@ -133,17 +145,14 @@ def timeline_figure(run: Run, ranks: Sequence[int], first_window: int = 0) -> go
     return fig
 
 
-def overlap_figure(grid: Grid) -> go.Figure:
+def overlap_figure(grid: Grid) -> Figure:
     """Compute, overlapped and exposed communication per window, and exposed share per rank."""
-    fig = make_subplots(
-        rows=1,
-        cols=2,
+    fig = subplots(
+        1,
+        2,
+        ("per window, mean over ranks (ms)", "exposed share of window time, per rank"),
         column_widths=[0.65, 0.35],
         horizontal_spacing=0.1,
-        subplot_titles=(
-            "per window, mean over ranks (ms)",
-            "exposed share of window time, per rank",
-        ),
     )
     styled("Communication overlap (from the trace)", 380, fig, top=100, barmode="stack")
     x = typed(range(grid.windows), "i4")
@@ -158,34 +167,32 @@ def overlap_figure(grid: Grid) -> go.Figure:
         ("overlapped comm", hidden, "#7fbfa0"),
         ("exposed comm", exposed, MISSING),
     ):
-        fig.add_trace(
-            go.Bar(
-                x=x,
-                y=typed([None if v is None else v / 1e6 for v in values]),
-                name=label,
-                marker_color=color,
-                hovertemplate="window %{x}: %{y:.2f} ms<extra>" + label + "</extra>",
-            ),
-            row=1,
-            col=1,
+        add_trace(
+            fig,
+            "bar",
+            1,
+            x=x,
+            y=typed([None if v is None else v / 1e6 for v in values]),
+            name=label,
+            marker={"color": color},
+            hovertemplate="window %{x}: %{y:.2f} ms<extra>" + label + "</extra>",
         )
     shares: list[float | None] = []
     for row in grid.rows:
         cells = [c for c in row if c is not None and c.exposed_comm_ns is not None]
         total = sum(c.duration_ns for c in cells)
         shares.append(sum(c.exposed_comm_ns or 0 for c in cells) / total if total else None)
-    fig.add_trace(
-        go.Bar(
-            x=typed(grid.ranks, "i4"),
-            y=typed(shares),
-            marker_color=MISSING,
-            showlegend=False,
-            hovertemplate="rank %{x}: %{y:.1%} exposed<extra></extra>",
-        ),
-        row=1,
-        col=2,
+    add_trace(
+        fig,
+        "bar",
+        2,
+        x=typed(grid.ranks, "i4"),
+        y=typed(shares),
+        marker={"color": MISSING},
+        showlegend=False,
+        hovertemplate="rank %{x}: %{y:.1%} exposed<extra></extra>",
     )
-    fig.update_yaxes(tickformat=".0%", row=1, col=2, rangemode="tozero")
-    fig.update_xaxes(title_text="window", row=1, col=1)
-    fig.update_xaxes(title_text="rank", row=1, col=2)
+    update_axes(fig, "y", 2, tickformat=".0%", rangemode="tozero")
+    update_axes(fig, "x", 1, title={"text": "window"})
+    update_axes(fig, "x", 2, title={"text": "rank"})
     return fig

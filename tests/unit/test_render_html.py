@@ -6,18 +6,24 @@ import array
 import base64
 import json
 import re
+import subprocess
+import sys
 import time
 from pathlib import Path
 from typing import Any
 
+import plotly.graph_objects as go
 import plotly.offline
 import pytest
+from plotly.subplots import make_subplots
 
 from syncscope import cli
 from syncscope.commands import report as report_command
 from syncscope.model import Finding, Run, RunMeta
 from syncscope.render import charts
+from syncscope.render.diff import compare, render_diff_html
 from syncscope.render.html import render_html
+from syncscope.render.page import figure_json
 from syncscope.render.summary import grid_of, headline
 from tests.unit import runs
 
@@ -142,8 +148,9 @@ def test_1024_ranks_use_heatmaps_stay_small_and_render_fast() -> None:
 def test_heatmap_bins_keep_the_one_rank_that_missed_a_sync() -> None:
     # GIVEN 1,024 ranks where only rank 1 misses its sync in odd windows
     fig = charts.syncs_per_window_figure(grid_of(runs.huge()))
-    heat = fig.data[0]
-    z = values(heat.z)
+    heat = fig["data"][0]
+    assert heat["type"] == "heatmap"
+    z = values(heat["z"])
     width = 50
     first_row = z[:width]
     # THEN the row holding rank 1 shows 0 syncs in odd windows, 1 in even ones
@@ -155,14 +162,14 @@ def test_heatmap_bins_keep_the_one_rank_that_missed_a_sync() -> None:
 def test_placement_marks_extra_and_missing_syncs_per_rank() -> None:
     # GIVEN rank 1 syncing on micro-batch 0 instead of the last (4 micro-batches, 4 windows)
     fig = charts.placement_figure(grid_of(runs.divergent()))
-    by_name = {t.name: t for t in fig.data}
+    by_name = {t["name"]: t for t in fig["data"]}
     missing = by_name["missing sync"]
     extra = by_name["extra sync"]
     # THEN rank 1 has a missing ring at the end of each window and an extra sync at its start
-    assert values(missing.y) == [1] * 4
-    assert values(missing.x) == pytest.approx([w + 0.875 for w in range(4)])
-    assert values(extra.x) == pytest.approx([w + 0.125 for w in range(4)])
-    assert values(by_name["sync where it belongs"].y) == [0] * 4
+    assert values(missing["y"]) == [1] * 4
+    assert values(missing["x"]) == pytest.approx([w + 0.875 for w in range(4)])
+    assert values(extra["x"]) == pytest.approx([w + 0.125 for w in range(4)])
+    assert values(by_name["sync where it belongs"]["y"]) == [0] * 4
 
 
 def test_overlap_chart_and_tile_only_with_trace_data() -> None:
@@ -184,6 +191,65 @@ def test_empty_run_renders_without_charts() -> None:
     page = render_html(Run(meta=RunMeta(), ranks=()), [])
     assert "No windows were recorded" in page
     assert figures(page) == {}
+
+
+@pytest.mark.parametrize(
+    ("rows", "cols", "options"),
+    [
+        (3, 1, {"shared_xaxes": True, "vertical_spacing": 0.07}),  # bytes, time, memory
+        (2, 1, {"shared_xaxes": True, "vertical_spacing": 0.12}),  # the diff
+        (1, 2, {"column_widths": [0.65, 0.35], "horizontal_spacing": 0.1}),  # overlap
+        (2, 3, {}),
+    ],
+)
+def test_subplot_grids_are_laid_out_as_plotly_lays_them_out(
+    rows: int, cols: int, options: dict[str, Any]
+) -> None:
+    titles = [f"title {i}" for i in range(rows * cols)]
+    ours = charts.subplots(rows, cols, titles, **options)
+    theirs = make_subplots(rows, cols, subplot_titles=titles, **options).to_plotly_json()
+    del theirs["layout"]["template"]
+    assert ours == {"data": [], "layout": theirs["layout"]}
+
+
+def test_figures_are_what_plotly_itself_would_serialize() -> None:
+    # GIVEN every kind of figure: small and large runs, trace overlap, a diff
+    pages = [
+        render_html(runs.traced(), []),
+        render_html(runs.divergent(), [runs.finding()]),
+        render_html(runs.medium(), runs.all_findings()),
+        render_html(runs.huge(), runs.all_findings()),
+        render_diff_html(compare(runs.redundant(), [], runs.clean_ddp(), [])),
+    ]
+    seen = 0
+    for page in pages:
+        for name, fig in figures(page).items():
+            # THEN plotly accepts each one as it is (it rejects unknown properties) and
+            # writes it back unchanged: the page's JSON is the figure plotly would build
+            validated = json.loads(go.Figure(fig).to_json())
+            assert validated == fig, name
+            assert json.loads(figure_json(fig)) == fig
+            seen += 1
+    assert seen == 4 * 4 + 2
+
+
+def test_rendering_imports_no_plotly_python_code() -> None:
+    # plotly's Python package (graph objects, validators) costs more to import than a report
+    # takes to render; the page needs only its plotly.js file
+    script = (
+        "import sys\n"
+        "from tests.unit import runs\n"
+        "from syncscope.render.diff import compare, render_diff_html\n"
+        "from syncscope.render.html import render_html\n"
+        "assert 'Plotly' in render_html(runs.traced(), runs.all_findings())\n"
+        "render_diff_html(compare(runs.redundant(), [], runs.huge(), []))\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in ('plotly', '_plotly_utils')))\n"
+    )
+    root = Path(__file__).resolve().parents[2]
+    out = subprocess.run(
+        [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True
+    )
+    assert out.stdout.strip() == "[]"
 
 
 # The command --------------------------------------------------------------------------------
