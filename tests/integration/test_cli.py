@@ -25,6 +25,11 @@ def one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -> None:
     assert "Traceback" not in proc.stderr
 
 
+def profile_loop(out: Path, pattern: str) -> subprocess.CompletedProcess[str]:
+    """``syncscope profile`` of one tests/scripts/loops.py pattern on 2 ranks."""
+    return run_syncscope("profile", "--nproc-per-node", "2", "--out", str(out), str(LOOPS), pattern)
+
+
 @pytest.mark.parametrize("entry", [["syncscope"], [sys.executable, "-m", "syncscope"]])
 def test_help_from_console_script_and_module(entry: list[str]) -> None:
     exe = shutil.which(entry[0]) if entry[0] == "syncscope" else entry[0]
@@ -92,15 +97,7 @@ def test_script_that_never_initialises_distributed(tmp_path: Path) -> None:
 
 
 def test_script_failure_propagates_and_keeps_data(tmp_path: Path) -> None:
-    proc = run_syncscope(
-        "profile",
-        "--nproc-per-node",
-        "2",
-        "--out",
-        str(tmp_path / "r"),
-        str(LOOPS),
-        "raise-on-rank-1",
-    )
+    proc = profile_loop(tmp_path / "r", "raise-on-rank-1")
     assert proc.returncode == 1
     assert "boom on rank 1" in proc.stderr
     assert "the script failed on rank 1" in proc.stderr
@@ -112,15 +109,7 @@ def test_script_failure_propagates_and_keeps_data(tmp_path: Path) -> None:
 
 def test_crash_in_shutdown_after_the_script_finished_is_a_warning(tmp_path: Path) -> None:
     """A process that dies after every rank recorded a normal end lost nothing: say so."""
-    proc = run_syncscope(
-        "profile",
-        "--nproc-per-node",
-        "2",
-        "--out",
-        str(tmp_path / "r"),
-        str(LOOPS),
-        "abort-at-shutdown-on-rank-1",
-    )
+    proc = profile_loop(tmp_path / "r", "abort-at-shutdown-on-rank-1")
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert "warning: rank 1 finished the script" in proc.stderr
     assert "exit status 134" in proc.stderr
