@@ -1,4 +1,9 @@
-"""The ``syncscope`` command line: a thin typer app; each command lives in syncscope/commands/.
+"""The ``syncscope`` command line: argparse (stdlib); each command lives in syncscope/commands/.
+
+Each command module has ``add_parser(subparsers)``, which adds its subparser and sets
+``run``: a function taking the parsed ``argparse.Namespace`` and returning the exit status
+(``None``: 0). The command modules import nothing heavy at import time, so building the
+parser costs milliseconds and ``syncscope --help`` starts fast.
 
 ``main(argv) -> int`` turns every usage error and SyncscopeError into one line on stderr and
 an exit status (2), so no traceback from syncscope itself ever reaches the user.
@@ -6,38 +11,111 @@ an exit status (2), so no traceback from syncscope itself ever reaches the user.
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
-
-import typer
-
-try:  # typer >= 0.20 vendors its own click
-    from typer._click import exceptions as click_errors  # type: ignore[import-not-found,unused-ignore]
-except ImportError:  # pragma: no cover - older typer uses click itself
-    from click import exceptions as click_errors  # type: ignore[no-redef,unused-ignore]
+from collections.abc import Sequence
+from typing import Any, NoReturn
 
 from syncscope.errors import SyncscopeError
 
-app = typer.Typer(
-    name="syncscope",
-    help="Find redundant, missing and misplaced gradient synchronizations in PyTorch training.",
-    no_args_is_help=True,
-    add_completion=False,
-    pretty_exceptions_enable=False,
-    rich_markup_mode=None,
-)
+DESCRIPTION = "Find redundant, missing and misplaced gradient synchronizations in PyTorch training."
 
-
-@app.callback()
-def _root() -> None:
-    """Find redundant, missing and misplaced gradient synchronizations in PyTorch training."""
-
-
-# Each module registers its command(s) on ``app`` via ``register(app)``.
+# Each module adds its command's subparser via ``add_parser(subparsers)``, in this order.
 COMMAND_MODULES = ("profile", "report", "analyze", "diff", "fix")
 
 
-def _register_all() -> None:
+class UsageError(Exception):
+    """A command line argparse rejected; ``prog`` names the (sub)command, for the hint."""
+
+    def __init__(self, message: str, prog: str) -> None:
+        super().__init__(message)
+        self.prog = prog
+
+
+class Parser(argparse.ArgumentParser):
+    """An ArgumentParser whose errors raise UsageError instead of printing usage and exiting.
+
+    Two modes for commands that take another program's arguments:
+
+    ``program_options``: options (``-m``, ``--module``) whose value starts the program. The
+    first positional argument (SCRIPT), the value of one of these options (MODULE) or a
+    ``--`` ends this parser's own options; every later argument, options included, belongs
+    to the program and is stored, unparsed, as ``program`` (like ``python [OPTIONS] SCRIPT
+    ARGS`` and ``python -m MODULE ARGS``). A ``--`` right before SCRIPT or right after MODULE
+    is a separator, not the program's.
+
+    ``intermixed``: positionals and options may be mixed (``fix SCRIPT --apply ARGS``).
+    """
+
+    program_options: tuple[str, ...] | None = None
+    intermixed: bool = False
+    _inside_intermixed: bool = False
+
+    def error(self, message: str) -> NoReturn:
+        raise UsageError(message, self.prog)
+
+    def parse_known_args(  # type: ignore[override]  # one signature for typeshed's overloads
+        self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
+    ) -> tuple[argparse.Namespace, list[str]]:
+        arg_list = list(sys.argv[1:] if args is None else args)
+        if self.program_options is not None:
+            own, program = self._split_program(arg_list)
+            parsed, extras = super().parse_known_args(own, namespace)
+            parsed.program = program
+            return parsed, extras
+        if self.intermixed and not self._inside_intermixed:
+            # parse_known_intermixed_args calls parse_known_args itself: once, not again
+            self._inside_intermixed = True
+            try:
+                return self.parse_known_intermixed_args(arg_list, namespace)
+            finally:
+                self._inside_intermixed = False
+        return super().parse_known_args(arg_list, namespace)
+
+    def _split_program(self, args: list[str]) -> tuple[list[str], list[str]]:
+        """(this parser's own arguments, the program's): see ``program_options``."""
+
+        def after(end: int) -> tuple[list[str], list[str]]:  # -m MODULE [--] ARGS
+            return args[:end], args[end + 1 :] if args[end : end + 1] == ["--"] else args[end:]
+
+        starts = self.program_options or ()
+        actions = self._option_string_actions
+        i = 0
+        while i < len(args):
+            token = args[i]
+            if token == "--":
+                return args[:i], args[i + 1 :]
+            if token == "-" or not token.startswith("-"):
+                return args[:i], args[i:]  # SCRIPT
+            if token.startswith("--"):
+                name, eq, _ = token.partition("=")
+                action = actions.get(name)
+                end = i + 1 if eq or action is None or action.nargs == 0 else i + 2
+                if name in starts:
+                    return after(end)
+                i = end
+                continue
+            # short options, possibly clustered or with the value attached: -q, -oDIR, -qm MOD
+            end = i + 1
+            for j in range(1, len(token)):
+                option = "-" + token[j]
+                action = actions.get(option)
+                if action is None or action.nargs != 0:  # unknown, or takes the rest as value
+                    if action is not None and j == len(token) - 1:
+                        end = i + 2  # the value is the next argument
+                    if option in starts:
+                        return after(end)
+                    break
+            i = end
+        return args, []
+
+
+def build_parser() -> Parser:
+    parser = Parser(prog="syncscope", description=DESCRIPTION, allow_abbrev=False)
+    subparsers = parser.add_subparsers(
+        title="commands", dest="command", metavar="COMMAND", required=True, parser_class=Parser
+    )
     for name in COMMAND_MODULES:
         try:
             module = importlib.import_module(f"syncscope.commands.{name}")
@@ -45,10 +123,8 @@ def _register_all() -> None:
             if exc.name == f"syncscope.commands.{name}":
                 continue  # command not built yet
             raise
-        module.register(app)
-
-
-_register_all()
+        module.add_parser(subparsers)
+    return parser
 
 
 def error(message: str) -> None:
@@ -56,38 +132,27 @@ def error(message: str) -> None:
     print(f"syncscope: error: {message}", file=sys.stderr)
 
 
-def _module_args_are_the_programs(args: list[str]) -> list[str]:
-    """``profile -m MODULE ARGS...``: like ``python -m``, everything after MODULE belongs
-    to the module, options included; end syncscope's own options there."""
-    if not args or args[0] != "profile":
-        return args
-    for i, token in enumerate(args):
-        if token == "--":
-            break
-        if token in ("-m", "--module") and i + 2 < len(args) and args[i + 2] != "--":
-            return [*args[: i + 2], "--", *args[i + 2 :]]
-        if token.startswith("--module="):
-            return [*args[: i + 1], "--", *args[i + 1 :]] if i + 1 < len(args) else args
-    return args
-
-
 def main(argv: list[str] | None = None) -> int:
-    args = _module_args_are_the_programs(list(sys.argv[1:] if argv is None else argv))
+    args = list(sys.argv[1:] if argv is None else argv)
+    parser = build_parser()
+    if not args:
+        parser.print_help(sys.stderr)
+        return 2
     try:
-        result = app(args=args, prog_name="syncscope", standalone_mode=False)
-    except click_errors.NoArgsIsHelpError as exc:
-        print(exc.ctx.get_help() if exc.ctx else "", file=sys.stderr)
+        if args[0].startswith("-") and args[0] not in ("-h", "--help"):
+            raise UsageError(f"unknown option {args[0]} (a command comes first)", "syncscope")
+        try:
+            namespace, extras = parser.parse_known_args(args)
+        except SystemExit as exc:  # --help: printed on stdout
+            return exc.code if isinstance(exc.code, int) else 0
+        if extras:
+            command = f"syncscope {namespace.command}"
+            raise UsageError(f"unrecognized arguments: {' '.join(extras)}", command)
+        run: Any = namespace.run
+        result = run(namespace)
+    except UsageError as exc:
+        error(f"{exc} (see '{exc.prog} --help')")
         return 2
-    except click_errors.UsageError as exc:
-        name = exc.ctx.command_path if exc.ctx else "syncscope"
-        hint = f" (see '{name} --help')"
-        error(f"{exc.format_message()}{hint}")
-        return 2
-    except typer.Exit as exc:
-        return int(exc.exit_code)
-    except typer.Abort:
-        error("aborted")
-        return 130
     except SyncscopeError as exc:
         error(str(exc))
         return exc.exit_code

@@ -14,6 +14,7 @@ Nothing here does I/O. Builders (``syncscope.analysis.build`` for live captures,
 from __future__ import annotations
 
 import functools
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -160,8 +161,9 @@ class Window:
     complete: bool
     start_ns: int
     end_ns: int
-    micro_batches: tuple[MicroBatch, ...]
-    collectives: tuple[Collective, ...]
+    # a tuple (live captures) or a packed ``Rows`` view (traces, see syncscope.packed)
+    micro_batches: Sequence[MicroBatch]
+    collectives: Sequence[Collective]
     grad_resets: tuple[GradReset, ...] = ()
     toggles: tuple[SyncToggle, ...] = ()
     steps: int = 1  # optimizer.step calls that closed this window (several optimizers)

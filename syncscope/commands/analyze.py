@@ -7,50 +7,33 @@ summary, ``report.json`` and the report files.
 
 from __future__ import annotations
 
+import argparse
 import sys
 import time
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING
 
-import typer
-
-from syncscope.analysis.sources import findings_for, load
 from syncscope.errors import SyncscopeError
 
-__all__ = ["analyze", "findings_for", "load", "register"]
+if TYPE_CHECKING:
+    from syncscope.cli import Parser
+
+__all__ = ["add_parser", "analyze"]
+
+SUMMARY = "Report on a saved run, or on torch.profiler (Kineto) traces of a training job."
 
 
 def analyze(
-    paths: Annotated[
-        list[Path], typer.Argument(help="Run directories, trace directories or trace files.")
-    ],
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            "--out", "-o", help="Report directory (default syncscope-out/analyze-<timestamp>)."
-        ),
-    ] = None,
-    skip_bad: Annotated[
-        bool,
-        typer.Option(
-            "--skip-bad",
-            help="Leave out unreadable traces (listed in the report) instead of failing.",
-        ),
-    ] = False,
-    hta: Annotated[
-        bool,
-        typer.Option(
-            "--hta", help="Also run HTA's overlap and temporal breakdown (GPU traces; slow)."
-        ),
-    ] = False,
-    fail_on: Annotated[
-        str, typer.Option(help="Exit 1 on findings of this severity: never, warning, error.")
-    ] = "error",
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No terminal summary.")] = False,
+    paths: list[Path],
+    out: Path | None = None,
+    skip_bad: bool = False,
+    hta: bool = False,
+    fail_on: str = "error",
+    quiet: bool = False,
 ) -> int:
     """Report on a saved run, or on torch.profiler (Kineto) traces of a training job."""
+    from syncscope.analysis.sources import findings_for, load
     from syncscope.render.outputs import exit_status, write_reports
-    from syncscope.render.terminal import render_text
 
     if fail_on not in ("never", "warning", "error"):
         raise SyncscopeError(f"--fail-on must be one of never, warning, error, not {fail_on!r}")
@@ -69,6 +52,8 @@ def analyze(
     out_dir = out or Path("syncscope-out") / f"analyze-{time.strftime('%Y%m%d-%H%M%S')}"
     written = write_reports(run, findings, out_dir)
     if not quiet:
+        from syncscope.render.terminal import render_text  # rich: only when it prints
+
         print(render_text(run, findings))
     print(
         f"syncscope: reports in {out_dir} ({', '.join(p.name for p in written)})", file=sys.stderr
@@ -76,5 +61,48 @@ def analyze(
     return exit_status(findings, fail_on)
 
 
-def register(app: typer.Typer) -> None:
-    app.command("analyze")(analyze)
+def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
+    parser = subparsers.add_parser("analyze", help=SUMMARY, description=SUMMARY, allow_abbrev=False)
+    parser.add_argument(
+        "paths",
+        nargs="+",
+        type=Path,
+        metavar="PATH",
+        help="Run directories, trace directories or trace files.",
+    )
+    parser.add_argument(
+        "--out",
+        "-o",
+        type=Path,
+        metavar="DIR",
+        help="Report directory (default syncscope-out/analyze-<timestamp>).",
+    )
+    parser.add_argument(
+        "--skip-bad",
+        action="store_true",
+        help="Leave out unreadable traces (listed in the report) instead of failing.",
+    )
+    parser.add_argument(
+        "--hta",
+        action="store_true",
+        help="Also run HTA's overlap and temporal breakdown (GPU traces; slow).",
+    )
+    parser.add_argument(
+        "--fail-on",
+        default="error",
+        metavar="LEVEL",
+        help="Exit 1 on findings of this severity: never, warning, error. (default: %(default)s)",
+    )
+    parser.add_argument("--quiet", "-q", action="store_true", help="No terminal summary.")
+    parser.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    return analyze(
+        args.paths,
+        out=args.out,
+        skip_bad=args.skip_bad,
+        hta=args.hta,
+        fail_on=args.fail_on,
+        quiet=args.quiet,
+    )

@@ -2,13 +2,19 @@
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
-from typing import Annotated
-
-import typer
+from typing import TYPE_CHECKING
 
 from syncscope.commands import report as report_command
+
+if TYPE_CHECKING:
+    from syncscope.cli import Parser
+
+SUMMARY = (
+    "Compare two runs: grad syncs, bytes, window time, peak memory, findings resolved and new."
+)
 
 
 def labels_for(a: Path, b: Path) -> tuple[str, str]:
@@ -16,17 +22,7 @@ def labels_for(a: Path, b: Path) -> tuple[str, str]:
     return (a.name, b.name) if a.name and b.name and a.name != b.name else (str(a), str(b))
 
 
-def diff(
-    run_a: Annotated[Path, typer.Argument(help="The run before the change.")],
-    run_b: Annotated[Path, typer.Argument(help="The run after the change.")],
-    html: Annotated[
-        Path | None, typer.Option("--html", help="Also write the comparison as an HTML page.")
-    ] = None,
-    color: Annotated[
-        bool | None,
-        typer.Option("--color/--no-color", help="Colour the output (default: on a terminal)."),
-    ] = None,
-) -> None:
+def diff(run_a: Path, run_b: Path, html: Path | None = None, color: bool | None = None) -> None:
     """Compare two runs: grad syncs, bytes, window time, peak memory, findings resolved and new."""
     from syncscope.render.diff import compare, render_diff_html, render_diff_text
 
@@ -40,5 +36,21 @@ def diff(
         print(f"syncscope: wrote {html}", file=sys.stderr)
 
 
-def register(app: typer.Typer) -> None:
-    app.command("diff")(diff)
+def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
+    parser = subparsers.add_parser("diff", help=SUMMARY, description=SUMMARY, allow_abbrev=False)
+    parser.add_argument("run_a", type=Path, metavar="RUN_A", help="The run before the change.")
+    parser.add_argument("run_b", type=Path, metavar="RUN_B", help="The run after the change.")
+    parser.add_argument(
+        "--html", type=Path, metavar="FILE", help="Also write the comparison as an HTML page."
+    )
+    parser.add_argument(
+        "--color",
+        action=argparse.BooleanOptionalAction,
+        default=None,
+        help="Colour the output (default: on a terminal).",
+    )
+    parser.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> None:
+    diff(args.run_a, args.run_b, html=args.html, color=args.color)

@@ -6,19 +6,22 @@ status: 0 nothing to fix, 1 problems found (dry run) or left unfixed (``--apply`
 
 from __future__ import annotations
 
+import argparse
 import os
 import shutil
 import sys
 import tempfile
+from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
-
-import typer
+from typing import TYPE_CHECKING
 
 from syncscope.errors import SyncscopeError
 
 if TYPE_CHECKING:  # libcst is imported only when the command runs
+    from syncscope.cli import Parser
     from syncscope.fixes.codemod import FixResult, Style
+
+SUMMARY = "Propose (dry run) or --apply fixes to gradient-accumulation loops."
 
 
 def _check_inside(path: Path, allow_outside: bool) -> None:
@@ -77,67 +80,105 @@ def _report(result: FixResult, shown: str) -> None:
         print(f"{shown}: {note}", file=sys.stderr)
 
 
-def register(app: typer.Typer) -> None:
-    @app.command("fix")
-    def fix(
-        script: Annotated[Path, typer.Argument(help="Training script to check and fix.")],
-        args: Annotated[
-            list[str] | None, typer.Argument(help="Script arguments, for --verify.")
-        ] = None,
-        apply: Annotated[bool, typer.Option("--apply", help="Write the change.")] = False,
-        style: Annotated[
-            str, typer.Option("--style", help="auto, accelerate, no_sync, flag or fsdp2.")
-        ] = "auto",
-        from_run: Annotated[
-            Path | None, typer.Option("--from", help="Run directory of `syncscope profile`.")
-        ] = None,
-        verify: Annotated[
-            bool, typer.Option("--verify", help="Profile original and fixed, side by side.")
-        ] = False,
-        nproc_per_node: Annotated[
-            int, typer.Option("--nproc-per-node", help="Ranks for --verify.")
-        ] = 2,
-        no_backup: Annotated[bool, typer.Option("--no-backup", help="No SCRIPT.bak.")] = False,
-        allow_outside: Annotated[
-            bool, typer.Option("--allow-outside", help="Write a file outside the cwd.")
-        ] = False,
-    ) -> None:
-        """Propose (dry run) or --apply fixes to gradient-accumulation loops."""
-        from syncscope.fixes.codemod import STYLES, FixOptions, fix_source
+def fix(
+    script: Path,
+    args: Sequence[str] = (),
+    apply: bool = False,
+    style: str = "auto",
+    from_run: Path | None = None,
+    verify: bool = False,
+    nproc_per_node: int = 2,
+    no_backup: bool = False,
+    allow_outside: bool = False,
+) -> int:
+    """Propose (dry run) or --apply fixes to gradient-accumulation loops."""
+    from syncscope.fixes.codemod import STYLES, FixOptions, fix_source
 
-        if style not in STYLES:
-            raise SyncscopeError(f"--style must be one of {', '.join(STYLES)}, not {style!r}")
-        data = _read(script)
-        try:
-            source = data.decode("utf-8")
-        except UnicodeDecodeError:
-            raise SyncscopeError(f"{script}: not UTF-8 text") from None
-        hints = None
-        if from_run is not None:
-            from syncscope.fixes.fromrun import load_hints
+    if style not in STYLES:
+        raise SyncscopeError(f"--style must be one of {', '.join(STYLES)}, not {style!r}")
+    data = _read(script)
+    try:
+        source = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SyncscopeError(f"{script}: not UTF-8 text") from None
+    hints = None
+    if from_run is not None:
+        from syncscope.fixes.fromrun import load_hints
 
-            hints = load_hints(from_run, script, data)
-        chosen: Style = style  # type: ignore[assignment]
-        result = fix_source(source, FixOptions(chosen, hints), path=str(script))
-        if result.changed and not apply:
-            sys.stdout.write(result.diff(str(script)))
-        _report(result, str(script))
-        if verify and result.changed:
-            from syncscope.fixes.verify import render
-            from syncscope.fixes.verify import verify as run_verify
+        hints = load_hints(from_run, script, data)
+    chosen: Style = style  # type: ignore[assignment]
+    result = fix_source(source, FixOptions(chosen, hints), path=str(script))
+    if result.changed and not apply:
+        sys.stdout.write(result.diff(str(script)))
+    _report(result, str(script))
+    if verify and result.changed:
+        from syncscope.fixes.verify import render
+        from syncscope.fixes.verify import verify as run_verify
 
-            _check_inside(script, allow_outside)
-            codes = [p.code for p in result.problems]
-            checked = run_verify(
-                script, result.fixed, codes, ("--nproc-per-node", str(nproc_per_node)), args or ()
-            )
-            print("\n".join(render(checked)))
-            if not checked.ok:
-                raise SyncscopeError("verification failed: the fix was not applied")
-        if apply and result.changed:
-            _check_inside(script, allow_outside)
-            write_atomically(script, result.fixed, backup=not no_backup)
-            print(f"syncscope: wrote {script}", file=sys.stderr)
-        unfixed = any(not p.fixed for p in result.problems)
-        if result.problems and (not apply or unfixed):
-            raise typer.Exit(1)
+        _check_inside(script, allow_outside)
+        codes = [p.code for p in result.problems]
+        checked = run_verify(
+            script, result.fixed, codes, ("--nproc-per-node", str(nproc_per_node)), args or ()
+        )
+        print("\n".join(render(checked)))
+        if not checked.ok:
+            raise SyncscopeError("verification failed: the fix was not applied")
+    if apply and result.changed:
+        _check_inside(script, allow_outside)
+        write_atomically(script, result.fixed, backup=not no_backup)
+        print(f"syncscope: wrote {script}", file=sys.stderr)
+    unfixed = any(not p.fixed for p in result.problems)
+    return 1 if result.problems and (not apply or unfixed) else 0
+
+
+def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
+    parser = subparsers.add_parser("fix", help=SUMMARY, description=SUMMARY, allow_abbrev=False)
+    parser.intermixed = True  # fix SCRIPT --apply ARGS ... as much as fix --apply SCRIPT ARGS
+    parser.add_argument(
+        "script", type=Path, metavar="SCRIPT", help="Training script to check and fix."
+    )
+    parser.add_argument(
+        "args", nargs="*", metavar="SCRIPT_ARGS", help="Script arguments, for --verify."
+    )
+    parser.add_argument("--apply", action="store_true", help="Write the change.")
+    parser.add_argument(
+        "--style",
+        default="auto",
+        help="auto, accelerate, no_sync, flag or fsdp2. (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--from",
+        dest="from_run",
+        type=Path,
+        metavar="RUN_DIR",
+        help="Run directory of `syncscope profile`.",
+    )
+    parser.add_argument(
+        "--verify", action="store_true", help="Profile original and fixed, side by side."
+    )
+    parser.add_argument(
+        "--nproc-per-node",
+        type=int,
+        default=2,
+        metavar="N",
+        help="Ranks for --verify. (default: %(default)s)",
+    )
+    parser.add_argument("--no-backup", action="store_true", help="No SCRIPT.bak.")
+    parser.add_argument(
+        "--allow-outside", action="store_true", help="Write a file outside the cwd."
+    )
+    parser.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    return fix(
+        args.script,
+        args.args,
+        apply=args.apply,
+        style=args.style,
+        from_run=args.from_run,
+        verify=args.verify,
+        nproc_per_node=args.nproc_per_node,
+        no_backup=args.no_backup,
+        allow_outside=args.allow_outside,
+    )

@@ -2,23 +2,41 @@
 
 from __future__ import annotations
 
-import hashlib
+import argparse
 import importlib.util
 import os
 import sys
 import time
 from datetime import datetime, timezone
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated
-
-import typer
+from typing import TYPE_CHECKING, Any
 
 from syncscope.errors import SyncscopeError
 
 if TYPE_CHECKING:
+    from syncscope.cli import Parser
     from syncscope.model import Run
 
 LAUNCH = "Launcher (torch.distributed.run)"
+
+# torch.distributed.run's options, passed through as given: (spellings, metavar; None: a flag)
+LAUNCHER_OPTIONS: tuple[tuple[tuple[str, ...], str | None], ...] = (
+    (("--nproc-per-node", "--nproc_per_node"), "N"),
+    (("--nnodes",), "NNODES"),
+    (("--node-rank", "--node_rank"), "RANK"),
+    (("--rdzv-backend", "--rdzv_backend"), "BACKEND"),
+    (("--rdzv-endpoint", "--rdzv_endpoint"), "HOST[:PORT]"),
+    (("--rdzv-id", "--rdzv_id"), "ID"),
+    (("--rdzv-conf", "--rdzv_conf"), "CONF"),
+    (("--master-addr", "--master_addr"), "ADDR"),
+    (("--master-port", "--master_port"), "PORT"),
+    (("--standalone",), None),
+    (("--max-restarts", "--max_restarts"), "N"),
+    (("--monitor-interval",), "SECONDS"),
+    (("--start-method",), "METHOD"),
+    (("--local-addr",), "ADDR"),
+    (("--log-dir",), "DIR"),
+)
 
 
 def _check_script(target: str, module: bool) -> tuple[str, str]:
@@ -48,6 +66,8 @@ def _check_script(target: str, module: bool) -> tuple[str, str]:
         ) from None
     except ValueError as exc:
         raise SyncscopeError(f"{target}: cannot compile: {exc}") from None
+    import hashlib
+
     return str(path.resolve()), hashlib.sha256(data).hexdigest()
 
 
@@ -85,72 +105,29 @@ def _default_out(target: str) -> Path:
 
 
 def profile(
-    program: Annotated[
-        list[str] | None,
-        typer.Argument(help="SCRIPT [SCRIPT_ARGS...] (or, with -m, the module's arguments)"),
-    ] = None,
-    module: Annotated[
-        str | None, typer.Option("-m", "--module", help="Run a module, like python -m.")
-    ] = None,
-    out: Annotated[
-        Path | None,
-        typer.Option(
-            "--out", "-o", help="Run directory (default syncscope-out/<name>-<timestamp>)."
-        ),
-    ] = None,
-    fail_on: Annotated[
-        str, typer.Option(help="Exit 1 on findings of this severity: never, warning, error.")
-    ] = "error",
-    hang_timeout: Annotated[
-        float,
-        typer.Option(
-            help="Seconds without progress before the job is declared hung and stopped (0: never)."
-        ),
-    ] = 300.0,
-    trace: Annotated[
-        bool, typer.Option("--trace", help="Also record a torch.profiler trace on every rank.")
-    ] = False,
-    trace_windows: Annotated[
-        str | None, typer.Option(help="Windows A:B to trace (with --trace).")
-    ] = None,
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No terminal summary.")] = False,
-    nproc_per_node: Annotated[
-        str | None, typer.Option("--nproc-per-node", "--nproc_per_node", rich_help_panel=LAUNCH)
-    ] = None,
-    nnodes: Annotated[str | None, typer.Option(rich_help_panel=LAUNCH)] = None,
-    node_rank: Annotated[
-        str | None, typer.Option("--node-rank", "--node_rank", rich_help_panel=LAUNCH)
-    ] = None,
-    rdzv_backend: Annotated[
-        str | None, typer.Option("--rdzv-backend", "--rdzv_backend", rich_help_panel=LAUNCH)
-    ] = None,
-    rdzv_endpoint: Annotated[
-        str | None, typer.Option("--rdzv-endpoint", "--rdzv_endpoint", rich_help_panel=LAUNCH)
-    ] = None,
-    rdzv_id: Annotated[
-        str | None, typer.Option("--rdzv-id", "--rdzv_id", rich_help_panel=LAUNCH)
-    ] = None,
-    rdzv_conf: Annotated[
-        str | None, typer.Option("--rdzv-conf", "--rdzv_conf", rich_help_panel=LAUNCH)
-    ] = None,
-    master_addr: Annotated[
-        str | None, typer.Option("--master-addr", "--master_addr", rich_help_panel=LAUNCH)
-    ] = None,
-    master_port: Annotated[
-        str | None, typer.Option("--master-port", "--master_port", rich_help_panel=LAUNCH)
-    ] = None,
-    standalone: Annotated[bool, typer.Option("--standalone", rich_help_panel=LAUNCH)] = False,
-    max_restarts: Annotated[
-        str | None, typer.Option("--max-restarts", "--max_restarts", rich_help_panel=LAUNCH)
-    ] = None,
-    monitor_interval: Annotated[
-        str | None, typer.Option("--monitor-interval", rich_help_panel=LAUNCH)
-    ] = None,
-    start_method: Annotated[
-        str | None, typer.Option("--start-method", rich_help_panel=LAUNCH)
-    ] = None,
-    local_addr: Annotated[str | None, typer.Option("--local-addr", rich_help_panel=LAUNCH)] = None,
-    log_dir: Annotated[str | None, typer.Option("--log-dir", rich_help_panel=LAUNCH)] = None,
+    program: list[str] | None = None,
+    module: str | None = None,
+    out: Path | None = None,
+    fail_on: str = "error",
+    hang_timeout: float = 300.0,
+    trace: bool = False,
+    trace_windows: str | None = None,
+    quiet: bool = False,
+    nproc_per_node: str | None = None,
+    nnodes: str | None = None,
+    node_rank: str | None = None,
+    rdzv_backend: str | None = None,
+    rdzv_endpoint: str | None = None,
+    rdzv_id: str | None = None,
+    rdzv_conf: str | None = None,
+    master_addr: str | None = None,
+    master_port: str | None = None,
+    standalone: bool = False,
+    max_restarts: str | None = None,
+    monitor_interval: str | None = None,
+    start_method: str | None = None,
+    local_addr: str | None = None,
+    log_dir: str | None = None,
 ) -> int:
     """Run SCRIPT on N ranks through torch's launcher and account for every gradient sync."""
     from syncscope.launch import LaunchOptions, launch
@@ -327,8 +304,75 @@ class _Progress:
             self.status = None
 
 
-def register(app: typer.Typer) -> None:
-    app.command(
+def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
+    summary = "Run SCRIPT on N ranks through torch's launcher and account for every gradient sync."
+    parser = subparsers.add_parser(
         "profile",
-        context_settings={"allow_interspersed_args": False, "ignore_unknown_options": False},
-    )(profile)
+        help=summary,
+        description=summary,
+        usage="%(prog)s [OPTIONS] SCRIPT [SCRIPT_ARGS...]\n"
+        "       %(prog)s [OPTIONS] -m MODULE [ARGS...]",
+        allow_abbrev=False,
+    )
+    # everything after SCRIPT, or after -m MODULE, belongs to the program, options included
+    parser.program_options = ("-m", "--module")
+    parser.add_argument(
+        "program",
+        nargs=argparse.REMAINDER,
+        metavar="SCRIPT",
+        help="SCRIPT [SCRIPT_ARGS...] (or, with -m, the module's arguments)",
+    )
+    parser.add_argument("-m", "--module", metavar="MODULE", help="Run a module, like python -m.")
+    parser.add_argument(
+        "--out",
+        "-o",
+        type=Path,
+        metavar="DIR",
+        help="Run directory (default syncscope-out/<name>-<timestamp>).",
+    )
+    parser.add_argument(
+        "--fail-on",
+        default="error",
+        metavar="LEVEL",
+        help="Exit 1 on findings of this severity: never, warning, error. (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--hang-timeout",
+        type=float,
+        default=300.0,
+        metavar="SECONDS",
+        help="Seconds without progress before the job is declared hung and stopped (0: never). "
+        "(default: %(default)s)",
+    )
+    parser.add_argument(
+        "--trace", action="store_true", help="Also record a torch.profiler trace on every rank."
+    )
+    parser.add_argument(
+        "--trace-windows", metavar="A:B", help="Windows A:B to trace (with --trace)."
+    )
+    parser.add_argument("--quiet", "-q", action="store_true", help="No terminal summary.")
+    launcher = parser.add_argument_group(
+        LAUNCH, "Passed through to torch.distributed.run (see its --help)."
+    )
+    for spellings, metavar in LAUNCHER_OPTIONS:
+        if metavar is None:
+            launcher.add_argument(*spellings, action="store_true")
+        else:
+            launcher.add_argument(*spellings, metavar=metavar)
+    parser.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    dests = [spellings[0][2:].replace("-", "_") for spellings, _ in LAUNCHER_OPTIONS]
+    launcher: dict[str, Any] = {dest: getattr(args, dest) for dest in dests}
+    return profile(
+        program=args.program,
+        module=args.module,
+        out=args.out,
+        fail_on=args.fail_on,
+        hang_timeout=args.hang_timeout,
+        trace=args.trace,
+        trace_windows=args.trace_windows,
+        quiet=args.quiet,
+        **launcher,
+    )

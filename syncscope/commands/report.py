@@ -6,17 +6,21 @@ trace-only findings included), so a re-rendered page matches the one written at 
 
 from __future__ import annotations
 
-import json
+import argparse
+import io
 import sys
 from collections.abc import Sequence
 from enum import Enum
 from pathlib import Path
-from typing import Annotated
-
-import typer
+from typing import TYPE_CHECKING
 
 from syncscope.errors import BadRunDirectory, SyncscopeError
-from syncscope.model import Finding, Run
+
+if TYPE_CHECKING:
+    from syncscope.cli import Parser
+    from syncscope.model import Finding, Run
+
+SUMMARY = "Render a saved run again: the HTML page, the JSON report or the terminal text."
 
 
 class Format(str, Enum):
@@ -31,10 +35,11 @@ def render_report(run: Run, findings: Sequence[Finding], fmt: Format) -> str:
 
         return render_html(run, findings)
     if fmt is Format.json:
-        from syncscope.render.json_report import report_dict
+        from syncscope.render.json_report import write_report_json
 
-        # As render.outputs writes report.json.
-        return json.dumps(report_dict(run, findings), indent=1, default=str) + "\n"
+        buffer = io.BytesIO()  # byte for byte what render.outputs writes as report.json
+        write_report_json(run, findings, buffer)
+        return buffer.getvalue().decode("utf-8")
     from syncscope.render.terminal import render_text
 
     return render_text(run, findings)
@@ -57,21 +62,7 @@ def load_and_diagnose(run_dir: Path) -> tuple[Run, list[Finding]]:
     return run, findings_for(run)
 
 
-def report(
-    run_dir: Annotated[Path, typer.Argument(help="A run directory written by syncscope.")],
-    fmt: Annotated[
-        Format, typer.Option("--format", "-f", help="html, json or text.")
-    ] = Format.html,
-    output: Annotated[
-        str | None,
-        typer.Option(
-            "--output",
-            "-o",
-            help="File to write, '-' for stdout. Default: RUN_DIR/report.html for html, "
-            "stdout for json and text.",
-        ),
-    ] = None,
-) -> None:
+def report(run_dir: Path, fmt: Format = Format.html, output: str | None = None) -> None:
     """Render a saved run again: the HTML page, the JSON report or the terminal text."""
     run, findings = load_and_diagnose(run_dir)
     text = render_report(run, findings, fmt)
@@ -84,5 +75,28 @@ def report(
     print(f"syncscope: wrote {output}", file=sys.stderr)
 
 
-def register(app: typer.Typer) -> None:
-    app.command("report")(report)
+def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
+    parser = subparsers.add_parser("report", help=SUMMARY, description=SUMMARY, allow_abbrev=False)
+    parser.add_argument(
+        "run_dir", type=Path, metavar="RUN_DIR", help="A run directory written by syncscope."
+    )
+    parser.add_argument(
+        "--format",
+        "-f",
+        dest="fmt",
+        choices=[f.value for f in Format],
+        default=Format.html.value,
+        help="html, json or text. (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--output",
+        "-o",
+        metavar="FILE",
+        help="File to write, '-' for stdout. Default: RUN_DIR/report.html for html, "
+        "stdout for json and text.",
+    )
+    parser.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> None:
+    report(args.run_dir, Format(args.fmt), args.output)

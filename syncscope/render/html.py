@@ -1,7 +1,8 @@
 """The HTML report: the problem in ten seconds (verdict, headline numbers, where the syncs
 landed), the fix in a minute (finding cards with evidence, cost, source lines and snippet).
 
-``render_html(run, findings) -> str`` returns one self-contained page. Every string from a
+``render_html(run, findings) -> str`` returns one self-contained page; ``write_html`` writes
+the same page to a file without holding it whole. Every string from a
 run or a finding goes through ``esc`` (or pygments, which escapes); nothing here computes a
 diagnosis, it only shows the model and the findings.
 """
@@ -10,11 +11,12 @@ from __future__ import annotations
 
 import shlex
 from collections.abc import Sequence
+from typing import IO
 
 from syncscope import __version__
 from syncscope.model import Finding, Run, compress_ranks
 from syncscope.render import charts, timeline
-from syncscope.render.page import code_block, esc, figure_block, page, section
+from syncscope.render.page import code_block, esc, figure_block, page, section, write_page
 from syncscope.render.summary import (
     Grid,
     Headline,
@@ -38,6 +40,14 @@ MAX_TEXT = 600
 
 
 def render_html(run: Run, findings: Sequence[Finding]) -> str:
+    return page(*_title_and_body(run, findings))
+
+
+def write_html(run: Run, findings: Sequence[Finding], out: IO[bytes]) -> None:
+    write_page(out, *_title_and_body(run, findings))
+
+
+def _title_and_body(run: Run, findings: Sequence[Finding]) -> tuple[str, str]:
     grid = grid_of(run)
     head = headline(run, findings, grid)
     ordered = sorted(findings, key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
@@ -52,7 +62,7 @@ def render_html(run: Run, findings: Sequence[Finding]) -> str:
         f"<footer>syncscope {esc(__version__)} · every number here comes from the saved run; "
         "nothing on this page was fetched from the network.</footer>",
     ]
-    return page(f"syncscope report: {_command(run) or 'run'}", "\n".join(p for p in parts if p))
+    return f"syncscope report: {_command(run) or 'run'}", "\n".join(p for p in parts if p)
 
 
 def _command(run: Run) -> str:

@@ -1,10 +1,17 @@
-"""report.json: the stable, versioned contract CI users script against (docs/formats.md)."""
+"""report.json: the stable, versioned contract CI users script against (docs/formats.md).
+
+``report_dict`` is the whole report as one dict; ``write_report_json`` writes the same
+document rank by rank, so a job of hundreds of ranks never holds every rank's windows as
+JSON-ready dicts (or their text) at once.
+"""
 
 from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
-from typing import Any
+from typing import IO, Any
+
+import orjson
 
 from syncscope.model import (
     Finding,
@@ -91,6 +98,14 @@ def finding_dict(f: Finding) -> dict[str, Any]:
 
 
 def report_dict(run: Run, findings: Sequence[Finding]) -> dict[str, Any]:
+    return {
+        **_head(run),
+        "ranks": [rank_dict(r) for r in run.ranks],
+        **_tail(findings),
+    }
+
+
+def _head(run: Run) -> dict[str, Any]:
     meta = run.meta
     return {
         "schema_version": SCHEMA_VERSION,
@@ -105,10 +120,46 @@ def report_dict(run: Run, findings: Sequence[Finding]) -> dict[str, Any]:
         "notes": list(meta.notes),
         "hung": meta.hung,
         "grad_syncs_per_window": grad_syncs_per_window(run),
-        "ranks": [rank_dict(r) for r in run.ranks],
+    }
+
+
+def _tail(findings: Sequence[Finding]) -> dict[str, Any]:
+    return {
         "findings": [finding_dict(f) for f in findings],
         "verdict": verdict_of(list(findings)),
     }
+
+
+# Dataclasses and other odd values in evidence are written as their str(), as always.
+_OPTIONS = orjson.OPT_INDENT_2 | orjson.OPT_NON_STR_KEYS | orjson.OPT_PASSTHROUGH_DATACLASS
+
+
+def _dump(value: Any, depth: int) -> bytes:
+    """``value`` as indented JSON, to sit ``depth`` levels deep in the document."""
+    text = orjson.dumps(value, default=str, option=_OPTIONS)
+    return (
+        text.replace(b"\n", b"\n" + b"  " * depth) if depth else text
+    )  # no raw newlines in JSON strings
+
+
+def _members(out: IO[bytes], values: dict[str, Any], first: bool) -> None:
+    for key, value in values.items():
+        out.write(b"" if first else b",")
+        out.write(b"\n  " + orjson.dumps(key) + b": " + _dump(value, 1))
+        first = False
+
+
+def write_report_json(run: Run, findings: Sequence[Finding], out: IO[bytes]) -> None:
+    """The document ``report_dict`` describes, written to ``out`` one rank at a time."""
+    out.write(b"{")
+    _members(out, _head(run), first=True)
+    out.write(b',\n  "ranks": [')
+    for i, rank in enumerate(run.ranks):
+        out.write(b"\n    " if i == 0 else b",\n    ")
+        out.write(_dump(rank_dict(rank), 2))
+    out.write(b"\n  ]" if run.ranks else b"]")
+    _members(out, _tail(findings), first=False)
+    out.write(b"\n}\n")
 
 
 def grad_syncs_per_window(run: Run) -> list[int]:

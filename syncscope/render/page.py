@@ -9,14 +9,12 @@ import functools
 import html
 import importlib.util
 import pkgutil
+import shutil
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
-from pygments import highlight
-from pygments.formatters import HtmlFormatter
-from pygments.lexers import PythonLexer
 
 CSP = (
     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
@@ -130,28 +128,46 @@ _UNSAFE_IN_SCRIPT = (
 )
 
 
-@functools.cache
-def _plotly_js() -> str:
-    """The plotly.js bundle the installed plotly package ships (``plotly.offline.get_plotlyjs``),
-    read without importing plotly: its import alone costs more than rendering a report."""
+def _plotly_bundle() -> Path | None:
+    """plotly.min.js as the installed plotly package ships it (``plotly.offline.get_plotlyjs``),
+    found without importing plotly: its import alone costs more than rendering a report."""
     spec = importlib.util.find_spec("plotly")
     for folder in (spec and spec.submodule_search_locations) or ():
         bundle = Path(folder, "package_data", "plotly.min.js")
         if bundle.is_file():
-            return bundle.read_bytes().decode("utf-8")
+            return bundle
+    return None
+
+
+def _plotly_js_bytes() -> bytes:
+    bundle = _plotly_bundle()
+    if bundle is not None:
+        return bundle.read_bytes()
     data = pkgutil.get_data("plotly", "package_data/plotly.min.js")  # a zipped install
     if data is None:
         raise FileNotFoundError("plotly.min.js is not in the installed plotly package")
-    return data.decode("utf-8")
+    return data
 
 
 @functools.cache
+def _plotly_js() -> str:
+    return _plotly_js_bytes().decode("utf-8")
+
+
+# pygments (and the entry-point scan its import makes) loads only for pages that show code.
+@functools.cache
 def _code_css() -> str:
+    from pygments.formatters import HtmlFormatter
+
     return str(HtmlFormatter(style="friendly").get_style_defs(".code"))
 
 
 def code_block(source: str) -> str:
     """Python source with syntax highlighting (pygments escapes the text)."""
+    from pygments import highlight
+    from pygments.formatters import HtmlFormatter
+    from pygments.lexers import PythonLexer
+
     return str(highlight(source, PythonLexer(), HtmlFormatter(cssclass="code", style="friendly")))
 
 
@@ -179,13 +195,37 @@ def section(title: str, lead: str, body: Iterable[str], *, section_id: str = "")
     return f"<section{ident}><h2>{esc(title)}</h2>{lead_html}\n" + "\n".join(body) + "</section>"
 
 
-def page(title: str, body: str) -> str:
-    """One self-contained document: plotly.js inlined once, figures drawn from inline JSON."""
-    return (
+def _shell(title: str, body: str) -> tuple[str, str]:
+    """The page before the plotly.js bundle, and after it."""
+    code_css = _code_css() if '<div class="code">' in body else ""
+    head = (
         '<!doctype html>\n<html lang="en"><head><meta charset="utf-8">\n'
         f'<meta http-equiv="Content-Security-Policy" content="{CSP}">\n'
         '<meta name="viewport" content="width=device-width, initial-scale=1">\n'
-        f"<title>{esc(title)}</title>\n<style>{CSS}{_code_css()}</style>\n"
-        f"<script>{_plotly_js()}</script>\n</head><body><main>\n{body}\n</main>\n"
+        f"<title>{esc(title)}</title>\n<style>{CSS}{code_css}</style>\n<script>"
+    )
+    tail = (
+        f"</script>\n</head><body><main>\n{body}\n</main>\n"
         f"<script>{BOOT}</script>\n</body></html>\n"
     )
+    return head, tail
+
+
+def page(title: str, body: str) -> str:
+    """One self-contained document: plotly.js inlined once, figures drawn from inline JSON."""
+    head, tail = _shell(title, body)
+    return head + _plotly_js() + tail
+
+
+def write_page(out: IO[bytes], title: str, body: str) -> None:
+    """``page(title, body)`` written to ``out``, the 4.6 MB bundle copied from its file in
+    pieces rather than held as text (a page held whole costs several copies of it)."""
+    head, tail = _shell(title, body)
+    out.write(head.encode("utf-8"))
+    bundle = _plotly_bundle()
+    if bundle is None:
+        out.write(_plotly_js_bytes())
+    else:
+        with bundle.open("rb") as js:
+            shutil.copyfileobj(js, out, 1 << 20)
+    out.write(tail.encode("utf-8"))

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from syncscope.model import Finding, Run, Verdict, Window, verdict_of
-from syncscope.render import terminal
+from syncscope.render import units
 
 LARGE_JOB_RANKS = 16  # from this many ranks on, charts aggregate (heatmaps, no per-rank bars)
 
@@ -220,13 +220,13 @@ def window_means(grid: Grid, attr: str) -> list[float | None]:
 
 
 def human_bytes(n: float | None) -> str:
-    return "n/a" if n is None else terminal.human_bytes(n)
+    return "n/a" if n is None else units.human_bytes(n)
 
 
 def human_ns(ns: float | None) -> str:
     if ns is None:
         return "n/a"
-    return f"{ns:.0f} ns" if abs(ns) < 1e3 else terminal.human_ns(ns)
+    return f"{ns:.0f} ns" if abs(ns) < 1e3 else units.human_ns(ns)
 
 
 def human_share(x: float | None) -> str:

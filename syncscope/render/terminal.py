@@ -12,6 +12,7 @@ from rich.table import Table
 from rich.text import Text
 
 from syncscope.model import Finding, RankRun, Run, Window, compress_ranks, verdict_of
+from syncscope.render.units import human_bytes, human_ns
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 VERDICT_STYLE = {
@@ -19,23 +20,6 @@ VERDICT_STYLE = {
     "warnings": "bold black on yellow",
     "clean": "bold white on green",
 }
-
-
-def human_bytes(n: float) -> str:
-    value = float(n)
-    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
-        if abs(value) < 1024 or unit == "TiB":
-            return f"{value:.0f} {unit}" if unit == "B" else f"{value:.1f} {unit}"
-        value /= 1024
-    return f"{value:.1f} TiB"
-
-
-def human_ns(ns: float) -> str:
-    if ns >= 1e9:
-        return f"{ns / 1e9:.2f} s"
-    if ns >= 1e6:
-        return f"{ns / 1e6:.1f} ms"
-    return f"{ns / 1e3:.0f} µs"
 
 
 def _shape(w: Window) -> tuple[object, ...]:

@@ -88,22 +88,49 @@ def _group_key(c: Collective) -> str:
     return c.group_name or "default"
 
 
-def _streams(run: Run) -> dict[str, dict[int, dict[tuple[int, int], Collective]]]:
-    """group -> rank -> (window, position) -> collective."""
-    out: dict[str, dict[int, dict[tuple[int, int], Collective]]] = defaultdict(dict)
+# What two ranks' collectives at one position must agree on, and what a finding shows.
+Signature = tuple[str, int, str]  # op, bytes, phase
+
+
+def _streams(run: Run) -> dict[str, dict[int, dict[int, list[Signature]]]]:
+    """group -> rank -> window -> signatures in issue order.
+
+    Equal signatures are one shared tuple, so the streams of every rank cost a pointer per
+    collective, not a Collective each.
+    """
+    out: dict[str, dict[int, dict[int, list[Signature]]]] = defaultdict(dict)
+    shared: dict[Signature, Signature] = {}
     for r in run.ranks:
-        counters: dict[tuple[str, int], int] = defaultdict(int)
         for w in r.windows:
             for c in w.collectives:
-                key = _group_key(c)
-                pos = counters[(key, w.index)]
-                counters[(key, w.index)] += 1
-                out[key].setdefault(r.rank, {})[(w.index, pos)] = c
+                sig = (c.op, c.bytes, c.phase)
+                by_window = out[_group_key(c)].setdefault(r.rank, {})
+                by_window.setdefault(w.index, []).append(shared.setdefault(sig, sig))
     return out
 
 
-def _describe(c: Collective | None) -> str:
-    return "nothing" if c is None else f"{c.op} of {c.bytes} bytes ({c.phase})"
+def _describe(c: Signature | None) -> str:
+    return "nothing" if c is None else f"{c[0]} of {c[1]} bytes ({c[2]})"
+
+
+def _first_difference(
+    by_rank: dict[int, dict[int, list[Signature]]], ranks: list[int], common: set[int]
+) -> tuple[int, int, list[int]] | None:
+    """(window, position, odd ranks) of the first position where a rank differs from the
+    lowest rank, in windows every rank has."""
+    ref = by_rank[ranks[0]]
+    for window in sorted(common):
+        longest = max(len(by_rank[r][window]) for r in ranks)
+        for pos in range(longest):
+            base = _at(ref[window], pos)
+            odd = [r for r in ranks[1:] if not _same(base, _at(by_rank[r][window], pos))]
+            if odd:
+                return window, pos, odd
+    return None
+
+
+def _at(signatures: list[Signature], pos: int) -> Signature | None:
+    return signatures[pos] if pos < len(signatures) else None
 
 
 def collective_mismatch(run: Run) -> list[Finding]:
@@ -113,56 +140,55 @@ def collective_mismatch(run: Run) -> list[Finding]:
             continue
         ranks = sorted(by_rank)
         ref = ranks[0]
-        windows = {k[0] for r in ranks for k in by_rank[r]}
-        common = set.intersection(*({k[0] for k in by_rank[r]} for r in ranks))
-        for key in sorted(k for k in set().union(*by_rank.values()) if k[0] in common):
-            base = by_rank[ref].get(key)
-            odd = [r for r in ranks[1:] if not _same(base, by_rank[r].get(key))]
-            if not odd:
-                continue
-            other = by_rank[odd[0]].get(key)
-            findings.append(
-                Finding(
-                    kind="collective-mismatch",
-                    severity="error",
-                    cause=_mismatch_cause(base, other),
-                    message=(
-                        f"process group [{group}], window {key[0]}, collective #{key[1]}: "
-                        f"rank {ref} issued {_describe(base)}, rank(s) "
-                        f"{compress_ranks(odd)} issued {_describe(other)}; the job hangs or "
-                        "reduces the wrong tensors"
-                    ),
-                    ranks=(ref, *odd),
-                    windows=(key[0],),
-                    evidence={
-                        "group": group,
-                        "window": key[0],
-                        "position": key[1],
-                        f"rank {ref}": _describe(base),
-                        f"rank {odd[0]}": _describe(other),
-                        "windows_compared": len(common),
-                        "windows_seen": len(windows),
-                    },
-                )
+        windows = set().union(*(by_rank[r].keys() for r in ranks))
+        common = set.intersection(*(set(by_rank[r]) for r in ranks))
+        found = _first_difference(by_rank, ranks, common)
+        if found is None:
+            continue
+        window, pos, odd = found
+        base = _at(by_rank[ref][window], pos)
+        other = _at(by_rank[odd[0]][window], pos)
+        findings.append(
+            Finding(
+                kind="collective-mismatch",
+                severity="error",
+                cause=_mismatch_cause(base, other),
+                message=(
+                    f"process group [{group}], window {window}, collective #{pos}: "
+                    f"rank {ref} issued {_describe(base)}, rank(s) "
+                    f"{compress_ranks(odd)} issued {_describe(other)}; the job hangs or "
+                    "reduces the wrong tensors"
+                ),
+                ranks=(ref, *odd),
+                windows=(window,),
+                evidence={
+                    "group": group,
+                    "window": window,
+                    "position": pos,
+                    f"rank {ref}": _describe(base),
+                    f"rank {odd[0]}": _describe(other),
+                    "windows_compared": len(common),
+                    "windows_seen": len(windows),
+                },
             )
-            break  # the first divergence per group; later ones follow from it
+        )  # the first divergence per group; later ones follow from it
     return findings
 
 
-def _same(a: Collective | None, b: Collective | None) -> bool:
+def _same(a: Signature | None, b: Signature | None) -> bool:
     if a is None or b is None:
         return a is b
-    if a.op != b.op:
+    if a[0] != b[0]:
         return False
-    return a.op not in _SIZE_MUST_MATCH or a.bytes == b.bytes
+    return a[0] not in _SIZE_MUST_MATCH or a[1] == b[1]
 
 
 def trace_findings(run: Run, hta: dict[str, Any] | None = None) -> list[Finding]:
     return exposed_communication(run, hta) + collective_mismatch(run)
 
 
-def _mismatch_cause(base: Collective | None, other: Collective | None) -> str:
+def _mismatch_cause(base: Signature | None, other: Signature | None) -> str:
     """The same vocabulary as the live diagnosis: ``count``, ``op`` or ``size``."""
     if base is None or other is None:
         return "count"
-    return "op" if base.op != other.op else "size"
+    return "op" if base[0] != other[0] else "size"

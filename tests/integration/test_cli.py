@@ -346,3 +346,123 @@ def test_default_run_directory_is_created(tmp_path: Path) -> None:
     (run_dir,) = (tmp_path / "syncscope-out").iterdir()
     assert run_dir.name.startswith("single-")
     assert (run_dir / "report.json").exists() and (run_dir / "report.html").exists()
+
+
+# The argparse command line: what belongs to syncscope, what to the script ---------------------
+
+ARGV_PROBE = """\
+import json
+import sys
+from pathlib import Path
+
+Path(__file__).with_name("argv.json").write_text(json.dumps(sys.argv[1:]))
+print("probe done")
+"""
+
+
+def test_options_after_the_script_belong_to_the_script(tmp_path: Path) -> None:
+    # GIVEN a script that records its own arguments
+    script = tmp_path / "probe.py"
+    script.write_text(ARGV_PROBE)
+    # WHEN syncscope's options come first, then SCRIPT, then options of the same names
+    proc = run_syncscope(
+        "profile",
+        "--quiet",
+        "--nproc-per-node",
+        "1",
+        "--out",
+        str(tmp_path / "r"),
+        "--",
+        str(script),
+        "--foo",
+        "--out",
+        "elsewhere",
+        "-q",
+        "--",
+        "-m",
+        "x",
+    )
+    # THEN everything after SCRIPT reaches the script unchanged, and syncscope used its own
+    assert proc.returncode == 0, proc.stderr
+    assert "probe done" in proc.stdout
+    expected = ["--foo", "--out", "elsewhere", "-q", "--", "-m", "x"]
+    assert json.loads((tmp_path / "argv.json").read_text()) == expected
+    meta = json.loads((tmp_path / "r" / "meta.json").read_text())
+    assert meta["command"] == [str(script), *expected] and meta["module"] is False
+    assert (tmp_path / "r" / "report.json").is_file()
+    assert not (tmp_path / "elsewhere").exists()
+
+
+def test_module_arguments_belong_to_the_module(tmp_path: Path) -> None:
+    package = tmp_path / "probepkg"
+    package.mkdir()
+    (package / "__init__.py").write_text("")
+    (package / "probe.py").write_text(ARGV_PROBE)
+    proc = run_syncscope(
+        "profile",
+        "--nproc-per-node",
+        "1",
+        "--out",
+        str(tmp_path / "r"),
+        "-m",
+        "probepkg.probe",
+        "--lr",
+        "3",
+        "--quiet",
+        "--nproc-per-node",
+        "7",
+        cwd=tmp_path,
+    )
+    assert proc.returncode == 0, proc.stderr
+    expected = ["--lr", "3", "--quiet", "--nproc-per-node", "7"]
+    assert json.loads((package / "argv.json").read_text()) == expected
+    meta = json.loads((tmp_path / "r" / "meta.json").read_text())
+    assert meta["command"] == ["probepkg.probe", *expected] and meta["module"] is True
+    assert meta["world_size"] == 1  # syncscope's own --nproc-per-node, not the module's
+    # --quiet went to the module: syncscope printed its terminal summary
+    assert "verdict:" in proc.stdout
+
+
+def test_bad_hang_timeout_is_one_line(tmp_path: Path) -> None:
+    proc = run_syncscope("profile", "--hang-timeout", "abc", "--out", str(tmp_path / "r"), "x.py")
+    one_line_error(proc, "--hang-timeout")
+    assert "'abc'" in proc.stderr and "syncscope profile --help" in proc.stderr
+    assert not (tmp_path / "r").exists()
+
+
+def test_bad_fix_nproc_per_node_is_one_line(tmp_path: Path) -> None:
+    one_line_error(run_syncscope("fix", "--nproc-per-node", "two", "x.py"), "--nproc-per-node")
+
+
+def test_missing_script_argument_is_one_line() -> None:
+    one_line_error(run_syncscope("profile", "-q"), "missing SCRIPT (or -m MODULE) to profile")
+
+
+def test_no_arguments_prints_help_on_stderr_and_exits_2() -> None:
+    proc = run_syncscope()
+    assert proc.returncode == 2
+    assert proc.stdout == ""
+    assert proc.stderr.startswith("usage: syncscope")
+    for command in ("profile", "report", "analyze", "diff", "fix"):
+        assert f"\n    {command} " in proc.stderr, command
+
+
+def test_help_lists_the_commands_on_stdout() -> None:
+    proc = run_syncscope("--help")
+    assert proc.returncode == 0 and proc.stderr == ""
+    assert "Run SCRIPT on N ranks through torch's launcher" in proc.stdout
+    assert "Compare two runs" in proc.stdout
+
+
+def test_importing_the_cli_imports_no_typer_click_or_pydantic() -> None:
+    code = (
+        "import sys, syncscope.cli as cli\n"
+        "cli.build_parser()\n"
+        "heavy = {'typer', 'click', 'pydantic', 'rich', 'torch'}\n"
+        "print(sorted(m for m in sys.modules if m.split('.')[0] in heavy))\n"
+    )
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, cwd=ROOT
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.strip() == "[]"

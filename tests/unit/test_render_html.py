@@ -291,3 +291,18 @@ def test_report_command_missing_directory_is_one_line(
     assert cli.main(["report", str(tmp_path / "nope")]) == 2
     err = capsys.readouterr().err
     assert err.startswith("syncscope: error:") and "nope" in err and "Traceback" not in err
+
+
+@pytest.mark.parametrize("make", [runs.malicious, runs.traced, runs.divergent])
+def test_streamed_reports_are_the_documents_held_whole(make: Any, tmp_path: Path) -> None:
+    """write_reports streams both files; they must read back as report_dict and render_html."""
+    from syncscope.render.json_report import report_dict
+    from syncscope.render.outputs import write_reports
+
+    run = make()
+    findings = runs.all_findings(script=f"{runs.XSS}.py")
+    findings[0].evidence["odd_values"] = {3: runs.Fix("s", "t", "u"), "inf": 1e-5}
+    write_reports(run, findings, tmp_path)
+    as_dict = json.loads(json.dumps(report_dict(run, findings), default=str))
+    assert json.loads((tmp_path / "report.json").read_bytes()) == as_dict
+    assert (tmp_path / "report.html").read_text(encoding="utf-8") == render_html(run, findings)

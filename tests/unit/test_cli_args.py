@@ -1,0 +1,88 @@
+"""The argparse command line, in process: which arguments are syncscope's, which the program's."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from syncscope import cli
+
+
+def parse(*argv: str) -> dict[str, object]:
+    namespace, extras = cli.build_parser().parse_known_args(list(argv))
+    assert extras == []
+    return vars(namespace)
+
+
+@pytest.mark.parametrize(
+    ("argv", "module", "program"),
+    [
+        (["s.py", "--foo", "-q"], None, ["s.py", "--foo", "-q"]),
+        (["--quiet", "s.py", "--out", "x", "-m", "y"], None, ["s.py", "--out", "x", "-m", "y"]),
+        (["-o", "d", "--", "s.py", "--", "a"], None, ["s.py", "--", "a"]),
+        (["-oDIR", "--out=d", "s.py"], None, ["s.py"]),
+        (["-m", "pkg.train", "--lr", "3"], "pkg.train", ["--lr", "3"]),
+        (["-m", "pkg.train", "--", "--lr", "3"], "pkg.train", ["--lr", "3"]),
+        (["-mpkg.train", "--out", "x"], "pkg.train", ["--out", "x"]),
+        (["--module=pkg.train", "-q"], "pkg.train", ["-q"]),
+        (["--module", "pkg.train", "-h"], "pkg.train", ["-h"]),
+        (["-qm", "pkg.train", "-q"], "pkg.train", ["-q"]),
+        ([], None, []),
+    ],
+)
+def test_profile_program_arguments(argv: list[str], module: str | None, program: list[str]) -> None:
+    args = parse("profile", "--nproc-per-node", "2", *argv)
+    assert (args["module"], args["program"], args["nproc_per_node"]) == (module, program, "2")
+
+
+def test_profile_options_and_launcher_spellings() -> None:
+    args = parse(
+        "profile", "-q", "--hang-timeout", "1.5", "--nproc_per_node", "3", "--standalone", "s.py"
+    )
+    assert args["quiet"] is True and args["standalone"] is True
+    assert args["hang_timeout"] == 1.5 and args["nproc_per_node"] == "3"
+    assert args["fail_on"] == "error" and args["out"] is None
+
+
+def test_fix_options_and_script_arguments_mix() -> None:
+    args = parse("fix", "train.py", "--apply", "a", "--nproc-per-node", "4", "b")
+    assert (args["script"], args["args"], args["apply"]) == (Path("train.py"), ["a", "b"], True)
+    assert args["nproc_per_node"] == 4
+    assert parse("fix", "train.py", "--verify", "--", "--lr", "3")["args"] == ["--lr", "3"]
+
+
+@pytest.mark.parametrize(
+    ("flag", "color"), [([], None), (["--color"], True), (["--no-color"], False)]
+)
+def test_diff_color_is_tri_state(flag: list[str], color: bool | None) -> None:
+    assert parse("diff", "a", "b", *flag)["color"] is color
+
+
+def test_usage_errors_are_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, needle in (
+        (["profile", "--hang-timeout", "abc", "s.py"], "argument --hang-timeout: invalid float"),
+        (["profile", "--nproc-per-nod", "2", "s.py"], "unrecognized arguments: --nproc-per-nod"),
+        (["report", "r", "-f", "xml"], "invalid choice: 'xml'"),
+        (["analyze", "--quiet"], "required: PATH"),
+    ):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and err.startswith("syncscope: error: "), err
+        assert needle in err and f"(see 'syncscope {argv[0]} --help')" in err
+
+
+def test_help_and_no_arguments(capsys: pytest.CaptureFixture[str]) -> None:
+    assert cli.main(["fix", "--help"]) == 0
+    out = capsys.readouterr()
+    assert "--nproc-per-node N" in out.out and out.err == ""
+    assert cli.main([]) == 2
+    out = capsys.readouterr()
+    assert out.out == "" and out.err.startswith("usage: syncscope")
+
+
+def test_unknown_option_or_command_before_any_command(capsys: pytest.CaptureFixture[str]) -> None:
+    for argv, needle in ((["--nope"], "unknown option --nope"), (["bogus"], "'bogus'")):
+        assert cli.main(argv) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and needle in err and "(see 'syncscope --help')" in err
