@@ -133,6 +133,8 @@ def main() -> int:
     from syncscope.trace.synth import write_job
 
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
+    t, rss, _ = measure([sys.executable, "-c", "pass"])
+    print(f"bare interpreter (python -c pass): {t:.2f} s, {rss:.0f} MiB RSS", flush=True)
     t, rss, _ = measure([sys.executable, "-m", "syncscope", "--help"])
     print(f"syncscope CLI start-up alone: {t:.2f} s, {rss:.0f} MiB", flush=True)
     with tempfile.TemporaryDirectory(prefix="syncscope-bench-") as tmp_name:
