@@ -24,8 +24,10 @@ import orjson
 
 from syncscope.errors import BadTrace
 
-CHUNK_BYTES = 1 << 18  # 256 KiB: ~2k events parsed at a time, a few MB of dicts
-_MAX_UNSPLIT = 128  # chunks without an event boundary before we call the JSON invalid
+# 64 KiB: ~500 events parsed at a time. Larger pieces parse no faster and hold more dicts at
+# once (256 KiB: 14.5 MiB peak reading a 50 MB file, 64 KiB: 9.6 MiB, same speed).
+CHUNK_BYTES = 1 << 16
+_MAX_UNSPLIT_BYTES = 32 << 20  # this much without an event boundary: the JSON is invalid
 _ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _GZIP_MAGIC = b"\x1f\x8b"
@@ -173,7 +175,7 @@ def _read(path: Path, reader: _Reader, consume: Consumer) -> dict[str, Any]:
             break
         if not chunk:
             _no_events(path, buf)
-        if len(buf) > _MAX_UNSPLIT * CHUNK_BYTES:
+        if len(buf) > _MAX_UNSPLIT_BYTES:
             _no_events(path, b"")
     consumed = reader.offset - len(buf)
     unsplit = 0
@@ -185,7 +187,7 @@ def _read(path: Path, reader: _Reader, consume: Consumer) -> dict[str, Any]:
         events, used = _split(buf)
         if events is None:
             unsplit += 1
-            if unsplit > _MAX_UNSPLIT:
+            if unsplit * CHUNK_BYTES > _MAX_UNSPLIT_BYTES:
                 raise _invalid(path, ValueError("no event boundary found"), consumed)
             continue
         unsplit = 0

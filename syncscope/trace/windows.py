@@ -32,7 +32,7 @@ from syncscope.model import (
 )
 from syncscope.packed import Packed
 from syncscope.trace.events import RankEvents, RawCollective, Span, dtype_bytes
-from syncscope.trace.overlap import Interval, measure_windows, merge
+from syncscope.trace.overlap import Interval, measure_windows, merge_pairs
 
 SCALAR_BYTES = 16  # an all-reduce this small after backward is a metric (loss), not gradients
 _SKIP_PARAM_COMMS = frozenset({"wait", "barrier", ""})
@@ -200,8 +200,7 @@ def _within(t: int, spans: Sequence[Span]) -> bool:
 def build_rank(ev: RankEvents, meta: dict[str, Any], rank: int, notes: RankNotes) -> RankRun:
     """The RankRun of one trace; ``ev`` must hold at least one optimizer step."""
     base = int(meta.get("baseTimeNanoseconds") or 0)
-    it = iter(ev.backward)
-    backward = merge(zip(it, it, strict=True))
+    backward = merge_pairs(ev.backward)
     steps = _steps(ev.steps, backward)
     wrapper: Wrapper = "none"
     names = {f.name for f in ev.forwards}

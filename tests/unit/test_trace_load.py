@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import dataclasses
 import gzip
+import random
 import shutil
+from array import array
 from pathlib import Path
 
 import orjson
@@ -13,7 +15,7 @@ import pytest
 from syncscope.errors import BadTrace
 from syncscope.trace.findings import collective_mismatch, exposed_communication
 from syncscope.trace.load import load_traces
-from syncscope.trace.overlap import merge, subtract, total
+from syncscope.trace.overlap import merge, merge_pairs, subtract, total
 from syncscope.trace.synth import Shape, write_job
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -85,6 +87,17 @@ def test_interval_arithmetic() -> None:
     comp = merge([(2, 4), (8, 35)])
     assert subtract(comm, comp) == [(0, 2), (4, 8), (35, 40)]
     assert total(subtract(comm, comp)) == 11
+
+
+def test_merging_flat_pairs_equals_merging_tuples() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        pairs = [(s, s + rng.randint(-3, 40)) for s in (rng.randint(0, 300) for _ in range(30))]
+        if rng.random() < 0.5:
+            pairs.sort()  # the usual case: already in start order
+        flat = array("q", [v for pair in pairs for v in pair])
+        assert merge_pairs(flat) == merge(pairs)
+    assert merge_pairs(array("q")) == []
 
 
 def test_synthetic_job_mismatch_and_exposure(tmp_path: Path) -> None:
