@@ -23,8 +23,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import psutil
-
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "kineto"
 REAL_SETS = ("df_index_resolver", "nccl_parser_config")
@@ -35,16 +33,31 @@ HTA_LOAD = (
 )
 
 
-def _tree_kib(proc: psutil.Process) -> tuple[int, int]:
-    """Summed (RSS, PSS) KiB of ``proc`` and its descendants."""
-    rss = pss = 0
-    try:
-        procs = [proc, *proc.children(recursive=True)]
-    except psutil.Error:
-        return 0, 0
-    for p in procs:
+def _descendants(pid: int) -> list[int]:
+    """``pid`` and every process below it (Linux: /proc/PID/task/TID/children)."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
         try:
-            with open(f"/proc/{p.pid}/smaps_rollup") as f:
+            tasks = os.listdir(f"/proc/{p}/task")
+        except OSError:
+            continue
+        for tid in tasks:
+            try:
+                with open(f"/proc/{p}/task/{tid}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+            except OSError:
+                continue
+    return found
+
+
+def _tree_kib(pid: int) -> tuple[int, int]:
+    """Summed (RSS, PSS) KiB of ``pid`` and its descendants."""
+    rss = pss = 0
+    for p in _descendants(pid):
+        try:
+            with open(f"/proc/{p}/smaps_rollup") as f:
                 for line in f:
                     if line.startswith("Rss:"):
                         rss += int(line.split()[1])
@@ -55,27 +68,59 @@ def _tree_kib(proc: psutil.Process) -> tuple[int, int]:
     return rss, pss
 
 
-def measure(cmd: list[str]) -> tuple[float, float, float]:
-    """(wall seconds, peak tree RSS MiB, peak tree PSS MiB) of ``cmd`` in a fresh process."""
+# Runs ``python -m MODULE ARGS`` or ``python -c CODE ARGS`` and, at exit, writes the process's
+# own peak RSS (VmHWM: the high-water mark of its memory since exec) to the file named first.
+# The kernel's ru_maxrss would not do: it keeps the RSS of the benchmark process it was
+# forked from.
+_HWM = (
+    "import atexit, sys\n"
+    "def _hwm(path=sys.argv.pop(1)):\n"
+    "    with open('/proc/self/status') as f:\n"
+    "        kib = next(line.split()[1] for line in f if line.startswith('VmHWM:'))\n"
+    "    with open(path, 'w') as f:\n"
+    "        f.write(kib)\n"
+    "atexit.register(_hwm)\n"
+    "mode, target = sys.argv.pop(1), sys.argv.pop(1)\n"
+    "if mode == '-m':\n"
+    "    import runpy\n"
+    "    sys.argv[0] = target\n"
+    "    runpy.run_module(target, run_name='__main__', alter_sys=True)\n"
+    "else:\n"
+    "    exec(compile(target, '<string>', 'exec'), {'__name__': '__main__'})\n"
+)
+
+
+def measure(mode: str, target: str, *args: str) -> tuple[float, float, float]:
+    """(wall seconds, peak tree RSS MiB, peak tree PSS MiB) of ``python MODE TARGET ARGS``
+    (MODE ``-m`` or ``-c``) in a fresh process.
+
+    The process tree (the command and any workers it starts) is sampled every 20 ms for
+    summed RSS and PSS; the command's own peak RSS is also taken exactly (VmHWM at exit), so
+    a short peak between two samples is not missed. PSS is sampled only.
+    """
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    start = time.perf_counter()
-    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
-    watched = psutil.Process(proc.pid)
-    peak_rss = peak_pss = 0
-    while proc.poll() is None:
-        rss, pss = _tree_kib(watched)
-        peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
-        time.sleep(0.02)
-    wall = time.perf_counter() - start
-    assert proc.stderr is not None
-    err = proc.stderr.read().decode(errors="replace")
-    if proc.returncode not in (0, 1):
-        raise RuntimeError(f"{cmd[:4]} failed: {err.strip().splitlines()[-1:]}")
+    with tempfile.TemporaryDirectory() as tmp:
+        hwm_path = Path(tmp, "hwm")
+        err_path = Path(tmp, "stderr")
+        cmd = [sys.executable, "-c", _HWM, str(hwm_path), mode, target, *args]
+        with err_path.open("wb") as err_file:
+            start = time.perf_counter()
+            proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=err_file)
+            peak_rss = peak_pss = 0
+            while proc.poll() is None:
+                rss, pss = _tree_kib(proc.pid)
+                peak_rss, peak_pss = max(peak_rss, rss), max(peak_pss, pss)
+                time.sleep(0.02)
+            wall = time.perf_counter() - start
+        err = err_path.read_text(errors="replace")
+        if proc.returncode not in (0, 1):
+            raise RuntimeError(f"{target[:40]} failed: {err.strip().splitlines()[-1:]}")
+        peak_rss = max(peak_rss, int(hwm_path.read_text()))
     return wall, peak_rss / 1024, peak_pss / 1024
 
 
 def syncscope_cmd(trace_dir: Path, out: Path) -> list[str]:
-    return [sys.executable, "-m", "syncscope", "analyze", str(trace_dir), "--quiet",
+    return ["-m", "syncscope", "analyze", str(trace_dir), "--quiet",
             "--fail-on", "never", "--out", str(out)]  # fmt: skip
 
 
@@ -99,14 +144,14 @@ def row(name: str, trace_dir: Path, tmp: Path, hta: bool, reps: int) -> None:
     ours: list[tuple[float, float, float]] = []
     theirs: list[tuple[float, float, float]] = []
     for i in range(reps):  # ABAB: each tool sees the same machine load
-        ours.append(measure(syncscope_cmd(trace_dir, tmp / f"out-{name}-{i}")))
+        ours.append(measure(*syncscope_cmd(trace_dir, tmp / f"out-{name}-{i}")))
         if hta:
-            theirs.append(measure([sys.executable, "-c", HTA_LOAD, str(trace_dir)]))
+            theirs.append(measure("-c", HTA_LOAD, str(trace_dir)))
     t, rss, pss = (statistics.median(x[k] for x in ours) for k in range(3))
     text = (
         f"{name:22s} {files:2d} files, largest {largest:5.1f} MiB | syncscope analyze "
-        f"{t:6.2f} s, tree RSS {rss:4.0f} MiB ({rss / largest:4.2f}x largest), "
-        f"PSS {pss:4.0f} MiB ({pss / largest:4.2f}x)"
+        f"{t:6.2f} s, tree RSS {rss:5.1f} MiB ({rss / largest:4.2f}x largest), "
+        f"PSS {pss:5.1f} MiB ({pss / largest:4.2f}x)"
     )
     if theirs:
         ht, hrss, _ = (statistics.median(x[k] for x in theirs) for k in range(3))
@@ -132,11 +177,13 @@ def main() -> int:
     args = parser.parse_args()
     from syncscope.trace.synth import write_job
 
+    kind = "a virtual environment" if sys.prefix != sys.base_prefix else "no virtual environment"
+    print(f"python {sys.executable} ({kind})", flush=True)
     print(f"load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores", flush=True)
-    t, rss, _ = measure([sys.executable, "-c", "pass"])
-    print(f"bare interpreter (python -c pass): {t:.2f} s, {rss:.0f} MiB RSS", flush=True)
-    t, rss, _ = measure([sys.executable, "-m", "syncscope", "--help"])
-    print(f"syncscope CLI start-up alone: {t:.2f} s, {rss:.0f} MiB", flush=True)
+    t, rss, _ = measure("-c", "pass")
+    print(f"bare interpreter (python -c pass): {t:.2f} s, {rss:.1f} MiB RSS", flush=True)
+    t, rss, _ = measure("-m", "syncscope", "--help")
+    print(f"syncscope CLI start-up alone: {t:.2f} s, {rss:.1f} MiB RSS", flush=True)
     with tempfile.TemporaryDirectory(prefix="syncscope-bench-") as tmp_name:
         tmp = Path(tmp_name)
         if SHARED.is_dir() and args.only != "synthetic":

@@ -111,18 +111,15 @@ class Parser(argparse.ArgumentParser):
         return args, []
 
 
-def build_parser() -> Parser:
+def build_parser(command: str | None = None) -> Parser:
+    """The whole parser, or with ``command`` only that command's subparser: a command's
+    module (``profile``'s is large) is imported only when it runs or ``--help`` lists it."""
     parser = Parser(prog="syncscope", description=DESCRIPTION, allow_abbrev=False)
     subparsers = parser.add_subparsers(
         title="commands", dest="command", metavar="COMMAND", required=True, parser_class=Parser
     )
-    for name in COMMAND_MODULES:
-        try:
-            module = importlib.import_module(f"syncscope.commands.{name}")
-        except ModuleNotFoundError as exc:
-            if exc.name == f"syncscope.commands.{name}":
-                continue  # command not built yet
-            raise
+    for name in COMMAND_MODULES if command not in COMMAND_MODULES else (command,):
+        module = importlib.import_module(f"syncscope.commands.{name}")
         module.add_parser(subparsers)
     return parser
 
@@ -134,7 +131,7 @@ def error(message: str) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
-    parser = build_parser()
+    parser = build_parser(args[0] if args else None)
     if not args:
         parser.print_help(sys.stderr)
         return 2

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import json
 import os
-import threading
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -90,6 +89,8 @@ class EventWriter:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        import threading  # only capture writes events: analyze never loads threading
+
         self._lock = threading.Lock()
 
     def write(self, event: dict[str, Any]) -> None:

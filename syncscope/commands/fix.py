@@ -8,9 +8,7 @@ from __future__ import annotations
 
 import argparse
 import os
-import shutil
 import sys
-import tempfile
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -43,6 +41,9 @@ def _read(script: Path) -> bytes:
 
 def write_atomically(script: Path, text: str, backup: bool) -> None:
     """Write ``text`` to ``script`` via a temporary file and a rename; keep ``SCRIPT.bak``."""
+    import shutil  # here, not at the top: every syncscope command builds this parser
+    import tempfile
+
     directory = script.resolve().parent
     try:
         if backup:

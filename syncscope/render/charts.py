@@ -13,12 +13,12 @@ from __future__ import annotations
 
 import array
 import base64
-import html
 import sys
 from collections.abc import Sequence
 from typing import Any
 
 from syncscope.render.summary import Grid, window_means
+from syncscope.render.units import escape_html
 
 OK = "#2f9e6e"  # synced where it belongs
 EXTRA = "#e8a33d"  # an extra sync
@@ -160,7 +160,7 @@ def styled(
         # one, so that plotly.py reading this JSON back does not apply its default theme either
         template={"data": {"scatter": [{"type": "scatter"}]}},
         title={
-            "text": html.escape(title),
+            "text": escape_html(title),
             "x": 0.01,
             "xanchor": "left",
             "yref": "container",

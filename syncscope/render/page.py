@@ -6,15 +6,17 @@ forbids it, so a page that tried would fail loudly in the browser test.
 from __future__ import annotations
 
 import functools
-import html
 import importlib.util
+import io
+import os
 import pkgutil
-import shutil
 from collections.abc import Iterable
 from pathlib import Path
 from typing import IO, Any
 
 import orjson
+
+from syncscope.render.units import escape_html
 
 CSP = (
     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "
@@ -114,7 +116,7 @@ BOOT = """
 
 def esc(value: object) -> str:
     """Escape anything for HTML text or a quoted attribute."""
-    return html.escape(str(value), quote=True)
+    return escape_html(str(value))
 
 
 # what plotly's JSON encoder escapes: no "</script>" or "<!--" can end the inline JSON early,
@@ -137,6 +139,37 @@ def _plotly_bundle() -> Path | None:
         if bundle.is_file():
             return bundle
     return None
+
+
+def _copy_file(source: Path, out: IO[bytes]) -> None:
+    """``source``'s bytes onto ``out``: by ``os.sendfile`` where ``out`` is a real file (no
+    copy in this process at all), else through one reused 64 KiB buffer. Chunks of a MiB or
+    more would each be a fresh allocation that glibc serves from the heap once it has freed
+    one, and the process keeps those pages."""
+    with source.open("rb") as src:
+        try:
+            fd = out.fileno()
+        except (AttributeError, OSError, io.UnsupportedOperation):
+            fd = -1
+        if fd >= 0:
+            out.flush()
+            offset, size = 0, os.fstat(src.fileno()).st_size
+            try:
+                while offset < size:
+                    sent = os.sendfile(fd, src.fileno(), offset, size - offset)
+                    if sent == 0:
+                        break
+                    offset += sent
+                if offset == size:
+                    return
+            except OSError:
+                if offset:
+                    raise
+            src.seek(offset)
+        buf = bytearray(1 << 16)
+        view = memoryview(buf)
+        while n := src.readinto(buf):
+            out.write(view[:n])
 
 
 def _plotly_js_bytes() -> bytes:
@@ -226,6 +259,5 @@ def write_page(out: IO[bytes], title: str, body: str) -> None:
     if bundle is None:
         out.write(_plotly_js_bytes())
     else:
-        with bundle.open("rb") as js:
-            shutil.copyfileobj(js, out, 1 << 20)
+        _copy_file(bundle, out)
     out.write(tail.encode("utf-8"))

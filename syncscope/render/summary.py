@@ -7,13 +7,13 @@ renderer walks raw collectives at 1,024 ranks more than once.
 
 from __future__ import annotations
 
-import statistics
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
 from syncscope.model import Finding, Run, Verdict, Window, verdict_of
 from syncscope.render import units
+from syncscope.render.units import mean, median
 
 LARGE_JOB_RANKS = 16  # from this many ranks on, charts aggregate (heatmaps, no per-rank bars)
 
@@ -168,7 +168,7 @@ def headline(run: Run, findings: Sequence[Finding], grid: Grid | None = None) ->
     cells = grid.cells()
     syncs = [c.syncs for c in cells]
     counts = Counter(c.micro_batches for c in cells)
-    median_ns = statistics.median(c.duration_ns for c in cells) if cells else 0.0
+    median_ns = median(c.duration_ns for c in cells) if cells else 0.0
     # The biggest projected gain, against the window time the finding itself measured.
     projections = [
         (_number(f.cost.get("window_ns")) or median_ns, p)
@@ -188,12 +188,12 @@ def headline(run: Run, findings: Sequence[Finding], grid: Grid | None = None) ->
         micro_batches_per_window=counts.most_common(1)[0][0] if counts else 0,
         wrappers=tuple(wrappers),
         expected_syncs_per_window=expected,
-        seen_syncs_per_window=statistics.fmean(syncs) if syncs else 0.0,
+        seen_syncs_per_window=mean(syncs) if syncs else 0.0,
         seen_syncs_min=min(syncs, default=0),
         seen_syncs_max=max(syncs, default=0),
         rank_windows=len(syncs),
         rank_windows_off=sum(1 for n in syncs if n != expected),
-        grad_sync_bytes_per_window=statistics.fmean(c.bytes for c in cells) if cells else 0.0,
+        grad_sync_bytes_per_window=mean(c.bytes for c in cells) if cells else 0.0,
         window_ns=median_ns,
         peak_memory_bytes=max(
             (c.peak_memory_bytes for c in grid.cells(complete_only=False)), default=0
@@ -212,7 +212,7 @@ def window_means(grid: Grid, attr: str) -> list[float | None]:
     out: list[float | None] = []
     for w in range(grid.windows):
         values = [v for c in grid.column(w) if (v := getattr(c, attr)) is not None]
-        out.append(statistics.fmean(values) if values else None)
+        out.append(mean(values) if values else None)
     return out
 
 

@@ -3,7 +3,6 @@ communication/compute split a trace measured. Built from the run model, like cha
 
 from __future__ import annotations
 
-import html
 from collections.abc import Sequence
 
 from syncscope.model import Run
@@ -22,6 +21,7 @@ from syncscope.render.charts import (
     update_axes,
 )
 from syncscope.render.summary import Grid, window_means
+from syncscope.render.units import escape_html
 
 TIMELINE_RANKS = 8
 TIMELINE_WINDOWS = 3
@@ -77,8 +77,8 @@ def timeline_figure(run: Run, ranks: Sequence[int], first_window: int = 0) -> Fi
                 kind = "other collective"
                 if c.grad_sync:
                     kind = "grad sync" if c.micro_batch == last else "extra grad sync"
-                label = html.escape(f"{c.op} ({c.raw_op}), {c.phase}")
-                label += f"<br>{html.escape(c.module)}" if c.module else ""
+                label = escape_html(f"{c.op} ({c.raw_op}), {c.phase}")
+                label += f"<br>{escape_html(c.module)}" if c.module else ""
                 add(
                     kind,
                     label,

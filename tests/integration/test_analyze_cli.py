@@ -71,3 +71,28 @@ def test_subprocess(tmp_path: Path) -> None:
     assert proc.returncode in (0, 1), proc.stderr
     assert "Traceback" not in proc.stderr
     assert (tmp_path / "r" / "report.json").is_file()
+
+
+def test_analyze_imports_only_what_it_runs(tmp_path: Path) -> None:
+    # Memory is part of analyze's contract (2x the largest trace file at most), and a small
+    # trace is mostly interpreter and imports: the other commands' modules, and the standard
+    # modules that only they need, must stay out.
+    code = (
+        "import sys\n"
+        "before = set(sys.modules)  # what the interpreter's own start-up loaded\n"
+        "from syncscope.cli import main\n"
+        f"status = main(['analyze', {str(SAMPLES / 'nccl_parser_config')!r}, '--quiet',\n"
+        f"               '--out', {str(tmp_path / 'r')!r}])\n"
+        "unwanted = ('syncscope.commands.profile', 'syncscope.commands.fix', 'syncscope.capture',\n"
+        "            'torch', 'rich', 'pygments', 'plotly', 'hta', 'pandas', 'html.entities',\n"
+        "            'statistics', 'decimal', 'tempfile', 'threading')\n"
+        "new = set(sys.modules) - before\n"
+        "print(status, sorted(m for m in new if m.startswith(unwanted)))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    status, loaded = proc.stdout.split(" ", 1)
+    assert status in ("0", "1") and loaded.strip() == "[]"

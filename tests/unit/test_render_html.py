@@ -306,3 +306,44 @@ def test_streamed_reports_are_the_documents_held_whole(make: Any, tmp_path: Path
     as_dict = json.loads(json.dumps(report_dict(run, findings), default=str))
     assert json.loads((tmp_path / "report.json").read_bytes()) == as_dict
     assert (tmp_path / "report.html").read_text(encoding="utf-8") == render_html(run, findings)
+
+
+def test_page_written_to_a_buffer_is_the_page_written_to_a_file(tmp_path: Path) -> None:
+    # a real file gets plotly.js by os.sendfile, anything else through a small buffer
+    import io
+
+    from syncscope.render.html import write_html
+
+    run, findings = runs.traced(), runs.all_findings()
+    buffer = io.BytesIO()
+    write_html(run, findings, buffer)
+    with (tmp_path / "page.html").open("wb") as out:
+        out.write(b"<!-- before -->")
+        write_html(run, findings, out)
+        out.write(b"<!-- after -->")
+    on_disk = (tmp_path / "page.html").read_bytes()
+    assert on_disk == b"<!-- before -->" + buffer.getvalue() + b"<!-- after -->"
+    assert buffer.getvalue().decode("utf-8") == render_html(run, findings)
+
+
+@pytest.mark.parametrize(
+    "text", ["", "plain", "<script>alert('x')</script>", "a & b \"c\" 'd' &amp; <>", "é ✓ \x00"]
+)
+def test_escape_html_is_the_standard_librarys(text: str) -> None:
+    import html
+
+    from syncscope.render.units import escape_html
+
+    assert escape_html(text) == html.escape(text, quote=True)
+
+
+@pytest.mark.parametrize(
+    "values", [[5], [3, 1], [1, 2, 3], [4, 1, 3, 2], [0.1, 0.2, 0.3], [10**18, 1, 10**18 + 2]]
+)
+def test_mean_and_median_are_the_standard_librarys(values: list[float]) -> None:
+    import statistics
+
+    from syncscope.render.units import mean, median
+
+    assert mean(iter(values)) == statistics.fmean(values)
+    assert median(iter(values)) == statistics.median(values)
