@@ -218,10 +218,10 @@ def _analyze(results: dict[str, Any]) -> list[str]:
         "*syncscope analyze* is the whole CLI, start-up and report writing included; *HTA* is "
         "`TraceAnalysis(trace_dir=...)`, the load alone). Real traces from "
         f"../shared/data/kineto; synthetic DDP jobs of {ana['synthetic_mib']:g} MiB per rank "
-        "from `syncscope.trace.synth`, written by run_all.py with the header respaced to "
-        '`"rank": N` as torch.profiler writes it: HTA finds a file\'s rank with the regex '
-        '`"rank":\\s+(\\d+)`, and on synth.py\'s compact `"rank":N` it maps every file to '
-        f"rank 0 and loads one file of the job. HTA ranks found after respacing: {seen}.",
+        "from `syncscope.trace.synth`, whose header is spaced as torch.profiler writes it "
+        '(`"rank": N`): HTA finds a file\'s rank with the regex `"rank":\\s+(\\d+)`, and on a '
+        'compact `"rank":N` it would map every file to rank 0 and load one file of the job. '
+        f"Ranks HTA found: {seen}.",
         "",
     ]
     if ana["rows"]:
@@ -231,11 +231,11 @@ def _analyze(results: dict[str, Any]) -> list[str]:
             "|---|---:|---:|---:|---:|---:|---:|---:|",
         ]
         for r in ana["rows"]:
-            hta = (f"{r['hta_s']:.2f} | {r['hta_mib']} | {r['hta_s'] / r['cli_s']:.1f}x"
+            hta = (f"{r['hta_s']:.2f} | {r['hta_mib']:.0f} | {r['hta_s'] / r['cli_s']:.1f}x"
                    if r["hta_s"] is not None else "- | - | -")  # fmt: skip
             lines.append(
                 f"| {r['name']} | {r['files']} | {r['mib']:.1f} | {r['cli_s']:.2f} | "
-                f"{r['cli_mib']} | {hta} |"
+                f"{r['cli_mib']:.1f} | {hta} |"
             )
         lines += ["", "![analyze](benchmarks/analyze.svg)", ""]
     if ana["status"]:

@@ -25,6 +25,7 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 SHARED = ROOT.parent / "shared" / "data" / "kineto"
+sys.path.insert(0, str(ROOT))  # this checkout's syncscope, as the measured commands use
 REAL_SETS = ("df_index_resolver", "nccl_parser_config")
 HTA_LOAD = (
     "import logging, sys; logging.disable(logging.CRITICAL)\n"
@@ -119,6 +120,16 @@ def measure(mode: str, target: str, *args: str) -> tuple[float, float, float]:
     return wall, peak_rss / 1024, peak_pss / 1024
 
 
+def hta_ranks(trace_dir: Path) -> int:
+    """How many ranks HTA finds in ``trace_dir`` (it reads each file's rank with a regex)."""
+    import logging
+
+    from hta.common.trace_file import create_rank_to_trace_dict_from_dir
+
+    logging.disable(logging.CRITICAL)
+    return len(create_rank_to_trace_dict_from_dir(str(trace_dir))[1])
+
+
 def syncscope_cmd(trace_dir: Path, out: Path) -> list[str]:
     return ["-m", "syncscope", "analyze", str(trace_dir), "--quiet",
             "--fail-on", "never", "--out", str(out)]  # fmt: skip
@@ -196,6 +207,9 @@ def main() -> int:
             if not (job.is_dir() and len(list(job.iterdir())) == ranks):
                 write_job(job, ranks, int(args.mb * (1 << 20)))
             hta = not args.no_hta_synthetic and (ranks <= 8 or args.hta_big)
+            if hta and (seen := hta_ranks(job)) != ranks:
+                print(f"HTA sees {seen} of the {ranks} ranks in {job}: regenerate it", flush=True)
+                return 1
             reps = args.reps if ranks <= 8 else args.big_reps
             row(f"synthetic {ranks} x {args.mb:g} MB", job, tmp, hta, reps)
         print(f"load average {os.getloadavg()[0]:.1f} at the end", flush=True)

@@ -150,20 +150,9 @@ def capture_cost(work: Path, reps: int, args: list[str]) -> dict[str, Any]:
 # bench_analyze.py's result line (its owner may reshape it; the raw output is kept anyway)
 ANALYZE_LINE = re.compile(
     r"^(?P<name>\S.*?)\s+(?P<files>\d+) files, largest\s+(?P<mib>[\d.]+) MiB \| "
-    r"syncscope analyze\s+(?P<cli_s>[\d.]+) s, tree RSS\s+(?P<cli_mib>\d+) MiB.*?"
-    r"(?:HTA load\s+(?P<hta_s>[\d.]+) s,\s+(?P<hta_mib>\d+) MiB|HTA load skipped)"
+    r"syncscope analyze\s+(?P<cli_s>[\d.]+) s, tree RSS\s+(?P<cli_mib>[\d.]+) MiB.*?"
+    r"(?:HTA load\s+(?P<hta_s>[\d.]+) s,\s+(?P<hta_mib>[\d.]+) MiB|HTA load skipped)"
 )
-
-
-def _kineto_rank_spacing(job: Path) -> None:
-    """Write the header as torch.profiler does (``"rank": 0``); synth.py writes ``"rank":0``.
-
-    HTA maps files to ranks with the regex ``"rank":\\s+(\\d+)``: without the space every
-    synthetic file falls back to rank 0 and HTA loads one file of the N.
-    """
-    for path in job.iterdir():
-        head, sep, rest = path.read_bytes().partition(b"\n")
-        path.write_bytes(re.sub(rb'"rank":(\d)', rb'"rank": \1', head) + sep + rest)
 
 
 def _hta_ranks(trace_dir: Path) -> int:
@@ -174,7 +163,7 @@ def _hta_ranks(trace_dir: Path) -> int:
 
 
 def analysis_speed(work: Path, quick: bool) -> dict[str, Any]:
-    """Runs benchmarks/bench_analyze.py on synthetic jobs written here with HTA-readable headers."""
+    """Runs benchmarks/bench_analyze.py on synthetic jobs written here (HTA must see every rank)."""
     from syncscope.trace.synth import write_job
 
     mib = 1.0 if quick else 3.0
@@ -183,7 +172,6 @@ def analysis_speed(work: Path, quick: bool) -> dict[str, Any]:
     for ranks in (8,) if quick else (8, 64):
         job = synthetic / f"synthetic-{ranks}"
         write_job(job, ranks, int(mib * (1 << 20)))
-        _kineto_rank_spacing(job)
         ranks_seen[ranks] = _hta_ranks(job)
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_analyze.py"), "--mb", f"{mib:g}",
            "--synthetic-dir", str(synthetic)]  # fmt: skip
@@ -195,10 +183,8 @@ def analysis_speed(work: Path, quick: bool) -> dict[str, Any]:
         if m is None:
             continue
         row: dict[str, Any] = {"name": m["name"].strip(), "files": int(m["files"])}
-        for key in ("mib", "cli_s", "hta_s"):
+        for key in ("mib", "cli_s", "hta_s", "cli_mib", "hta_mib"):
             row[key] = float(m[key]) if m[key] else None
-        for key in ("cli_mib", "hta_mib"):
-            row[key] = int(m[key]) if m[key] else None
         rows.append(row)
         log(f"analyze {row['name']}: syncscope {row['cli_s']} s, HTA {row['hta_s']} s")
     return {"command": " ".join(["python benchmarks/bench_analyze.py", *cmd[2:]]),

@@ -47,6 +47,7 @@ class ProfilerTrace:
         self._done = False
         self._window: Any = None
         self._micro_batch: Any = None
+        self._micro_label = ""
         self._lock = threading.Lock()
 
     @property
@@ -75,11 +76,18 @@ class ProfilerTrace:
             self._window = self._open_range(f"{WINDOW_PREFIX}{index}")
 
     def micro_batch_begin(self, window: int, micro_batch: int) -> None:
+        """Open the micro-batch's range. The recorder calls this at the forward and again at
+        the backward of one micro-batch: the range opened at the forward stays open, so the
+        trace holds one range per micro-batch, from its forward to the end of its backward."""
+        label = f"{MICRO_BATCH_PREFIX}{window}.{micro_batch}"
         with self._lock:
-            if self._profiler is None:
+            if self._profiler is None or (
+                self._micro_batch is not None and self._micro_label == label
+            ):
                 return
             self._close_range("_micro_batch")
-            self._micro_batch = self._open_range(f"{MICRO_BATCH_PREFIX}{window}.{micro_batch}")
+            self._micro_batch = self._open_range(label)
+            self._micro_label = label
 
     def micro_batch_end(self, window: int, micro_batch: int) -> None:
         with self._lock:

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import gzip
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -132,7 +133,9 @@ def write_rank(
     gz = path.suffix == ".gz"
     written = windows = 0
     with gzip.open(path, "wb", compresslevel=1) if gz else path.open("wb") as out:
-        head = orjson.dumps(header)[:-1] + b', "traceEvents": [\n'
+        # spaced as torch.profiler writes it: HTA finds a file's rank with the regex
+        # '"rank":\\s+(\\d+)', and on a compact '"rank":3' takes every file for rank 0
+        head = json.dumps(header).encode()[:-1] + b', "traceEvents": [\n'
         out.write(head)
         first = True
         while written < target_bytes or windows == 0:

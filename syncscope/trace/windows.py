@@ -152,7 +152,16 @@ def _micro_batches(idx: _Sorted, lo: int, hi: int, wrapper: Wrapper) -> list[_Mi
     bw = idx.backward[bisect_left(idx.bw_starts, lo) : bisect_left(idx.bw_starts, hi)]
     marks = idx.micro[bisect_left(idx.micro_starts, lo) : bisect_left(idx.micro_starts, hi)]
     if marks:
-        marked = [_Micro(m.start, m.end, wrapper=wrapper) for m in marks]
+        marked: list[_Micro] = []
+        previous = ""
+        for mark in marks:
+            if mark.name == previous:
+                # one micro-batch marked twice: syncscope 0.1.0 marked its forward and its
+                # backward as two ranges of the same name
+                marked[-1].end = max(marked[-1].end, mark.end)
+                continue
+            marked.append(_Micro(mark.start, mark.end, wrapper=wrapper))
+            previous = mark.name
         for m in marked:
             inside = [b for b in bw if m.start <= b[0] <= m.end]
             if inside:

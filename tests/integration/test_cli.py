@@ -466,3 +466,41 @@ def test_importing_the_cli_imports_no_typer_click_or_pydantic() -> None:
     )
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.strip() == "[]"
+
+
+def test_profile_trace_records_the_chosen_windows_and_reports_both_sources(
+    tmp_path: Path,
+) -> None:
+    import gzip
+
+    run_dir = tmp_path / "run"
+    proc = run_syncscope(
+        "profile", "--nproc-per-node", "2", "--trace", "--trace-windows", "1:2", "--quiet",
+        "--fail-on", "never", "--out", str(run_dir), str(LOOPS), "forward-only-no_sync",
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stderr
+    for rank in (0, 1):
+        trace = json.loads(
+            gzip.decompress((run_dir / "traces" / f"rank-{rank}.json.gz").read_bytes())
+        )
+        names = {e.get("name") for e in trace["traceEvents"]}
+        assert "syncscope.window#1" in names and "syncscope.window#0" not in names
+        assert {"syncscope.micro_batch#1.0", "syncscope.micro_batch#1.3"} <= names
+        assert trace["distributedInfo"]["rank"] == rank
+    report = json.loads((run_dir / "report.json").read_text())
+    assert report["source"] == "live" and report["grad_syncs_per_window"] == [1, 1]
+    for r in report["ranks"]:  # overlap from the trace, for the traced window only
+        exposed = [w["exposed_comm_ns"] for w in r["windows"]]
+        assert exposed[0] is None and exposed[1] is not None and exposed[1] >= 0
+    assert any("not traced" in note for note in report["notes"])
+    # the traces alone tell the same story for the window they hold
+    proc = run_syncscope(
+        "analyze", "-q", "--fail-on", "never", "--out", str(tmp_path / "a"), str(run_dir / "traces")
+    )
+    assert proc.returncode == 0, proc.stderr
+    from_traces = json.loads((tmp_path / "a" / "report.json").read_text())
+    assert from_traces["source"] == "trace"
+    for r in from_traces["ranks"]:
+        (window,) = r["windows"]
+        assert window["index"] == 1 and window["grad_syncs"] == 1
+        assert len(window["micro_batches"]) == 4

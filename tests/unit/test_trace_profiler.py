@@ -13,14 +13,17 @@ from syncscope.capture.profiler import ProfilerTrace
 from syncscope.trace.load import load_traces
 
 
-def _train(trace: ProfilerTrace, windows: int, accum: int) -> None:
+def _train(trace: ProfilerTrace, windows: int, accum: int, twice: bool = False) -> None:
     model = torch.nn.Linear(8, 8)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for w in range(windows):
         trace.window_begin(w)
         for k in range(accum):
             trace.micro_batch_begin(w, k)
-            model(torch.randn(4, 8)).sum().backward()
+            loss = model(torch.randn(4, 8)).sum()
+            if twice:  # as the recorder does: at the forward, and again at the backward
+                trace.micro_batch_begin(w, k)
+            loss.backward()
             if k == accum - 1:
                 trace.grad_sync("all_reduce", 288)
             trace.micro_batch_end(w, k)
@@ -54,3 +57,39 @@ def test_close_exports_an_open_range(tmp_path: Path) -> None:
 def test_bad_range() -> None:
     with pytest.raises(ValueError, match="bad window range"):
         ProfilerTrace(Path("."), 0, (3, 3))
+
+
+def test_a_micro_batch_begun_at_forward_and_backward_is_one_range(tmp_path: Path) -> None:
+    trace = ProfilerTrace(tmp_path, 0, None)
+    _train(trace, windows=2, accum=3, twice=True)
+    path = tmp_path / "traces" / "rank-0.json.gz"
+    events = orjson.loads(gzip.decompress(path.read_bytes()))["traceEvents"]
+    marks = [e for e in events if str(e.get("name")).startswith("syncscope.micro_batch#")]
+    assert sorted(e["name"] for e in marks) == sorted(
+        f"syncscope.micro_batch#{w}.{k}" for w in range(2) for k in range(3)
+    )
+    backward = [e for e in events if str(e.get("name")).startswith("autograd::engine")]
+    for mark in marks:  # each range holds its micro-batch's backward
+        start, end = mark["ts"], mark["ts"] + mark["dur"]
+        assert any(start <= b["ts"] <= end for b in backward)
+    (rank,) = load_traces([tmp_path / "traces"]).ranks
+    assert [len(w.micro_batches) for w in rank.windows] == [3, 3]
+
+
+def test_traces_marking_a_micro_batch_twice_count_it_once(tmp_path: Path) -> None:
+    # syncscope 0.1.0 wrote two ranges of one name per micro-batch (forward, backward)
+    trace = ProfilerTrace(tmp_path, 0, None)
+    _train(trace, windows=2, accum=3)
+    path = tmp_path / "traces" / "rank-0.json.gz"
+    data = orjson.loads(gzip.decompress(path.read_bytes()))
+    doubled = []
+    for e in data["traceEvents"]:
+        doubled.append(e)
+        if str(e.get("name")).startswith("syncscope.micro_batch#"):
+            half = e["dur"] / 2
+            doubled[-1] = {**e, "dur": half}
+            doubled.append({**e, "ts": e["ts"] + half, "dur": half})
+    data["traceEvents"] = doubled
+    path.write_bytes(gzip.compress(orjson.dumps(data)))
+    (rank,) = load_traces([tmp_path / "traces"]).ranks
+    assert [len(w.micro_batches) for w in rank.windows] == [3, 3]
