@@ -503,4 +503,4 @@ def test_profile_trace_records_the_chosen_windows_and_reports_both_sources(
     for r in from_traces["ranks"]:
         (window,) = r["windows"]
         assert window["index"] == 1 and window["grad_syncs"] == 1
-        assert len(window["micro_batches"]) == 4
+        assert window["micro_batches"] == 4  # one per micro-batch, not one per pass
