@@ -309,7 +309,7 @@ def test_streamed_reports_are_the_documents_held_whole(make: Any, tmp_path: Path
 
 
 def test_page_written_to_a_buffer_is_the_page_written_to_a_file(tmp_path: Path) -> None:
-    # a real file gets plotly.js by os.sendfile, anything else through a small buffer
+    # plotly.js is copied in pieces: the page must come out whole either way
     import io
 
     from syncscope.render.html import write_html
