@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import logging
 import os
 import platform
 import re
@@ -45,6 +44,7 @@ from _harness import (
     rotated,
 )
 from _report import render
+from bench_analyze import hta_ranks
 
 CONFIGS = [
     {"name": "sync_every_microbatch", "label": "sync every micro-batch (baseline)"},
@@ -155,13 +155,6 @@ ANALYZE_LINE = re.compile(
 )
 
 
-def _hta_ranks(trace_dir: Path) -> int:
-    from hta.common.trace_file import create_rank_to_trace_dict_from_dir
-
-    logging.disable(logging.CRITICAL)
-    return len(create_rank_to_trace_dict_from_dir(str(trace_dir))[1])
-
-
 def analysis_speed(work: Path, quick: bool) -> dict[str, Any]:
     """Runs benchmarks/bench_analyze.py on synthetic jobs written here (HTA must see every rank)."""
     from syncscope.trace.synth import write_job
@@ -172,7 +165,7 @@ def analysis_speed(work: Path, quick: bool) -> dict[str, Any]:
     for ranks in (8,) if quick else (8, 64):
         job = synthetic / f"synthetic-{ranks}"
         write_job(job, ranks, int(mib * (1 << 20)))
-        ranks_seen[ranks] = _hta_ranks(job)
+        ranks_seen[ranks] = hta_ranks(job)
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_analyze.py"), "--mb", f"{mib:g}",
            "--synthetic-dir", str(synthetic)]  # fmt: skip
     cmd += ["--reps", "1"] if quick else ["--big", "--hta-big"]
