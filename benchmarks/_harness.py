@@ -53,10 +53,11 @@ class Launch:
     nodes: int = 1  # 1: one node x 2 ranks; 2: two "nodes" x 1 rank on loopback
     trace: bool = False  # syncscope profile --trace
     extra: tuple[str, ...] = field(default=())
+    nproc: int = 2  # ranks per node when nodes == 1
 
     def _rdzv(self, run_id: str, port: int, node: int) -> list[str]:
         if self.nodes == 1:
-            return ["--nproc-per-node", "2"] + (
+            return ["--nproc-per-node", str(self.nproc)] + (
                 ["--standalone"] if self.launcher == "torchrun" else []
             )
         return [

@@ -266,6 +266,21 @@ def _bytes(results: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _gpu() -> list[str]:
+    """The GPU section: its figures come from a GPU machine (bench_gpu.py), not this run."""
+    return [
+        "## 5. On a GPU (CUDA, NCCL)",
+        "",
+        "Every figure above is from CPU ranks over gloo. The capture cost on a GPU is measured by "
+        "`python benchmarks/bench_gpu.py` on a machine with CUDA (plain torchrun against "
+        "`syncscope profile`, NCCL, interleaved repetitions, paired ratios); it names the device "
+        "it ran on. **Not measured yet**: no GPU has been available to this project so far. "
+        "What has and has not been verified on a GPU, and on which device and torch version, is "
+        "kept in [gpu.md](gpu.md).",
+        "",
+    ]
+
+
 def render(results: dict[str, Any], out_dir: Path) -> Path:
     """Write benchmarks.md, benchmarks/*.svg and benchmarks/results.json; returns the page."""
     import json
@@ -280,6 +295,7 @@ def render(results: dict[str, Any], out_dir: Path) -> Path:
         *_capture(results),
         *_analyze(results),
         *_bytes(results),
+        *_gpu(),
         "Raw figures: [benchmarks/results.json](benchmarks/results.json).",
         "",
     ]

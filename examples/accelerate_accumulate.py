@@ -9,7 +9,7 @@ from accelerate import Accelerator
 from common import batch, make_model, parse_args, report
 
 args = parse_args()
-accelerator = Accelerator(gradient_accumulation_steps=args.accum, cpu=True)
+accelerator = Accelerator(gradient_accumulation_steps=args.accum, cpu=args.device == "cpu")
 rank = accelerator.process_index
 torch.manual_seed(0)
 model = make_model(args)

@@ -23,13 +23,20 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=2)
     parser.add_argument("--batch", type=int, default=8)
     parser.add_argument("--quiet", action="store_true")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="cuda: NCCL, one GPU per rank"
+    )
     return parser.parse_args()
 
 
-def init() -> int:
-    """Join the process group torchrun prepared (gloo on CPU); returns this rank."""
+def init(args: argparse.Namespace | None = None) -> int:
+    """Join the process group torchrun prepared (gloo on CPU, NCCL with ``--device cuda``);
+    returns this rank."""
+    cuda = args is not None and args.device == "cuda"
+    if cuda:
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     if "RANK" in os.environ and not dist.is_initialized():
-        dist.init_process_group("nccl" if torch.cuda.is_available() else "gloo")
+        dist.init_process_group("nccl" if cuda else "gloo")
     torch.manual_seed(0)
     return dist.get_rank() if dist.is_initialized() else 0
 
@@ -38,13 +45,19 @@ def make_model(args: argparse.Namespace) -> nn.Module:
     layers: list[nn.Module] = []
     for _ in range(args.layers):
         layers += [nn.Linear(args.hidden, args.hidden), nn.ReLU()]
-    return nn.Sequential(*layers)
+    return nn.Sequential(*layers).to(device(args))
+
+
+def device(args: argparse.Namespace) -> torch.device:
+    if args.device == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def batch(args: argparse.Namespace, rank: int, step: int, micro: int) -> torch.Tensor:
     """Different data on every rank and micro-batch, reproducible."""
     g = torch.Generator().manual_seed(1000 * step + 10 * micro + rank)
-    return torch.randn(args.batch, args.hidden, generator=g)
+    return torch.randn(args.batch, args.hidden, generator=g).to(device(args))
 
 
 def report(args: argparse.Namespace, rank: int, step: int, loss: float) -> None:

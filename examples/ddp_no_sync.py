@@ -11,7 +11,7 @@ from common import batch, finish, init, make_model, parse_args, report
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 args = parse_args()
-rank = init()
+rank = init(args)
 model = DDP(make_model(args))
 optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
 

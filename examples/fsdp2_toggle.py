@@ -9,7 +9,7 @@ from common import batch, finish, init, make_model, parse_args, report
 from torch.distributed.fsdp import fully_shard
 
 args = parse_args()
-rank = init()
+rank = init(args)
 model = make_model(args)
 for layer in model:
     if isinstance(layer, torch.nn.Linear):

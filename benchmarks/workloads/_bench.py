@@ -38,6 +38,9 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--layers", type=int, default=8)
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--torch-profiler", metavar="DIR", help="trace with torch.profiler")
+    parser.add_argument(
+        "--device", choices=("cpu", "cuda"), default="cpu", help="cuda: NCCL, one GPU per rank"
+    )
     args = parser.parse_args()
     args.steps = args.warmup + args.windows
     return args
@@ -46,8 +49,10 @@ def parse_args() -> argparse.Namespace:
 def init(args: argparse.Namespace) -> int:
     """Join the process group torchrun prepared (gloo on CPU); returns this rank."""
     global _profiler
+    if args.device == "cuda":
+        torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", "0")) % torch.cuda.device_count())
     if "RANK" in os.environ and not dist.is_initialized():
-        dist.init_process_group("gloo")
+        dist.init_process_group("nccl" if args.device == "cuda" else "gloo")
     torch.manual_seed(0)
     if args.torch_profiler:
         _profiler = torch.profiler.profile(
@@ -61,13 +66,20 @@ def make_model(args: argparse.Namespace) -> nn.Module:
     layers: list[nn.Module] = []
     for _ in range(args.layers):
         layers += [nn.Linear(args.hidden, args.hidden), nn.ReLU()]
-    return nn.Sequential(*layers)
+    return nn.Sequential(*layers).to(_device(args))
+
+
+def _device(args: argparse.Namespace) -> torch.device:
+    if args.device == "cuda":
+        return torch.device("cuda", torch.cuda.current_device())
+    return torch.device("cpu")
 
 
 def make_data(args: argparse.Namespace, rank: int) -> list[torch.Tensor]:
     """One input per micro-batch, different on every rank, made before the clock starts."""
     g = torch.Generator().manual_seed(1000 + rank)
-    return [torch.randn(args.batch, args.hidden, generator=g) for _ in range(args.accum)]
+    device = _device(args)
+    return [torch.randn(args.batch, args.hidden, generator=g).to(device) for _ in range(args.accum)]
 
 
 class Clock:
@@ -81,6 +93,8 @@ class Clock:
         self.cpu_marks = [time.process_time()]
 
     def tick(self) -> None:
+        if self.args.device == "cuda":
+            torch.cuda.synchronize()  # a window ends when its kernels have
         self.marks.append(time.perf_counter())
         self.cpu_marks.append(time.process_time())
 
