@@ -243,6 +243,15 @@ def build_rank(events: Sequence[dict[str, Any]], rank: int | None = None) -> Ran
         windows.append(current.build(last_t, False))
 
     status = footer.get("status") if footer else None
+    in_progress = (
+        "backward"
+        if backward is not None
+        else "forward"
+        if pending_fwd is not None
+        else "optimizer.step"
+        if current.step_start
+        else ""
+    )
     dist_initialized = dist_seen or (bool(footer.get("dist_initialized")) if footer else True)
     return RankRun(
         rank=int(header.get("rank", rank if rank is not None else 0)),
@@ -256,6 +265,7 @@ def build_rank(events: Sequence[dict[str, Any]], rank: int | None = None) -> Ran
         exit_status=int(status) if isinstance(status, int) else None,
         exit_reason=str(footer.get("reason", "")) if footer else "no exit record (killed or hung)",
         last_event_ns=last_t,
+        in_progress=in_progress,
         last_completed=last_completed,
         pending=tuple(pending_ops.values()),
         dist_initialized=dist_initialized,
