@@ -120,6 +120,7 @@ def build_rank(events: Sequence[dict[str, Any]], rank: int | None = None) -> Ran
     no_sync_active = False
     no_sync_at_forward = False
     dist_seen = False
+    backward_failed = False
     last_t = 0
 
     for ev in events:
@@ -164,6 +165,10 @@ def build_rank(events: Sequence[dict[str, Any]], rank: int | None = None) -> Ran
         elif kind == "bwd":
             current.touch(t)
             backward = ev
+        elif kind == "bwd_error":
+            backward_failed = True
+        elif kind == "bwd_end" and backward_failed:
+            backward_failed = False  # raised: still "in backward", no micro-batch completed
         elif kind == "bwd_end" and backward is not None:
             fwd = pending_fwd or {}
             sync_states = list((backward.get("sync") or {}).values())
