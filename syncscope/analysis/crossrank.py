@@ -225,10 +225,14 @@ def run_failed(run: Run) -> list[Finding]:
         f"{len(run.ranks)} rank{'s' if len(run.ranks) != 1 else ''}"
     )
     others = [r.rank for r in failed if r not in own]
-    message = (
-        f"the run failed: rank{'s' if len(own) > 1 else ''} {compress_ranks([r.rank for r in own])} "
-        f"stopped ({_how(first)}) {last_seen(first)}; {captured}"
-    )
+    if len(own) == 1:
+        message = f"the run failed: rank {first.rank} stopped ({_how(first)}) {last_seen(first)}"
+    else:
+        message = (
+            f"the run failed on ranks {compress_ranks([r.rank for r in own])}: rank "
+            f"{first.rank} first ({_how(first)}) {last_seen(first)}"
+        )
+    message += f"; {captured}"
     if others:
         message += f"; rank(s) {compress_ranks(others)} were then stopped by the launcher"
     per_rank = {
