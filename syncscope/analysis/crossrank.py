@@ -196,10 +196,11 @@ def _how(r: RankRun) -> str:
 
 def _stopped_by_others(r: RankRun) -> bool:
     """Killed by the launcher (SIGTERM/SIGINT/SIGHUP) because another rank failed first."""
-    return r.finished and r.exit_reason.startswith("killed by signal") and r.exit_status in (
-        129,
-        130,
-        143,
+    launcher_signals = (129, 130, 143)  # 128 + SIGHUP, SIGINT, SIGTERM
+    return (
+        r.finished
+        and r.exit_reason.startswith("killed by signal")
+        and r.exit_status in launcher_signals
     )
 
 

@@ -241,7 +241,9 @@ def _bound_by(node: cst.CSTNode) -> set[str]:
     names: set[str] = set()
     if isinstance(node, (cst.FunctionDef, cst.ClassDef)):
         return {node.name.value}
-    if isinstance(node, (cst.Import, cst.ImportFrom)) and not isinstance(node.names, cst.ImportStar):
+    if isinstance(node, (cst.Import, cst.ImportFrom)) and not isinstance(
+        node.names, cst.ImportStar
+    ):
         for alias in node.names:
             if alias.asname is not None and isinstance(alias.asname.name, cst.Name):
                 names.add(alias.asname.name.value)
@@ -251,9 +253,7 @@ def _bound_by(node: cst.CSTNode) -> set[str]:
     targets: list[cst.BaseExpression] = []
     if isinstance(node, cst.Assign):
         targets = [t.target for t in node.targets]
-    elif isinstance(node, (cst.AnnAssign, cst.AugAssign)):
-        targets = [node.target]
-    elif isinstance(node, cst.For):
+    elif isinstance(node, (cst.AnnAssign, cst.AugAssign, cst.For)):
         targets = [node.target]
     elif isinstance(node, cst.WithItem) and node.asname is not None:
         targets = [node.asname.name]

@@ -129,9 +129,9 @@ def test_script_crashing_on_every_rank_is_failed_not_clean(tmp_path: Path) -> No
     (failed,) = [f for f in report["findings"] if f["kind"] == "run-failed"]
     assert failed["ranks"] == [0, 1] and failed["severity"] == "error"
     evidence = failed["evidence"]
-    assert evidence["exit_status"] == 1 and "RuntimeError: boom in backward" in evidence[
-        "exit_reason"
-    ]
+    assert (
+        evidence["exit_status"] == 1 and "RuntimeError: boom in backward" in evidence["exit_reason"]
+    )
     assert evidence["last_seen"] == "in backward of micro-batch 2 of window 1"
     assert evidence["complete_windows"] == 1
     assert [f["kind"] for f in report["findings"]] == ["run-failed"]  # window 0 was right

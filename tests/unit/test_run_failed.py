@@ -69,8 +69,10 @@ def test_rank_without_exit_record_is_failed() -> None:
 
 
 def test_signal_is_named() -> None:
-    r = Rank(0).window([3]).add(
-        "exit", status=137, reason="killed by signal SIGKILL", dist_initialized=True
+    r = (
+        Rank(0)
+        .window([3])
+        .add("exit", status=137, reason="killed by signal SIGKILL", dist_initialized=True)
     )
     (f,) = [f for f in diagnose(run_of(r, world_size=1)) if f.kind == "run-failed"]
     assert f.cause == "signal" and "killed by signal SIGKILL" in f.message
@@ -106,11 +108,15 @@ def test_normal_exit_everywhere_is_not_failed() -> None:
 
 
 def test_hang_is_failed_without_a_second_finding() -> None:
-    r0 = Rank(0).window([3]).add(
-        "exit", status=143, reason="killed by signal SIGTERM", dist_initialized=True
+    r0 = (
+        Rank(0)
+        .window([3])
+        .add("exit", status=143, reason="killed by signal SIGTERM", dist_initialized=True)
     )
-    r1 = Rank(1).window([3]).add(
-        "exit", status=143, reason="killed by signal SIGTERM", dist_initialized=True
+    r1 = (
+        Rank(1)
+        .window([3])
+        .add("exit", status=143, reason="killed by signal SIGTERM", dist_initialized=True)
     )
     findings = diagnose(run_of(r0, r1, hung=True, hang_timeout_s=5.0))
     assert [f.kind for f in findings] == ["hang"]
@@ -131,7 +137,9 @@ def test_reports_say_failed() -> None:
 
 
 def test_diff_with_a_failed_run_claims_no_speed_up() -> None:
-    good = run_of(Rank(0).window([3]).window([3]).finish(), Rank(1).window([3]).window([3]).finish())
+    good = run_of(
+        Rank(0).window([3]).window([3]).finish(), Rank(1).window([3]).window([3]).finish()
+    )
     bad = run_of(crashed(0), crashed(1))
     for a, b, label in ((good, bad, "after"), (bad, good, "before")):
         d = compare(a, diagnose(a), b, diagnose(b))
