@@ -46,10 +46,17 @@ class Parser(argparse.ArgumentParser):
     is a separator, not the program's.
 
     ``intermixed``: positionals and options may be mixed (``fix SCRIPT --apply ARGS``).
+
+    ``script_arguments``: the first positional argument (SCRIPT) is this parser's; every
+    argument after it that is not one of this parser's own long options (``--apply``,
+    ``--verify``, ...) belongs to the program, options included, in order, and is stored as
+    ``program`` (``fix --verify train.py --steps 2 --cpu``); after a ``--`` every argument
+    is the program's.
     """
 
     program_options: tuple[str, ...] | None = None
     intermixed: bool = False
+    script_arguments: bool = False
     _inside_intermixed: bool = False
 
     def error(self, message: str) -> NoReturn:
@@ -64,6 +71,11 @@ class Parser(argparse.ArgumentParser):
             parsed, extras = super().parse_known_args(own, namespace)
             parsed.program = program
             return parsed, extras
+        if self.script_arguments:
+            own, program = self._split_script_arguments(arg_list)
+            parsed, extras = super().parse_known_args(own, namespace)
+            parsed.program = program
+            return parsed, extras
         if self.intermixed and not self._inside_intermixed:
             # parse_known_intermixed_args calls parse_known_args itself: once, not again
             self._inside_intermixed = True
@@ -72,6 +84,41 @@ class Parser(argparse.ArgumentParser):
             finally:
                 self._inside_intermixed = False
         return super().parse_known_args(arg_list, namespace)
+
+    def _split_script_arguments(self, args: list[str]) -> tuple[list[str], list[str]]:
+        """(this parser's own arguments, the program's): see ``script_arguments``."""
+        own: list[str] = []
+        program: list[str] = []
+        actions = self._option_string_actions
+        seen_script = False
+        i = 0
+        while i < len(args):
+            token = args[i]
+            if token == "--":
+                if seen_script:
+                    return own, program + args[i + 1 :]
+                own.extend(args[i : i + 2])  # ``-- SCRIPT``: a script named like an option
+                seen_script = i + 1 < len(args)
+                i += 2
+                continue
+            name, eq, _ = token.partition("=")
+            action = actions.get(name) if token.startswith("--") else None
+            if not seen_script and token.startswith("-") and token != "-":
+                action = actions.get(name)
+            if action is not None and (not seen_script or name not in ("-h", "--help")):
+                end = i + 1 if eq or action.nargs == 0 else i + 2
+                own.extend(args[i:end])
+                i = end
+                continue
+            if not seen_script and not token.startswith("-"):
+                own.append(token)
+                seen_script = True
+            elif seen_script:
+                program.append(token)
+            else:
+                own.append(token)  # an unknown option before SCRIPT: argparse says so
+            i += 1
+        return own, program
 
     def _split_program(self, args: list[str]) -> tuple[list[str], list[str]]:
         """(this parser's own arguments, the program's): see ``program_options``."""

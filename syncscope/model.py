@@ -33,7 +33,7 @@ Phase = Literal["forward", "backward", "after-backward", "optimizer", "other"]
 Wrapper = Literal["ddp", "fsdp", "none"]
 Issuer = Literal["ddp", "fsdp", "user", "torch"]
 Severity = Literal["info", "warning", "error"]
-Verdict = Literal["clean", "warnings", "errors"]
+Verdict = Literal["clean", "warnings", "errors", "failed"]
 Source = Literal["live", "trace"]
 
 OPS: tuple[str, ...] = (
@@ -254,6 +254,8 @@ class RankRun:
     exit_status: int | None = 0
     exit_reason: str = ""
     last_event_ns: int = 0
+    in_progress: str = ""  # what the rank was inside at its last event: "forward", "backward",
+    # "optimizer.step" ("" between micro-batches)
     last_completed: PendingCollective | None = None
     pending: tuple[PendingCollective, ...] = ()
     dist_initialized: bool = True
@@ -319,7 +321,19 @@ class Finding:
     fix: Fix | None = None
 
 
+# Findings that say the job itself did not run to its end: the verdict is "failed", above
+# "errors", whatever else was measured before it stopped.
+FAILED_KINDS = frozenset({"run-failed", "hang"})
+
+
+def rank_failed(rank: RankRun) -> bool:
+    """The rank did not end normally: a non-zero exit status, a signal, or no exit record."""
+    return not rank.finished or rank.exit_status != 0
+
+
 def verdict_of(findings: list[Finding] | tuple[Finding, ...]) -> Verdict:
+    if any(f.kind in FAILED_KINDS for f in findings):
+        return "failed"
     severities = {f.severity for f in findings}
     if "error" in severities:
         return "errors"

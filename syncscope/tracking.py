@@ -23,7 +23,7 @@ from syncscope.analysis.build import build_run
 from syncscope.analysis.diagnose import diagnose
 from syncscope.capture.recorder import MemorySink
 from syncscope.capture.session import CaptureSession
-from syncscope.model import Finding, Run, RunMeta
+from syncscope.model import Finding, Run, RunMeta, Verdict, verdict_of
 from syncscope.render.json_report import window_dict
 
 
@@ -36,6 +36,8 @@ class Stats:
       trailing incomplete one), each a dict with the fields of report.json windows.
     - ``grad_syncs_per_window``: grad-sync rounds in each complete window.
     - ``findings``: the diagnoses (``syncscope.model.Finding``), every rank's after exit.
+    - ``verdict``: ``clean``, ``warnings``, ``errors``, or ``failed`` when a rank crashed,
+      was killed or hung (a ``run-failed`` or ``hang`` finding).
     - ``run``: the full run model.
     """
 
@@ -82,7 +84,13 @@ class Stats:
     def findings(self) -> list[Finding]:
         if self._findings is not None:
             return self._findings
-        return diagnose(self.run)
+        # still tracking: the rank has not ended yet, so "no exit record" is no failure
+        return [f for f in diagnose(self.run) if f.kind != "run-failed"]
+
+    @property
+    def verdict(self) -> Verdict:
+        """``clean``, ``warnings``, ``errors`` or ``failed`` (the run did not end normally)."""
+        return verdict_of(self.findings)
 
     def __repr__(self) -> str:
         return (

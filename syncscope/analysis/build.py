@@ -120,6 +120,7 @@ def build_rank(events: Sequence[dict[str, Any]], rank: int | None = None) -> Ran
     no_sync_active = False
     no_sync_at_forward = False
     dist_seen = False
+    backward_failed = False
     last_t = 0
 
     for ev in events:
@@ -164,6 +165,10 @@ def build_rank(events: Sequence[dict[str, Any]], rank: int | None = None) -> Ran
         elif kind == "bwd":
             current.touch(t)
             backward = ev
+        elif kind == "bwd_error":
+            backward_failed = True
+        elif kind == "bwd_end" and backward_failed:
+            backward_failed = False  # raised: still "in backward", no micro-batch completed
         elif kind == "bwd_end" and backward is not None:
             fwd = pending_fwd or {}
             sync_states = list((backward.get("sync") or {}).values())
@@ -243,6 +248,15 @@ def build_rank(events: Sequence[dict[str, Any]], rank: int | None = None) -> Ran
         windows.append(current.build(last_t, False))
 
     status = footer.get("status") if footer else None
+    in_progress = (
+        "backward"
+        if backward is not None
+        else "forward"
+        if pending_fwd is not None
+        else "optimizer.step"
+        if current.step_start
+        else ""
+    )
     dist_initialized = dist_seen or (bool(footer.get("dist_initialized")) if footer else True)
     return RankRun(
         rank=int(header.get("rank", rank if rank is not None else 0)),
@@ -256,6 +270,7 @@ def build_rank(events: Sequence[dict[str, Any]], rank: int | None = None) -> Ran
         exit_status=int(status) if isinstance(status, int) else None,
         exit_reason=str(footer.get("reason", "")) if footer else "no exit record (killed or hung)",
         last_event_ns=last_t,
+        in_progress=in_progress,
         last_completed=last_completed,
         pending=tuple(pending_ops.values()),
         dist_initialized=dist_initialized,

@@ -6,7 +6,15 @@ from collections import defaultdict
 from collections.abc import Sequence
 
 from syncscope.analysis.advice import SNIPPETS
-from syncscope.model import Finding, PendingCollective, Run, compress_ranks
+from syncscope.model import (
+    Finding,
+    PendingCollective,
+    RankRun,
+    Run,
+    Window,
+    compress_ranks,
+    rank_failed,
+)
 
 # Ops whose byte count must agree across the members of a group.
 SIZED_OPS = frozenset({"all_reduce", "broadcast", "reduce_scatter", "all_gather", "barrier"})
@@ -56,6 +64,10 @@ def collective_mismatch(run: Run) -> list[Finding]:
         defaultdict(dict)
     )
     present = {r.rank for r in run.ranks}
+    # A rank that crashed or was killed stopped early: its sequence ends where it died, and
+    # that truncated tail is the run-failed finding's business, not a mismatch. (In a hang,
+    # every rank is killed by the launcher and the mismatch is the cause: keep it.)
+    stopped = set() if run.meta.hung else {r.rank for r in run.ranks if rank_failed(r)}
     for r in run.ranks:
         for entry in r.collective_sequence:
             group = entry[2]
@@ -70,7 +82,13 @@ def collective_mismatch(run: Run) -> list[Finding]:
         seqs = {m: sequences.get(m, []) for m in members}
         longest = max(len(s) for s in seqs.values())
         for i in range(longest):
-            at = {m: (s[i] if i < len(s) else None) for m, s in seqs.items()}
+            at = {
+                m: (s[i] if i < len(s) else None)
+                for m, s in seqs.items()
+                if i < len(s) or m not in stopped
+            }
+            if len(at) < 2:
+                continue
             kinds = {(e[0], e[1] if e[0] in SIZED_OPS else 0) if e else None for e in at.values()}
             if len(kinds) == 1:
                 continue
@@ -136,5 +154,116 @@ def hang(run: Run) -> list[Finding]:
             evidence={"per_rank": per_rank},
             cost={"hang_timeout_s": run.meta.hang_timeout_s or 0},
             fix=SNIPPETS["same-sequence"],
+        )
+    ]
+
+
+def _window_words(r: RankRun) -> tuple[Window | None, int]:
+    """The window the rank was in when it stopped (None: between windows) and its index."""
+    if r.windows and not r.windows[-1].complete:
+        return r.windows[-1], r.windows[-1].index
+    return None, (r.windows[-1].index + 1 if r.windows else 0)
+
+
+def last_seen(r: RankRun) -> str:
+    """Where the rank was when it stopped, in the report's terms (0-based, as elsewhere)."""
+    window, index = _window_words(r)
+    done = len(window.micro_batches) if window is not None else 0
+    if r.in_progress in ("forward", "backward"):
+        where = f"in {r.in_progress} of micro-batch {done} of window {index}"
+    elif r.in_progress == "optimizer.step":
+        where = f"in optimizer.step() of window {index}"
+    elif done:
+        where = f"after micro-batch {done - 1} of window {index}, before its optimizer step"
+    elif r.windows:
+        where = f"after the optimizer step of window {index - 1}"
+    else:
+        where = "before the first micro-batch"
+    if r.pending:
+        p = r.pending[-1]
+        where += f", blocked in {p.op} #{p.seq}"
+    return where
+
+
+def _how(r: RankRun) -> str:
+    if not r.finished:
+        return "no exit record (killed with SIGKILL, crashed hard or lost)"
+    if r.exit_status is None:
+        return f"exit status unknown ({r.exit_reason or 'no reason recorded'})"
+    reason = r.exit_reason if r.exit_reason not in ("", "finished", "exit") else ""
+    return f"exit status {r.exit_status}" + (f": {reason}" if reason else "")
+
+
+def _stopped_by_others(r: RankRun) -> bool:
+    """Killed by the launcher (SIGTERM/SIGINT/SIGHUP) because another rank failed first."""
+    launcher_signals = (129, 130, 143)  # 128 + SIGHUP, SIGINT, SIGTERM
+    return (
+        r.finished
+        and r.exit_reason.startswith("killed by signal")
+        and r.exit_status in launcher_signals
+    )
+
+
+def run_failed(run: Run) -> list[Finding]:
+    """The script did not end normally on some rank: the run failed, whatever was measured.
+
+    A hang has its own finding (the launcher killed every rank), so it is not repeated here.
+    A process that dies after every rank wrote a normal exit record lost nothing and is not a
+    failure of the run (``syncscope profile`` warns about it).
+    """
+    if run.meta.hung:
+        return []
+    failed = [r for r in run.ranks if rank_failed(r)]
+    if not failed:
+        return []
+    own = [r for r in failed if not _stopped_by_others(r)] or failed
+    first = min(own, key=lambda r: (r.last_event_ns or 0, r.rank))
+    complete = [sum(1 for w in r.windows if w.complete) for r in run.ranks]
+    low, high = min(complete), max(complete)
+    windows = f"{low}" if low == high else f"{low}-{high}"
+    captured = (
+        f"{windows} complete window{'s' if high != 1 else ''} captured on "
+        f"{len(run.ranks)} rank{'s' if len(run.ranks) != 1 else ''}"
+    )
+    others = [r.rank for r in failed if r not in own]
+    if len(own) == 1:
+        message = f"the run failed: rank {first.rank} stopped ({_how(first)}) {last_seen(first)}"
+    else:
+        message = (
+            f"the run failed on ranks {compress_ranks([r.rank for r in own])}: rank "
+            f"{first.rank} first ({_how(first)}) {last_seen(first)}"
+        )
+    message += f"; {captured}"
+    if others:
+        message += f"; rank(s) {compress_ranks(others)} were then stopped by the launcher"
+    per_rank = {
+        str(r.rank): f"{_how(r)}; last seen {last_seen(r)}"
+        for r in sorted(failed, key=lambda r: r.rank)[:16]
+    }
+    cause = (
+        "no-exit-record"
+        if not first.finished
+        else "signal"
+        if first.exit_reason.startswith("killed by signal")
+        else "exit-status"
+    )
+    return [
+        Finding(
+            kind="run-failed",
+            severity="error",
+            cause=cause,
+            message=message,
+            ranks=tuple(r.rank for r in own),
+            windows=(),
+            evidence={
+                "first_failed_rank": first.rank,
+                "exit_status": first.exit_status if first.finished else None,
+                "exit_reason": first.exit_reason,
+                "last_seen": last_seen(first),
+                "complete_windows": low,
+                "ranks_captured": len(run.ranks),
+                "per_rank": per_rank,
+            },
+            cost={},
         )
     ]

@@ -17,8 +17,16 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from syncscope.analysis.advice import SNIPPETS, fix_style, mean
-from syncscope.analysis.crossrank import collective_mismatch, hang, rank_divergence
-from syncscope.model import Finding, RankRun, Run, Severity, SourceLocation, Window
+from syncscope.analysis.crossrank import collective_mismatch, hang, rank_divergence, run_failed
+from syncscope.model import (
+    FAILED_KINDS,
+    Finding,
+    RankRun,
+    Run,
+    Severity,
+    SourceLocation,
+    Window,
+)
 
 FRAGMENT_MIN_COLLECTIVES = 16
 FRAGMENT_MAX_MEAN_BYTES = 256 * 1024
@@ -365,6 +373,8 @@ def diagnose(run: Run) -> list[Finding]:
     findings.extend(rank_divergence(run, findings))
     findings.extend(collective_mismatch(run))
     findings.extend(hang(run))
+    findings.extend(run_failed(run))
     order = {"error": 0, "warning": 1, "info": 2}
-    findings.sort(key=lambda f: (order[f.severity], f.kind, f.cause))
+    # a run that did not finish says so first; what its complete windows show follows
+    findings.sort(key=lambda f: (f.kind not in FAILED_KINDS, order[f.severity], f.kind, f.cause))
     return findings

@@ -50,6 +50,10 @@ def _install_backward(rec: Recorder, undo: list[Undo]) -> None:
             outermost = rec.on_backward_begin()
             try:
                 return fn(*args, **kwargs)
+            except BaseException:
+                if outermost:  # the backward raised: it is no completed micro-batch
+                    rec.emit({"type": "bwd_error", "t": rec.now()})
+                raise
             finally:
                 rec.on_backward_end(outermost)
 

@@ -133,13 +133,22 @@ def fix(
 
 
 def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
-    parser = subparsers.add_parser("fix", help=SUMMARY, description=SUMMARY, allow_abbrev=False)
-    parser.intermixed = True  # fix SCRIPT --apply ARGS ... as much as fix --apply SCRIPT ARGS
-    parser.add_argument(
-        "script", type=Path, metavar="SCRIPT", help="Training script to check and fix."
+    parser = subparsers.add_parser(
+        "fix",
+        help=SUMMARY,
+        description=SUMMARY,
+        usage="%(prog)s [OPTIONS] SCRIPT [SCRIPT_ARGS...]",
+        allow_abbrev=False,
     )
+    # after SCRIPT, fix's own options (--apply, --verify, ...) are still fix's; every other
+    # argument, options included, is SCRIPT's (for --verify), as with ``profile``
+    parser.script_arguments = True
     parser.add_argument(
-        "args", nargs="*", metavar="SCRIPT_ARGS", help="Script arguments, for --verify."
+        "script",
+        type=Path,
+        metavar="SCRIPT",
+        help="Training script to check and fix; the arguments after it that are not fix's "
+        "own options are the script's (for --verify); after -- all are.",
     )
     parser.add_argument("--apply", action="store_true", help="Write the change.")
     parser.add_argument(
@@ -174,7 +183,7 @@ def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
 def _run(args: argparse.Namespace) -> int:
     return fix(
         args.script,
-        args.args,
+        args.program,
         apply=args.apply,
         style=args.style,
         from_run=args.from_run,

@@ -3,7 +3,9 @@
 Raw DDP gets ``with (model.no_sync() if not is_last else contextlib.nullcontext()):`` around
 forward and backward (or ``model.require_backward_grad_sync = is_last`` before the forward
 where the script uses the flag); FSDP2 gets ``model.set_requires_gradient_sync(is_last)``
-before the forward; Accelerate gets ``with accelerator.accumulate(model):`` and
+before the forward. A script that wraps its model only under a condition (``if ddp:``) also
+runs unwrapped, so the toggle goes under that condition: ``model.no_sync() if ddp and not
+is_last else ...``, ``if ddp: model.require_backward_grad_sync = is_last``; Accelerate gets ``with accelerator.accumulate(model):`` and
 ``Accelerator(gradient_accumulation_steps=N)``.
 """
 
@@ -36,6 +38,9 @@ class Context:
     module: cst.Module
     why_unresolved: str = ""
     distributed: bool = True  # the file uses torch.distributed or accelerate at all
+    # the script's condition for wrapping the model (``ddp``): it also runs unwrapped, so
+    # what only a wrapper has (``no_sync``, the flag, the FSDP2 setter) is used under it
+    guard: str | None = None
 
 
 def _fresh_name(module: cst.Module) -> str:
@@ -193,13 +198,19 @@ def canonical_rewrite(ctx: Context) -> tuple[Edit | None, str]:
         return None, "cannot tell, before the forward, whether a micro-batch is the last"
     name, setup, gate = binding
     model = ctx.loop.model
+    guard = ctx.guard
+
+    def guarded(line: str) -> str:
+        return f"if {guard}:\n    {line}" if guard else line
+
     if ctx.wrapper == "fsdp2":
-        lines = [*setup, f"{model}.set_requires_gradient_sync({name})"]
+        lines = [*setup, guarded(f"{model}.set_requires_gradient_sync({name})")]
         return edits.insert_before_forward(ctx.loop, lines, None, gate), ""
     if ctx.wrapper == "ddp" and ctx.ddp_form == "flag":
-        lines = [*setup, f"{model}.require_backward_grad_sync = {name}"]
+        lines = [*setup, guarded(f"{model}.require_backward_grad_sync = {name}")]
         return edits.insert_before_forward(ctx.loop, lines, None, gate), ""
-    header = f"with ({model}.no_sync() if not {name} else contextlib.nullcontext()):"
+    skip = f"{guard} and not {name}" if guard else f"not {name}"
+    header = f"with ({model}.no_sync() if {skip} else contextlib.nullcontext()):"
     rewrite = edits.wrap_span(ctx.loop, header, setup, gate)
     rewrite.imports = ("contextlib",)
     return rewrite, ""

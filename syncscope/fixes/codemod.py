@@ -21,7 +21,13 @@ from syncscope.errors import SyncscopeError
 from syncscope.fixes.canonical import Context, DdpForm
 from syncscope.fixes.edits import apply_edit
 from syncscope.fixes.loops import AccumLoop, find_loops
-from syncscope.fixes.resolve import WRAPPER_WORDS, Resolution, WrapperKind, resolve_wrappers
+from syncscope.fixes.resolve import (
+    WRAPPER_WORDS,
+    Resolution,
+    WrapperKind,
+    resolve_wrappers,
+    usable_guard,
+)
 from syncscope.fixes.rules import ALL_RULES, Violation
 
 Style = Literal["auto", "accelerate", "no_sync", "flag", "fsdp2"]
@@ -162,7 +168,10 @@ class _Driver:
                 continue
             kind, why = _wrapper_of(loop, resolution, self.options)
             form = self.forms.setdefault(ordinal, _ddp_form(loop, self.options))
-            ctx = Context(loop, kind, form, resolution, wrapper.module, why, self.distributed)
+            guard = usable_guard(resolution, loop.model, wrapper.module)
+            ctx = Context(
+                loop, kind, form, resolution, wrapper.module, why, self.distributed, guard
+            )
             for rule in ALL_RULES:
                 violation = rule.check(ctx)
                 if violation is not None:

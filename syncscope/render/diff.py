@@ -93,14 +93,26 @@ class RunDiff:
     persisting: tuple[Finding, ...]  # as seen in the second run
 
     @property
+    def failed(self) -> tuple[str, ...]:
+        """Labels of the runs that failed (did not run to their end)."""
+        return tuple(
+            label
+            for label, head in zip(self.labels, (self.before, self.after), strict=True)
+            if head.verdict == "failed"
+        )
+
+    @property
     def speedup(self) -> float | None:
-        """Window-time ratio, before over after (2.0: the second run's windows take half)."""
-        if not self.before.window_ns or not self.after.window_ns:
+        """Window-time ratio, before over after (2.0: the second run's windows take half).
+        None when either run failed: a run that stopped early is no baseline or result."""
+        if self.failed or not self.before.window_ns or not self.after.window_ns:
             return None
         return self.before.window_ns / self.after.window_ns
 
     @property
     def tone(self) -> Verdict:
+        if self.failed:
+            return "failed"
         if any(f.severity == "error" for f in self.new):
             return "errors"
         if any(f.severity == "warning" for f in self.new) or self.after.verdict != "clean":
@@ -116,7 +128,13 @@ class RunDiff:
             parts.append(f"{len(self.new)} new")
         if self.persisting:
             parts.append(f"{len(self.persisting)} still present")
-        return ", ".join(parts) if parts else "No findings in either run"
+        text = ", ".join(parts) if parts else "No findings in either run"
+        if self.failed:
+            which = " and ".join(self.failed)
+            runs = "both runs" if len(self.failed) == 2 else which
+            text = f"{'Both runs' if len(self.failed) == 2 else 'Run ' + which} failed; " + text
+            text += f" (only the complete windows of {runs} are compared)"
+        return text
 
     @property
     def subtitle(self) -> str:
@@ -128,6 +146,8 @@ class RunDiff:
         )
         if self.speedup and abs(self.speedup - 1) >= 0.01:
             line += f" ({self.speedup:.2f}x {'faster' if self.speedup > 1 else 'as fast'})"
+        elif self.failed:
+            line += " (no speed-up claimed: a failed run is not a fair comparison)"
         return line
 
 
@@ -231,7 +251,7 @@ def diff_figure(a: Grid, b: Grid, labels: tuple[str, str] = ("before", "after"))
 
 
 STYLES = {"better": "green", "worse": "red", "same": "dim", "n/a": "dim"}
-TONES = {"clean": "green", "warnings": "yellow", "errors": "red"}
+TONES = {"clean": "green", "warnings": "yellow", "errors": "red", "failed": "bold red"}
 
 
 def render_diff_text(diff: RunDiff, *, color: bool = False, width: int = 100) -> str:

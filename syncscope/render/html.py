@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import IO
 
 from syncscope import __version__
-from syncscope.model import Finding, Run, compress_ranks
+from syncscope.model import FAILED_KINDS, Finding, Run, compress_ranks
 from syncscope.render import charts, timeline
 from syncscope.render.page import code_block, esc, figure_block, page, section, write_page
 from syncscope.render.summary import (
@@ -33,6 +33,7 @@ VERDICT_TITLES = {
     "clean": "No gradient synchronization problems found",
     "warnings": "Training is correct, but wastes communication or memory",
     "errors": "Gradient synchronization is broken: training results are affected",
+    "failed": "The run failed: the script did not run to its end",
 }
 MAX_LIST_ITEMS = 24
 OPEN_CARDS = 3  # later findings start folded: a page with 40 findings stays readable
@@ -53,7 +54,7 @@ def _title_and_body(run: Run, findings: Sequence[Finding]) -> tuple[str, str]:
     ordered = sorted(findings, key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
     parts = [
         _header(run, head),
-        _verdict(head, ordered),
+        _verdict(head, ordered, len(grid.ranks)),
         _tiles(head),
         *_charts_top(grid, head),
         _findings(ordered),
@@ -89,8 +90,27 @@ def _header(run: Run, head: Headline) -> str:
     )
 
 
-def _verdict(head: Headline, findings: Sequence[Finding]) -> str:
-    if findings and head.verdict != "clean":
+def _failed_sub(head: Headline, findings: Sequence[Finding], ranks: int) -> str:
+    """What failed, and what was still measured before it did."""
+    failure = next(f for f in findings if f.kind in FAILED_KINDS)
+    sub = (
+        f"{failure.message}. Still measured: {head.windows} complete "
+        f"window{'s' if head.windows != 1 else ''} on {ranks} rank{'s' if ranks != 1 else ''}"
+    )
+    rest = [f for f in findings if f.kind not in FAILED_KINDS]
+    if rest:
+        sub += (
+            f"; {len(rest)} more finding{'s' if len(rest) != 1 else ''} from them below"
+            if head.windows
+            else f"; {len(rest)} more finding{'s' if len(rest) != 1 else ''} below"
+        )
+    return sub + "."
+
+
+def _verdict(head: Headline, findings: Sequence[Finding], ranks: int) -> str:
+    if head.verdict == "failed":
+        sub = _failed_sub(head, findings, ranks)
+    elif findings and head.verdict != "clean":
         sub = findings[0].message
         if len(findings) > 1:
             sub += (

@@ -42,6 +42,7 @@ header.top .cmd { color:var(--muted); overflow-wrap:anywhere; }
 .verdict.clean { background:var(--ok-bg); border-color:var(--ok); }
 .verdict.warnings { background:var(--warn-bg); border-color:var(--warn); }
 .verdict.errors { background:var(--err-bg); border-color:var(--err); }
+.verdict.failed { background:var(--err); border-color:#7f1d1d; color:#fff; }
 .tiles { display:grid; grid-template-columns:repeat(auto-fit,minmax(170px,1fr)); gap:12px; margin:0 0 28px; }
 .tile { background:var(--card); border:1px solid var(--line); border-radius:10px; padding:14px 16px; }
 .tile .label { color:var(--muted); font-size:12px; text-transform:uppercase; letter-spacing:.06em; }

@@ -16,6 +16,7 @@ from syncscope.render.units import human_bytes, human_ns
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 VERDICT_STYLE = {
+    "failed": "bold white on dark_red",
     "errors": "bold white on red",
     "warnings": "bold black on yellow",
     "clean": "bold white on green",
@@ -170,6 +171,15 @@ def summary_renderables(run: Run, findings: Sequence[Finding]) -> list[Renderabl
     counts = {s: sum(f.severity == s for f in findings) for s in ("error", "warning", "info")}
     line = Text(f" verdict: {verdict} ", style=VERDICT_STYLE[verdict])
     line.append("  " + ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items()))
+    if verdict == "failed":
+        complete = [sum(1 for w in r.windows if w.complete) for r in run.ranks]
+        low, high = min(complete, default=0), max(complete, default=0)
+        shown = f"{low}" if low == high else f"{low}-{high}"
+        line.append(
+            f"  (the script did not run to its end; still measured: {shown} complete "
+            f"window{'s' if high != 1 else ''} on {len(run.ranks)} rank"
+            f"{'s' if len(run.ranks) != 1 else ''})"
+        )
     out.append(line)
     return out
 

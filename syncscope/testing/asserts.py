@@ -18,6 +18,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
+from syncscope.model import FAILED_KINDS
+
 if TYPE_CHECKING:
     from syncscope.tracking import Stats
 
@@ -77,11 +79,16 @@ def check(
 
     Any expectation needs at least one complete window (an optimizer step): a block that
     recorded none fails instead of passing vacuously (the training ran in another process,
-    or never stepped).
+    or never stepped). A run that failed (a rank crashed, was killed or hung) fails every
+    expectation, with the failure as the reason.
     """
     validate(per_window, max_per_window, at_micro_batch)
     if per_window is None and max_per_window is None and at_micro_batch is None:
         return []
+    failures = [f for f in stats.findings if f.kind in FAILED_KINDS]
+    if failures:
+        # counts from a run that stopped early prove nothing: fail, naming the failure
+        return [f"{f.message} ({f.kind})" for f in failures]
     windows = [w for w in stats.windows if w["complete"]]
     if not windows:
         return [
@@ -147,7 +154,12 @@ def explain(
     at_micro_batch: int | Sequence[int] | None = None,
 ) -> str:
     """The full failure message: problems, every window (expected vs actual), findings."""
-    lines = ["syncscope: gradient syncs are not as expected"]
+    failed = any(f.kind in FAILED_KINDS for f in stats.findings)
+    lines = [
+        "syncscope: the run failed, so its gradient syncs prove nothing"
+        if failed
+        else "syncscope: gradient syncs are not as expected"
+    ]
     lines.extend(f"  {p}" for p in problems)
     windows = [w for w in stats.windows if w["complete"]]
     if windows:

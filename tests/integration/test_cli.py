@@ -105,6 +105,40 @@ def test_script_failure_propagates_and_keeps_data(tmp_path: Path) -> None:
     rank1 = report["ranks"][1]
     assert rank1["exit_status"] == 1 and "boom on rank 1" in rank1["exit_reason"]
     assert [w["grad_syncs"] for w in rank1["windows"] if w["complete"]] == [4, 4]
+    # the run failed: its own verdict and finding, naming rank 1 (not a collective mismatch)
+    assert report["verdict"] == "failed"
+    failed = report["findings"][0]
+    assert (failed["kind"], failed["ranks"], failed["evidence"]["exit_status"]) == (
+        "run-failed",
+        [1],
+        1,
+    )
+    assert failed["evidence"]["complete_windows"] == 2
+    assert "collective-mismatch" not in [f["kind"] for f in report["findings"]]
+    # the windows before the failure are still diagnosed (no no_sync: redundant syncs)
+    assert "redundant-sync" in [f["kind"] for f in report["findings"]]
+
+
+def test_script_crashing_on_every_rank_is_failed_not_clean(tmp_path: Path) -> None:
+    proc = profile_loop(tmp_path / "r", "raise-in-backward-everywhere")
+    assert proc.returncode == 1, proc.stderr[-2000:]
+    assert "verdict: failed" in proc.stdout
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert report["verdict"] == "failed"
+    assert [r["exit_status"] for r in report["ranks"]] == [1, 1]
+    (failed,) = [f for f in report["findings"] if f["kind"] == "run-failed"]
+    assert failed["ranks"] == [0, 1] and failed["severity"] == "error"
+    evidence = failed["evidence"]
+    assert (
+        evidence["exit_status"] == 1 and "RuntimeError: boom in backward" in evidence["exit_reason"]
+    )
+    assert evidence["last_seen"] == "in backward of micro-batch 2 of window 1"
+    assert evidence["complete_windows"] == 1
+    assert [f["kind"] for f in report["findings"]] == ["run-failed"]  # window 0 was right
+    html = (tmp_path / "r" / "report.html").read_text()
+    assert '<div class="verdict failed" id="verdict">' in html
+    assert "The run failed" in html and "Still measured: 1 complete window on 2 ranks" in html
+    assert "as it should be" not in html
 
 
 def test_crash_in_shutdown_after_the_script_finished_is_a_warning(tmp_path: Path) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+import os
 import shutil
 import subprocess
 import sys
@@ -11,6 +13,7 @@ import pytest
 
 from syncscope.fixes import fix_source
 from syncscope.fixes.verify import render, verify
+from tests.conftest import run_syncscope
 
 ROOT = Path(__file__).parents[2]
 EXAMPLE = ROOT / "examples" / "ddp_sync_every_step.py"
@@ -46,3 +49,55 @@ def test_fixed_example_reaches_one_grad_sync_per_window(tmp_path: Path) -> None:
     assert not checked.correctness_fix
     assert checked.losses_match is not False, render(checked)
     assert not (tmp_path / "_syncscope_fixed_ddp_sync_every_step.py").exists()
+
+
+FIXTURES = ROOT / "tests" / "fixtures" / "fix"
+NANOGPT = "nanogpt_ddp_optional"
+
+
+def _python(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if k not in ("RANK", "WORLD_SIZE", "LOCAL_RANK")}
+    return subprocess.run(
+        [sys.executable, *args], capture_output=True, text=True, cwd=cwd, env=env, timeout=120
+    )
+
+
+def test_fixed_ddp_optional_script_runs_single_process_and_on_two_ranks(tmp_path: Path) -> None:
+    # GIVEN a nanoGPT-style script that also runs without DDP, and its fix (the fixture pair)
+    fixed = tmp_path / "train.py"
+    fixed.write_text((FIXTURES / f"{NANOGPT}.out.py").read_text())
+    assert fixed.read_text() == fix_source((FIXTURES / f"{NANOGPT}.in.py").read_text()).fixed
+    # WHEN it runs as one plain process THEN the mode it had still works
+    single = _python(str(fixed), cwd=tmp_path)
+    assert single.returncode == 0, single.stderr[-2000:]
+    assert single.stdout.count(" loss ") == 2
+    # WHEN it runs on 2 gloo ranks under syncscope THEN it syncs once per window: clean
+    out = tmp_path / "run"
+    done = run_syncscope(
+        "profile", "-q", "--nproc-per-node", "2", "--out", str(out), str(fixed), cwd=tmp_path
+    )
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads((out / "report.json").read_text())
+    assert report["verdict"] == "clean" and report["findings"] == []
+    for rank in report["ranks"]:
+        windows = [w for w in rank["windows"] if w["complete"]]
+        assert [(w["grad_syncs"], w["grad_sync_micro_batches"]) for w in windows] == [
+            (1, [3]),
+            (1, [3]),
+        ]
+
+
+def test_fix_verify_passes_script_arguments_after_script(tmp_path: Path) -> None:
+    # GIVEN the unfixed script, which takes --steps
+    script = tmp_path / "train.py"
+    script.write_text((FIXTURES / f"{NANOGPT}.in.py").read_text())
+    # WHEN fix --verify is given the script's own option after SCRIPT, without --
+    done = run_syncscope("fix", "--verify", "train.py", "--steps", "1", cwd=tmp_path)
+    # THEN both profiles ran one window (--steps 1 reached the script), the fix reached the
+    # minimum, and nothing was written (a dry run with a problem: exit 1)
+    assert done.returncode == 1, done.stderr[-2000:]
+    table = {line.split("  ")[0]: line.split() for line in done.stdout.splitlines()}
+    assert table["grad syncs per window"][-2:] == ["4", "1"], done.stdout
+    assert "minimum reached: one grad sync per window" in done.stdout
+    assert "losses match within floating-point tolerance" in done.stdout
+    assert script.read_text() == (FIXTURES / f"{NANOGPT}.in.py").read_text()

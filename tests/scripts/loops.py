@@ -178,6 +178,22 @@ elif PATTERN == "raise-on-rank-1":
     if RANK == 1:
         raise RuntimeError("boom on rank 1")
     time.sleep(0.5)
+elif PATTERN == "raise-in-backward-everywhere":  # every rank: micro-batch 2 of window 1
+
+    def boom(grad):
+        raise RuntimeError(f"boom in backward on rank {RANK}")
+
+    model = DDP(mlp())
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    for step in range(STEPS):
+        for micro in range(ACCUM):
+            with model.no_sync() if micro < ACCUM - 1 else contextlib.nullcontext():
+                loss = model(data(step, micro)).pow(2).mean()
+                if (step, micro) == (1, 2):
+                    loss.register_hook(boom)
+                loss.backward()
+        opt.step()
+        opt.zero_grad()
 elif PATTERN == "abort-at-shutdown-on-rank-1":  # the script ends well, the process does not
     model = DDP(mlp())
     opt = torch.optim.SGD(model.parameters(), 0.1)

@@ -47,9 +47,35 @@ def test_profile_options_and_launcher_spellings() -> None:
 
 def test_fix_options_and_script_arguments_mix() -> None:
     args = parse("fix", "train.py", "--apply", "a", "--nproc-per-node", "4", "b")
-    assert (args["script"], args["args"], args["apply"]) == (Path("train.py"), ["a", "b"], True)
+    assert (args["script"], args["program"], args["apply"]) == (Path("train.py"), ["a", "b"], True)
     assert args["nproc_per_node"] == 4
-    assert parse("fix", "train.py", "--verify", "--", "--lr", "3")["args"] == ["--lr", "3"]
+    assert parse("fix", "train.py", "--verify", "--", "--lr", "3")["program"] == ["--lr", "3"]
+
+
+@pytest.mark.parametrize(
+    ("argv", "program", "verify"),
+    [
+        # SCRIPT's own options after SCRIPT, without --, as with profile
+        (["--verify", "s.py", "--cpu"], ["--cpu"], True),
+        (["--verify", "s.py", "--steps", "2", "-q"], ["--steps", "2", "-q"], True),
+        (["s.py", "--steps", "2", "--verify", "--lr=3"], ["--steps", "2", "--lr=3"], True),
+        (["s.py", "-h", "--help"], ["-h", "--help"], False),
+        (["s.py", "--", "--verify", "--apply"], ["--verify", "--apply"], False),
+        (["--nproc-per-node=3", "s.py", "x", "--style", "flag", "y"], ["x", "y"], False),
+    ],
+)
+def test_fix_takes_the_script_arguments_after_script(
+    argv: list[str], program: list[str], verify: bool
+) -> None:
+    args = parse("fix", *argv)
+    assert (args["script"], args["program"], args["verify"]) == (Path("s.py"), program, verify)
+
+
+def test_fix_unknown_option_before_script_is_a_usage_error(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["fix", "--cpu", "s.py"]) == 2
+    assert "unrecognized arguments: --cpu" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(

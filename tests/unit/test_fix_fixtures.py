@@ -81,3 +81,67 @@ def test_problem_codes(name: str, codes: list[str]) -> None:
     result = fix_source((FIXTURES / f"{name}.in.py").read_text())
     assert [p.code for p in result.problems] == codes
     assert all(p.fixed for p in result.problems)
+
+
+def test_ddp_only_under_a_condition_keeps_the_toggle_under_it() -> None:
+    # the script's own guard where the loop can read it, isinstance where it cannot
+    fixed = {
+        name: fix_source((FIXTURES / f"{name}.in.py").read_text()).fixed
+        for name in ("nanogpt_ddp_optional", "ddp_optional_in_function")
+    }
+    assert "model.no_sync() if ddp and not is_last else" in fixed["nanogpt_ddp_optional"]
+    assert (
+        "model.no_sync() if isinstance(model, DDP) and not is_last else"
+        in fixed["ddp_optional_in_function"]
+    )
+
+
+def test_flag_style_is_guarded_too() -> None:
+    source = (FIXTURES / "nanogpt_ddp_optional.in.py").read_text()
+    result = fix_source(source, FixOptions(style="flag"))
+    assert (
+        "        is_last = micro_step == gradient_accumulation_steps - 1\n"
+        "        if ddp:\n"
+        "            model.require_backward_grad_sync = is_last\n"
+        "        loss = model(x)"
+    ) in result.fixed
+    assert fix_source(result.fixed).problems == ()  # nanoGPT's own form: nothing left
+
+
+TEMPLATE = """import torch
+import torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+from torch.distributed.fsdp import fully_shard
+
+model = torch.nn.Linear(4, 4)
+{wrap}
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for i, batch in enumerate(loader):
+    loss = model(batch).sum()
+    loss.backward()
+    if (i + 1) % 4 == 0:
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+
+@pytest.mark.parametrize(
+    ("wrap", "expected"),
+    [
+        ("if dist.is_initialized():\n    model = DDP(model)", "if dist.is_initialized() and not"),
+        ("if world_size > 1:\n    model = DDP(model)", "if world_size > 1 and not"),
+        ("if single:\n    pass\nelse:\n    model = DDP(model)", "if not single and not"),
+        ("if not ddp:\n    pass\nelse:\n    model = DDP(model)", "if ddp and not"),
+        ("if a or b:\n    model = DDP(model)", "if (a or b) and not"),
+        ("model = model if cpu_only else DDP(model)", "if not cpu_only and not"),
+        ("model = DDP(model)", "model.no_sync() if not is_last"),
+        ("if ddp:\n    model = DDP(model)\nelse:\n    model = DDP(model)", "() if not is_last"),
+        ("if ddp:\n    fully_shard(model)", "if ddp:\n        model.set_requires_gradient_sync("),
+    ],
+)
+def test_guard_read_from_the_script(wrap: str, expected: str) -> None:
+    flags = "single = a = b = cpu_only = ddp = world_size = 0\n"  # module level: readable
+    source = TEMPLATE.format(wrap=wrap).replace("model = torch", flags + "model = torch", 1)
+    result = fix_source(source)
+    assert expected in result.fixed, result.fixed
+    assert fix_source(result.fixed).fixed == result.fixed
