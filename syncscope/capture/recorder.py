@@ -448,7 +448,9 @@ class Recorder:
             self._framework_final = True
         self._resolve_fingerprints(wait=False)
         kwargs = dict(kwargs or {})
-        closure = kwargs.get("closure", args[0] if args else None)
+        # the hook sees step's own arguments: (optimizer, closure) or closure=...
+        at = 1 if args and args[0] is optimizer else 0
+        closure = kwargs.get("closure", args[at] if len(args) > at else None)
         event: dict[str, Any] = {
             "type": "step",
             "t": self.now(),
@@ -464,7 +466,7 @@ class Recorder:
             if "closure" in kwargs:
                 kwargs["closure"] = wrapped
                 return args, kwargs
-            return (wrapped, *args[1:]), kwargs
+            return (*args[:at], wrapped, *args[at + 1 :]), kwargs
         fp = fingerprint(optimizer)
         if fp is not None:
             event["fp_sharded"] = fp.sharded
