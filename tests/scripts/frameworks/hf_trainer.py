@@ -50,6 +50,8 @@ def main() -> None:
         dataloader_num_workers=0,
         accelerator_config=accelerator_config,
     )
+    if int(os.environ.get("RANK", "0")) == 0:  # ground truth: the gradient bytes of one sync
+        print(f"grad_bytes={sum(p.numel() * p.element_size() for p in model.parameters())}")
     Trainer(model=model, args=args, train_dataset=Tokens(2 * 2 * ACCUM * STEPS)).train()
 
 

@@ -53,7 +53,10 @@ def main() -> None:
         enable_model_summary=False,
         default_root_dir=tempfile.mkdtemp(prefix="syncscope-lightning-"),
     )
-    trainer.fit(Regressor(), DataLoader(data, batch_size=4))
+    model = Regressor()
+    if trainer.global_rank == 0:  # ground truth for the tests: the gradient bytes of one sync
+        print(f"grad_bytes={sum(p.numel() * p.element_size() for p in model.parameters())}")
+    trainer.fit(model, DataLoader(data, batch_size=4))
 
 
 if __name__ == "__main__":
