@@ -87,7 +87,11 @@ def _op_tensors(opname: str, args: tuple[Any, ...]) -> list[torch.Tensor]:
 # Training frameworks recognised from the stack at a wrapper's creation or an optimizer step,
 # most specific first (the HF Trainer runs on Accelerate; Lightning may import either).
 FRAMEWORKS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
-    ("lightning", ("/lightning/pytorch/", "/pytorch_lightning/"), ("lightning", "pytorch_lightning")),
+    (
+        "lightning",
+        ("/lightning/pytorch/", "/pytorch_lightning/"),
+        ("lightning", "pytorch_lightning"),
+    ),
     ("transformers", ("/transformers/trainer",), ("transformers",)),
     ("accelerate", ("/accelerate/",), ("accelerate",)),
 )
@@ -277,9 +281,9 @@ class Recorder:
         found = detect_framework(skip + 1)
         if found is None or found == self.framework:
             return
-        if self.framework is not None and [n for n, _, _ in FRAMEWORKS].index(
-            found[0]
-        ) > [n for n, _, _ in FRAMEWORKS].index(self.framework[0]):
+        if self.framework is not None and [n for n, _, _ in FRAMEWORKS].index(found[0]) > [
+            n for n, _, _ in FRAMEWORKS
+        ].index(self.framework[0]):
             return  # keep the more specific one seen first
         self.framework = found
         self.emit({"type": "framework", "t": self.now(), "name": found[0], "version": found[1]})

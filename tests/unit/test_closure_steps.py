@@ -116,9 +116,7 @@ def test_lbfgs_calls_its_closure_several_times_in_one_window() -> None:
     assert len([w for w in stats.windows if w["complete"]]) == STEPS
     assert [w["micro_batches"] for w in stats.windows] == calls
     assert min(calls) > 1
-    assert [w["grad_sync_micro_batches"] for w in stats.windows] == [
-        list(range(n)) for n in calls
-    ]
+    assert [w["grad_sync_micro_batches"] for w in stats.windows] == [list(range(n)) for n in calls]
 
 
 @pytest.mark.usefixtures("process_group")

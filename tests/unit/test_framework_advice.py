@@ -163,7 +163,10 @@ def test_closure_time_is_micro_batch_time_not_optimizer_time() -> None:
         # the user's: storage or content decide; size alone never does
         ({"issuer": "user", "grad_storage": True, "grad_content": False}, True),
         ({"issuer": "user", "grad_storage": False, "grad_content": True}, True),
-        ({"issuer": "user", "grad_storage": False, "grad_content": False, "grad_numel": True}, False),
+        (
+            {"issuer": "user", "grad_storage": False, "grad_content": False, "grad_numel": True},
+            False,
+        ),
         # older captures (no grad_content): their size test is honoured
         ({"issuer": "user", "grad_storage": False, "grad_numel": True}, True),
         ({"issuer": "torch", "grad_storage": True, "grad_content": True}, False),

@@ -32,7 +32,9 @@ class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
 
 def main() -> None:
     torch.manual_seed(0)
-    model = GPT2LMHeadModel(GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16))
+    model = GPT2LMHeadModel(
+        GPT2Config(n_layer=1, n_embd=32, n_head=2, vocab_size=64, n_positions=16)
+    )
     accelerator_config = None
     if "sync-each-batch" in sys.argv[1:]:
         accelerator_config = {"gradient_accumulation_kwargs": {"sync_each_batch": True}}
