@@ -103,6 +103,9 @@ def detect_framework(skip: int = 1) -> tuple[str, str] | None:
     frame: Any = sys._getframe(skip + 1)
     while frame is not None:
         filename = frame.f_code.co_filename.replace("\\", "/")
+        if not sites._is_library(frame.f_code):
+            frame = frame.f_back  # the user's own files never name a framework
+            continue
         for name, markers, _ in FRAMEWORKS:
             if name not in seen and any(m in filename for m in markers):
                 seen.add(name)
