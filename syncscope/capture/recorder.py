@@ -281,7 +281,9 @@ class Recorder:
         from the stack at a wrapper's creation and at the first optimizer step."""
         if self._framework_final:
             return
-        found = detect_framework(skip + 1)
+        found: tuple[str, str] | None = None
+        with contextlib.suppress(Exception):  # a record must never break the user's job
+            found = detect_framework(skip + 1)
         if found is None or found == self.framework:
             return
         if self.framework is not None and [n for n, _, _ in FRAMEWORKS].index(found[0]) > [
