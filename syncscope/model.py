@@ -263,6 +263,8 @@ class RankRun:
     collective_sequence: tuple[tuple[str, int, tuple[int, ...] | None], ...] = field(
         default=(), repr=False
     )  # (op, bytes, group) per collective, in issue order, for cross-rank matching
+    framework: str = ""  # "lightning", "transformers" (HF Trainer), "accelerate" or ""
+    framework_version: str = ""
 
 
 @dataclass(frozen=True, slots=True)

@@ -124,7 +124,149 @@ dist.all_reduce(stop, op=dist.ReduceOp.MAX)
 if stop.item():
     break""",
     ),
+    # -- in a framework's own terms: the knob the framework offers, not hand-written code --
+    "lightning": Fix(
+        "lightning",
+        "Lightning accumulates for you: set accumulate_grad_batches on the Trainer and keep "
+        "automatic optimization. It runs the micro-batches before the last under DDP's "
+        "no_sync and the last one inside optimizer.step(closure); don't call no_sync(), "
+        "require_backward_grad_sync, optimizer.step() or zero_grad() by hand in training_step.",
+        """trainer = L.Trainer(strategy="ddp", accumulate_grad_batches=accum_steps)
+trainer.fit(model, train_dataloaders=loader)
+
+# in the LightningModule: return the loss, Lightning does the rest
+def training_step(self, batch, batch_idx):
+    return self.compute_loss(batch)""",
+    ),
+    "lightning-window": Fix(
+        "lightning-window",
+        "Lightning steps at the end of every epoch, even when fewer than "
+        "accumulate_grad_batches micro-batches remain: make the batches per epoch (dataset "
+        "size / (batch size x world size), or limit_train_batches) a multiple of "
+        "accumulate_grad_batches.",
+        """batches_per_epoch = len(loader)  # per rank
+trainer = L.Trainer(
+    strategy="ddp",
+    accumulate_grad_batches=accum_steps,
+    limit_train_batches=batches_per_epoch // accum_steps * accum_steps,  # whole windows
+)""",
+    ),
+    "lightning-zero-grad": Fix(
+        "lightning-zero-grad",
+        "Lightning zeroes gradients itself at the first micro-batch of each window: don't call "
+        "optimizer.zero_grad() or model.zero_grad() in training_step or in hooks that run "
+        "between micro-batches (on_before_backward, on_after_backward).",
+        """def training_step(self, batch, batch_idx):
+    loss = self.compute_loss(batch)
+    return loss  # no self.zero_grad() / optimizer.zero_grad() here""",
+    ),
+    "hf-trainer": Fix(
+        "hf-trainer",
+        "The Trainer accumulates through Accelerate: set gradient_accumulation_steps in "
+        "TrainingArguments and let it skip the sync. In a Trainer subclass (compute_loss, "
+        "training_step) don't enter model.no_sync() or call optimizer.step()/zero_grad() "
+        "yourself, and keep self.accelerator.backward(loss).",
+        """args = TrainingArguments(
+    output_dir="out",
+    per_device_train_batch_size=batch_size,
+    gradient_accumulation_steps=accum_steps,
+)
+Trainer(model=model, args=args, train_dataset=train_dataset).train()""",
+    ),
+    "hf-trainer-sync-each-batch": Fix(
+        "hf-trainer-sync-each-batch",
+        "Deliberate: the Trainer's accelerator_config asks Accelerate to sync every "
+        "micro-batch (less gradient memory). If memory allows, turn it off there to reduce "
+        "once per optimizer step.",
+        """args = TrainingArguments(
+    output_dir="out",
+    gradient_accumulation_steps=accum_steps,
+    accelerator_config={"gradient_accumulation_kwargs": {"sync_each_batch": False}},
+)""",
+    ),
+    "hf-trainer-window": Fix(
+        "hf-trainer-window",
+        "The Trainer steps at the end of each epoch even on a partial window: make the "
+        "batches per epoch (dataset size / (per_device_train_batch_size x world size)) a "
+        "multiple of gradient_accumulation_steps, or train by max_steps.",
+        """args = TrainingArguments(
+    output_dir="out",
+    per_device_train_batch_size=batch_size,
+    gradient_accumulation_steps=accum_steps,
+    max_steps=total_steps,  # or size the dataset in whole windows
+)""",
+    ),
+    "hf-trainer-zero-grad": Fix(
+        "hf-trainer-zero-grad",
+        "The Trainer zeroes gradients after each optimizer step: don't call "
+        "model.zero_grad() or optimizer.zero_grad() in compute_loss, training_step or a "
+        "callback's on_substep_end (it runs between micro-batches).",
+        """class MyTrainer(Trainer):
+    def compute_loss(self, model, inputs, return_outputs=False, **kwargs):
+        outputs = model(**inputs)
+        return (outputs.loss, outputs) if return_outputs else outputs.loss  # no zero_grad""",
+    ),
+    "accelerate-window": Fix(
+        "accelerate-window",
+        "Let Accelerate decide when a window ends: gradient_accumulation_steps with "
+        "accumulate() instead of a hand-written modulo, and sync_with_dataloader=True (the "
+        "default) so the short window at the end of the dataloader still syncs and steps; or "
+        "size the dataloader in whole windows.",
+        """plugin = GradientAccumulationPlugin(num_steps=accum_steps, sync_with_dataloader=True)
+accelerator = Accelerator(gradient_accumulation_plugin=plugin)
+model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
+for batch in loader:  # len(loader) a multiple of accum_steps keeps every window full
+    with accelerator.accumulate(model):
+        loss = model(batch).loss
+        accelerator.backward(loss)
+        optimizer.step()
+        optimizer.zero_grad()""",
+    ),
+    "accelerate-zero-grad": Fix(
+        "accelerate-zero-grad",
+        "Inside accumulate(), zero through the prepared optimizer (a no-op until the window's "
+        "last micro-batch); model.zero_grad() is not wrapped and wipes the gradients "
+        "accumulated so far.",
+        """with accelerator.accumulate(model):
+    loss = model(batch).loss
+    accelerator.backward(loss)
+    optimizer.step()
+    optimizer.zero_grad()  # the prepared optimizer's, not model.zero_grad()""",
+    ),
 }
+
+# Under a framework, the generic fix (hand-written no_sync, a modulo gate, ...) becomes the
+# framework's own knob; fixes with no framework form (FSDP sharding trade-offs, bucketing,
+# identical collective sequences) stay as they are.
+_SYNC_STYLES = ("ddp-no_sync", "ddp-flag", "accelerate", "fsdp2")
+FRAMEWORK_FIXES: dict[str, dict[str, str]] = {
+    "lightning": {
+        **dict.fromkeys(_SYNC_STYLES, "lightning"),
+        "step-gate": "lightning-window",
+        "zero-grad": "lightning-zero-grad",
+    },
+    "transformers": {
+        **dict.fromkeys(_SYNC_STYLES, "hf-trainer"),
+        "sync-each-batch": "hf-trainer-sync-each-batch",
+        "step-gate": "hf-trainer-window",
+        "zero-grad": "hf-trainer-zero-grad",
+    },
+    "accelerate": {
+        **dict.fromkeys(_SYNC_STYLES, "accelerate"),
+        "step-gate": "accelerate-window",
+        "zero-grad": "accelerate-zero-grad",
+    },
+}
+FRAMEWORK_NAMES = {
+    "lightning": "PyTorch Lightning",
+    "transformers": "Hugging Face Trainer",
+    "accelerate": "Accelerate",
+}
+
+
+def in_framework(rank: RankRun, style: str) -> str:
+    """The fix in the terms of the framework the rank ran under (recorded at capture)."""
+    return FRAMEWORK_FIXES.get(rank.framework, {}).get(style, style)
 
 
 def fix_style(rank: RankRun, window: Window) -> str:

@@ -47,17 +47,34 @@ def _site(value: Any) -> SourceLocation | None:
     )
 
 
+def is_floating_dtype(dtype: str) -> bool:
+    """Gradients are floating point; "" (not recorded) is given the benefit of the doubt."""
+    return dtype == "" or "float" in dtype.lower()
+
+
 def is_grad_sync(event: dict[str, Any]) -> bool:
-    """A collective reduces gradients: a wrapper's reduction during backward, or the user's
-    own all-reduce/reduce-scatter of ``.grad`` tensors (same storage, or the numel of one
-    gradient or of all of them flattened)."""
+    """A collective reduces gradients when what it reduces *is* gradients, never by size:
+
+    - a DDP or FSDP reduction issued during backward on a floating-point tensor (a DDP
+      bucket, an FSDP reduce-scatter of sharded gradients or HSDP's all-reduce); DDP's
+      integer used-parameter map (``find_unused_parameters``) and its broadcasts are
+      bookkeeping;
+    - the user's all-reduce/reduce-scatter of a tensor that shares storage with a ``.grad``
+      (or with the bucket a DDP comm hook was handed), or that holds the gradients' values
+      (a flattened copy), checked before the collective ran (``grad_content``).
+
+    Events written before ``grad_content`` existed (same format version) carry only
+    ``grad_numel``, the size test those captures used; it is honoured for them alone.
+    """
     if event.get("op") not in GRAD_REDUCING_OPS:
         return False
     issuer = event.get("issuer")
     if issuer in ("ddp", "fsdp"):
-        return event.get("phase") == "backward"
+        return event.get("phase") == "backward" and is_floating_dtype(str(event.get("dtype", "")))
     if issuer == "user":
-        return bool(event.get("grad_storage") or event.get("grad_numel"))
+        if "grad_content" in event:
+            return bool(event.get("grad_storage") or event.get("grad_content"))
+        return bool(event.get("grad_storage") or event.get("grad_numel"))  # older captures
     return False
 
 
@@ -106,7 +123,9 @@ class _WindowBuilder:
 def build_rank(events: Sequence[dict[str, Any]], rank: int | None = None) -> RankRun:
     """One rank's events, in the order written, to its windows."""
     done = {e["seq"]: int(e["t"]) for e in events if e.get("type") == "done"}
-    late_fp = {e["window"]: e["fp"] for e in events if e.get("type") == "fp"}
+    # fingerprints written after their step began (CUDA, or after a step's closure ran):
+    # the last one of a window is what the update used (an LBFGS step runs its closure often)
+    late_fp = {e["window"]: e for e in events if e.get("type") == "fp"}
     header: dict[str, Any] = {}
     footer: dict[str, Any] | None = None
     wrappers: list[WrapperInfo] = []
@@ -121,6 +140,9 @@ def build_rank(events: Sequence[dict[str, Any]], rank: int | None = None) -> Ran
     no_sync_at_forward = False
     dist_seen = False
     backward_failed = False
+    framework: dict[str, Any] = {}
+    closure_start: int | None = None
+    closure_ns = 0
     last_t = 0
 
     for ev in events:
@@ -131,6 +153,13 @@ def build_rank(events: Sequence[dict[str, Any]], rank: int | None = None) -> Ran
             header = ev
         elif kind == "dist":
             dist_seen = True
+        elif kind == "framework":
+            framework = ev
+        elif kind == "closure":
+            closure_start = t
+        elif kind == "closure_end" and closure_start is not None:
+            closure_ns += max(0, t - closure_start)  # micro-batch work, not optimizer time
+            closure_start = None
         elif kind == "exit":
             footer = ev
         elif kind == "wrapper":
@@ -232,9 +261,12 @@ def build_rank(events: Sequence[dict[str, Any]], rank: int | None = None) -> Ran
                 current.fingerprint = tuple(float(v) for v in ev["fp"])
             current.fp_sharded = bool(ev.get("fp_sharded", False))
         elif kind == "step_end":
-            if current.fingerprint is None and current.index in late_fp:
-                current.fingerprint = tuple(float(v) for v in late_fp[current.index])
-            step_ns = max(0, t - current.step_start) if current.step_start else 0
+            late = late_fp.get(current.index)
+            if current.fingerprint is None and late is not None:
+                current.fingerprint = tuple(float(v) for v in late["fp"])
+                current.fp_sharded = bool(late.get("fp_sharded", current.fp_sharded))
+            step_ns = max(0, t - current.step_start - closure_ns) if current.step_start else 0
+            closure_ns = 0
             if current.empty() and windows:
                 previous = windows[-1]
                 windows[-1] = dataclasses.replace(
@@ -276,6 +308,8 @@ def build_rank(events: Sequence[dict[str, Any]], rank: int | None = None) -> Ran
         dist_initialized=dist_initialized,
         backend=str(footer.get("backend", "")) if footer else "",
         collective_sequence=tuple(sequence),
+        framework=str(framework.get("name", "")),
+        framework_version=str(framework.get("version", "")),
     )
 
 

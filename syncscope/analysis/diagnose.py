@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from syncscope.analysis.advice import SNIPPETS, fix_style, mean
+from syncscope.analysis.advice import SNIPPETS, fix_style, in_framework, mean
 from syncscope.analysis.crossrank import collective_mismatch, hang, rank_divergence, run_failed
 from syncscope.model import (
     FAILED_KINDS,
@@ -118,6 +118,7 @@ def _redundant(rank: RankRun, window: Window) -> Iterator[Observation]:
         fix = "hsdp" if any(c.op == "all_reduce" for c in early) else "fsdp-sharded"
     elif cause == "sync-each-batch":
         fix = "sync-each-batch"
+    fix = in_framework(rank, fix)
     yield Observation(
         "redundant-sync",
         severity,
@@ -162,7 +163,7 @@ def _missing(rank: RankRun, window: Window) -> Iterator[Observation]:
     if n == 0 or any(c.micro_batch == n - 1 for c in window.grad_sync_collectives):
         return
     cause = _missing_cause(rank, window)
-    fix = fix_style(rank, window)
+    fix = in_framework(rank, fix_style(rank, window))
     yield Observation(
         "missing-sync",
         "error",
@@ -205,7 +206,7 @@ def _grad_reset(rank: RankRun, window: Window) -> Iterator[Observation]:
         },
         {"lost_share_of_gradient": lost / n if n else 1.0},
         sources + _sources(window, n - 1)[-1:],
-        "zero-grad",
+        in_framework(rank, "zero-grad"),
     )
 
 
@@ -300,7 +301,7 @@ def _irregular(rank: RankRun) -> Iterator[Observation]:
                 {"micro_batches": n, "usual_micro_batches": usual},
                 {"effective_batch_share": n / usual},
                 [("step", w.step_site)] if w.step_site else [],
-                "step-gate",
+                in_framework(rank, "step-gate"),
             )
 
 

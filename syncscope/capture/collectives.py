@@ -13,6 +13,7 @@ autograd keys) and the functional collectives of ``_c10d_functional`` (DTensor, 
 
 from __future__ import annotations
 
+import contextlib
 import threading
 from collections.abc import Callable
 from typing import Any
@@ -52,6 +53,9 @@ def _unbox(args: tuple[Any, ...], out: Any) -> tuple[Any, Any]:
 def _kernel(name: str, op: Any) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         recorders = [r for r in _ACTIVE if not r.internal()]
+        for rec in recorders:
+            with contextlib.suppress(Exception):
+                rec.before_collective(name, args)  # the input is still the rank's own
         starts = [r.now() for r in recorders]
         with torch._C._AutoDispatchBelowAutograd():
             out = op(*args, **kwargs)

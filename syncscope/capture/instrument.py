@@ -70,7 +70,8 @@ def _install_optimizer(rec: Recorder, undo: list[Undo]) -> None:
         register_optimizer_step_pre_hook,
     )
 
-    pre = register_optimizer_step_pre_hook(lambda opt, a, k: rec.on_step_begin(opt))
+    # the pre-hook may return new (args, kwargs): how a closure gets wrapped
+    pre = register_optimizer_step_pre_hook(lambda opt, a, k: rec.on_step_begin(opt, a, k))
     post = register_optimizer_step_post_hook(lambda opt, a, k: rec.on_step_end())
     undo.append(pre.remove)
     undo.append(post.remove)
@@ -158,6 +159,19 @@ def _install_ddp(rec: Recorder, undo: list[Undo]) -> None:
             rec.on_forward_end()
 
     _patch(DDP, "forward", ddp_forward, undo)
+
+    register_comm_hook = DDP.register_comm_hook
+
+    @functools.wraps(register_comm_hook)
+    def ddp_register_comm_hook(self: Any, state: object, hook: Callable[..., Any]) -> None:
+        @functools.wraps(hook)
+        def noting_hook(state: object, bucket: Any) -> Any:
+            rec.note_ddp_bucket(bucket.buffer())  # what the hook reduces is a gradient bucket
+            return hook(state, bucket)
+
+        register_comm_hook(self, state, noting_hook)
+
+    _patch(DDP, "register_comm_hook", ddp_register_comm_hook, undo)
 
     def get_flag(self: Any) -> bool:
         d = self.__dict__

@@ -8,6 +8,7 @@ in, the phase, the DDP bucket order); everything else is derived later from the 
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import socket
 import sys
@@ -76,6 +77,51 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 _INPUT_SECOND = ("allgather", "reduce_scatter", "alltoall", "gather", "scatter")
 
 
+def _op_tensors(opname: str, args: tuple[Any, ...]) -> list[torch.Tensor]:
+    """The tensors a c10d op reads (its input: the second argument for gathers/scatters)."""
+    lname = opname.lower()
+    index = 1 if any(k in lname for k in _INPUT_SECOND) and "allreduce" not in lname else 0
+    return _tensors(args[index]) if len(args) > index else []
+
+
+# Training frameworks recognised from the stack at a wrapper's creation or an optimizer step,
+# most specific first (the HF Trainer runs on Accelerate; Lightning may import either).
+FRAMEWORKS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
+    (
+        "lightning",
+        ("/lightning/pytorch/", "/pytorch_lightning/"),
+        ("lightning", "pytorch_lightning"),
+    ),
+    ("transformers", ("/transformers/trainer",), ("transformers",)),
+    ("accelerate", ("/accelerate/",), ("accelerate",)),
+)
+
+
+def detect_framework(skip: int = 1) -> tuple[str, str] | None:
+    """(name, version) of the training framework whose code is on the stack, if any."""
+    seen: set[str] = set()
+    frame: Any = sys._getframe(skip + 1)
+    while frame is not None:
+        filename = frame.f_code.co_filename.replace("\\", "/")
+        if not sites._is_library(frame.f_code):
+            frame = frame.f_back  # the user's own files never name a framework
+            continue
+        for name, markers, _ in FRAMEWORKS:
+            if name not in seen and any(m in filename for m in markers):
+                seen.add(name)
+        frame = frame.f_back
+    for name, _, modules in FRAMEWORKS:
+        if name in seen:
+            version = ""
+            for module_name in modules:
+                module = sys.modules.get(module_name)
+                if module is not None and getattr(module, "__version__", None):
+                    version = str(module.__version__)
+                    break
+            return name, version
+    return None
+
+
 class Recorder:
     """Receives callbacks from the instrumentation and writes events for one rank."""
 
@@ -116,6 +162,11 @@ class Recorder:
         self._reset_since_backward = False
         self._grad_ptrs: set[int] | None = None
         self._grad_numels: set[int] = set()
+        self._grad_list: list[torch.Tensor] = []
+        self._content_hits: set[int] = set()  # tensors found to hold gradients, pre-issue
+        self._bucket_ptrs: set[int] = set()  # DDP buckets handed to a Python comm hook
+        self.framework: tuple[str, str] | None = None
+        self._framework_final = False
         self._pg_cache: dict[str, list[int] | None] = {}
         self._window_open = False
         self._closed = False
@@ -200,7 +251,8 @@ class Recorder:
         self._closed = True
         # hold nothing of the job's once closed: its tensors and works must be free to go
         self._params_key, self._params_cache, self._pending_fp = (), [], []
-        self._grad_ptrs = None
+        self._grad_ptrs, self._grad_list = None, []
+        self._content_hits, self._bucket_ptrs = set(), set()
 
     def on_dist_init(self) -> None:
         self._note_dist()
@@ -213,6 +265,7 @@ class Recorder:
     ) -> str:
         """Register a DDP module (key: the module) or FSDP2 root (key: its FSDPState)."""
         self._note_dist()
+        self.note_framework(2)
         label = self.new_label(kind, module)
         if kind == "ddp":
             self.ddp_modules[module] = label
@@ -222,6 +275,23 @@ class Recorder:
             self.fsdp_roots[key] = label  # FSDP2: keyed by the root's FSDPState
         self.emit({"type": "wrapper", "kind": kind, "label": label, "t": self.now(), **info})
         return label
+
+    def note_framework(self, skip: int = 1) -> None:
+        """Record the framework driving the job (Lightning, HF Trainer, Accelerate), as seen
+        from the stack at a wrapper's creation and at the first optimizer step."""
+        if self._framework_final:
+            return
+        found: tuple[str, str] | None = None
+        with contextlib.suppress(Exception):  # a record must never break the user's job
+            found = detect_framework(skip + 1)
+        if found is None or found == self.framework:
+            return
+        if self.framework is not None and [n for n, _, _ in FRAMEWORKS].index(found[0]) > [
+            n for n, _, _ in FRAMEWORKS
+        ].index(self.framework[0]):
+            return  # keep the more specific one seen first
+        self.framework = found
+        self.emit({"type": "framework", "t": self.now(), "name": found[0], "version": found[1]})
 
     def _window_begin(self) -> None:
         if not self._window_open:
@@ -288,6 +358,7 @@ class Recorder:
                     }
                 )
         self.bucket = 0
+        self._bucket_ptrs = set()
         self._window_activity = True
         self.emit(
             {
@@ -370,12 +441,25 @@ class Recorder:
         )
 
     # -- optimizer --------------------------------------------------------------------------
-    def on_step_begin(self, optimizer: Any) -> None:
+    def on_step_begin(
+        self, optimizer: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
+    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
+        """An optimizer step begins. With a closure (``step(closure)``: Lightning, LBFGS) the
+        closure is wrapped: the forward/backward it runs belong to the window this step
+        closes, and the fingerprint is taken after it returns (the gradients the update
+        uses). Returns the step's new (args, kwargs) when the closure was wrapped."""
         self.step_depth += 1
         if self.step_depth > 1:
-            return
+            return None
         self.optimizers.add(optimizer)
+        if not self._framework_final:
+            self.note_framework(2)
+            self._framework_final = True
         self._resolve_fingerprints(wait=False)
+        kwargs = dict(kwargs or {})
+        # the hook sees step's own arguments: (optimizer, closure) or closure=...
+        at = 1 if args and args[0] is optimizer else 0
+        closure = kwargs.get("closure", args[at] if len(args) > at else None)
         event: dict[str, Any] = {
             "type": "step",
             "t": self.now(),
@@ -384,6 +468,14 @@ class Recorder:
             "mem": rss_bytes(),
             "cuda_peak": cuda_peak_and_reset(),
         }
+        if callable(closure):
+            event["closure"] = True
+            self.emit(event)
+            wrapped = self._wrap_closure(optimizer, closure)
+            if "closure" in kwargs:
+                kwargs["closure"] = wrapped
+                return args, kwargs
+            return (*args[:at], wrapped, *args[at + 1 :]), kwargs
         fp = fingerprint(optimizer)
         if fp is not None:
             event["fp_sharded"] = fp.sharded
@@ -393,6 +485,41 @@ class Recorder:
             else:
                 self._pending_fp.append((self.window, fp))
         self.emit(event)
+        return None
+
+    def _wrap_closure(self, optimizer: Any, closure: Any) -> Any:
+        """The closure, run as micro-batch code (phase forward/backward, not "optimizer");
+        each return takes the window's fingerprint (the last one of an LBFGS step wins)."""
+
+        @functools.wraps(closure)
+        def closure_in_window(*args: Any, **kwargs: Any) -> Any:
+            depth, self.step_depth = self.step_depth, 0
+            self.emit({"type": "closure", "t": self.now()})
+            try:
+                return closure(*args, **kwargs)
+            finally:
+                self.step_depth = depth
+                self.emit({"type": "closure_end", "t": self.now()})
+                self._fingerprint_now(optimizer)
+
+        return closure_in_window
+
+    def _fingerprint_now(self, optimizer: Any) -> None:
+        fp = fingerprint(optimizer)
+        if fp is None:
+            return
+        if fp.ready():
+            self.emit(
+                {
+                    "type": "fp",
+                    "window": self.window,
+                    "fp": fp.result(),
+                    "fp_sharded": fp.sharded,
+                    "fp_count": fp.count,
+                }
+            )
+        else:
+            self._pending_fp.append((self.window, fp))
 
     def on_step_end(self) -> None:
         self.step_depth = max(0, self.step_depth - 1)
@@ -415,7 +542,15 @@ class Recorder:
         keep: list[tuple[int, PendingFingerprint]] = []
         for window, fp in self._pending_fp:
             if wait or fp.ready():
-                self.emit({"type": "fp", "window": window, "fp": fp.result()})
+                self.emit(
+                    {
+                        "type": "fp",
+                        "window": window,
+                        "fp": fp.result(),
+                        "fp_sharded": fp.sharded,
+                        "fp_count": fp.count,
+                    }
+                )
             else:
                 keep.append((window, fp))
         self._pending_fp = keep
@@ -444,33 +579,68 @@ class Recorder:
         self._pg_cache[name] = ranks
         return name, ranks
 
-    def _grad_facts(self, tensors: list[torch.Tensor]) -> tuple[bool, bool]:
-        """(shares storage with a .grad, numel equals one grad or all grads)."""
+    def _grads(self) -> list[torch.Tensor]:
+        """The rank-local gradients of the known parameters, in parameter order (cached until
+        the next backward or reset), with their storages and element counts noted."""
         if self._grad_ptrs is None:
             ptrs: set[int] = set()
             numels: set[int] = set()
+            grads: list[torch.Tensor] = []
             total = 0
             for p in self._params():
                 g = p.grad
-                if g is None:
+                if g is None or g.is_sparse:
                     continue
                 local = g.to_local() if hasattr(g, "to_local") else g
                 try:
                     ptrs.add(local.untyped_storage().data_ptr())
                 except Exception:
                     continue
+                grads.append(local)
                 numels.add(local.numel())
                 total += local.numel()
             if total:
                 numels.add(total)
-            self._grad_ptrs, self._grad_numels = ptrs, numels
+            self._grad_ptrs, self._grad_numels, self._grad_list = ptrs, numels, grads
+        return self._grad_list
+
+    def _grad_facts(self, tensors: list[torch.Tensor]) -> tuple[bool, bool]:
+        """(shares storage with a .grad or a DDP bucket handed to a comm hook, numel equals
+        one grad or all grads). The numel is recorded for information only: sizes coincide
+        (a 1-element loss and a bias), so it never makes a collective a grad sync."""
+        self._grads()
+        known = self._grad_ptrs or set()
         storage = False
         numel = False
         for t in tensors:
             with contextlib.suppress(Exception):
-                storage = storage or t.untyped_storage().data_ptr() in self._grad_ptrs
+                ptr = t.untyped_storage().data_ptr()
+                storage = storage or ptr in known or ptr in self._bucket_ptrs
             numel = numel or (t.is_floating_point() and t.numel() in self._grad_numels)
         return storage, numel
+
+    def note_ddp_bucket(self, buffer: torch.Tensor) -> None:
+        """A DDP comm hook was handed this bucket: collectives on it reduce gradients."""
+        with contextlib.suppress(Exception):
+            self._bucket_ptrs.add(buffer.untyped_storage().data_ptr())
+
+    def before_collective(self, opname: str, args: tuple[Any, ...]) -> None:
+        """Called before a collective runs (its input is still the rank's own): notes whether
+        a user all-reduce/reduce-scatter outside backward holds the gradients' values, such
+        as a flattened copy of them (``_flatten_dense_tensors``), which shares no storage."""
+        self._content_hits = set()
+        if self.bwd_depth or normalize_op(opname) not in ("all_reduce", "reduce_scatter"):
+            return
+        tensors = [t for t in _op_tensors(opname, args) if t.is_floating_point()]
+        if not tensors:
+            return
+        grads = self._grads()
+        if not grads:
+            return
+        for t in tensors:
+            with contextlib.suppress(Exception):
+                if _holds_grads(t, grads, self._grad_ptrs or set()):
+                    self._content_hits.add(t.untyped_storage().data_ptr())
 
     def on_collective(
         self,
@@ -485,24 +655,31 @@ class Recorder:
         if self._works:
             self.poll_works(at=t0)  # a synchronous predecessor finished before this issue
         op = normalize_op(opname)
-        lname = opname.lower()
-        index = 1 if any(k in lname for k in _INPUT_SECOND) and "allreduce" not in lname else 0
-        tensors = _tensors(args[index]) if len(args) > index else []
+        tensors = _op_tensors(opname, args)
         if op == "barrier":
             tensors = []
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
         dtype = str(tensors[0].dtype).replace("torch.", "") if tensors else ""
+        floating = bool(tensors) and all(t.is_floating_point() for t in tensors)
         issuer, site, detail = sites.issuer_of_collective(2)
         phase = self.phase()
         bucket: int | None = None
         if issuer == "autograd":
             issuer = "ddp" if phase == "backward" and self.ddp_modules else "torch"
-        if issuer == "ddp" and phase == "backward" and op == "all_reduce":
+        if issuer == "ddp" and phase == "backward" and op == "all_reduce" and floating:
+            # a gradient bucket; DDP's integer used-parameter map (find_unused_parameters)
+            # is bookkeeping, not a bucket
             bucket = self.bucket
             self.bucket += 1
-        grad_storage = grad_numel = False
+        grad_storage = grad_numel = grad_content = False
         if issuer == "user" and op in ("all_reduce", "reduce_scatter"):
             grad_storage, grad_numel = self._grad_facts(tensors)
+            if not grad_storage and self._content_hits:
+                with contextlib.suppress(Exception):
+                    grad_content = any(
+                        t.untyped_storage().data_ptr() in self._content_hits for t in tensors
+                    )
+        self._content_hits = set()
         group_name, group_ranks = self._group_ranks(pg) if pg is not None else ("", None)
         with self._lock:
             seq = self.seq
@@ -525,11 +702,14 @@ class Recorder:
                 "detail": detail,
                 "bucket": bucket,
                 "grad_storage": grad_storage,
+                "grad_content": grad_content,
                 "grad_numel": grad_numel,
                 "site": sites.site_dict(site),
             }
         )
-        if self.trace is not None and (issuer in ("ddp", "fsdp") or grad_storage):
+        grad_sync = bucket is not None or grad_storage or grad_content
+        grad_sync = grad_sync or (issuer == "fsdp" and phase == "backward" and floating)
+        if self.trace is not None and grad_sync:
             self.trace.grad_sync(op, nbytes)
         if work is not None:
             self._watch(work, seq)
@@ -564,6 +744,45 @@ class Recorder:
                 still.append((seq, work))
         with self._lock:
             self._works = still + self._works
+
+
+_CONTENT_PROBES = 8  # gradients (or elements of one) compared per candidate tensor
+
+
+def _holds_grads(t: torch.Tensor, grads: list[torch.Tensor], grad_ptrs: set[int]) -> bool:
+    """Whether ``t`` holds the values of the gradients, flattened in parameter order (all of
+    them) or of one gradient: probed at a few spread positions, which must match exactly,
+    with at least one non-zero. Sizes alone decide nothing: a loss of one element has the
+    size of a bias gradient but not its value."""
+    if t.untyped_storage().data_ptr() in grad_ptrs or t.numel() == 0:
+        return False
+    flat = t.detach().reshape(-1)
+    total = sum(g.numel() for g in grads)
+    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
+    if flat.numel() == total and all(g.dtype == t.dtype and g.device == t.device for g in grads):
+        offsets = [0]
+        for g in grads[:-1]:
+            offsets.append(offsets[-1] + g.numel())
+        stride = max(1, len(grads) // _CONTENT_PROBES)
+        for i in range(0, len(grads), stride):
+            g = grads[i].detach().reshape(-1)
+            at = torch.tensor([offsets[i], offsets[i] + g.numel() - 1], device=t.device)
+            pairs.append((flat.index_select(0, at), g[[0, -1]]))
+    else:
+        same = [g for g in grads if g.numel() == flat.numel() and g.dtype == t.dtype]
+        for g in same[:_CONTENT_PROBES]:
+            if g.device != t.device:
+                continue
+            step = max(1, flat.numel() // _CONTENT_PROBES)
+            candidate = g.detach().reshape(-1)
+            if torch.equal(flat[::step], candidate[::step]) and bool(flat[::step].any()):
+                return True
+        return False
+    if not pairs:
+        return False
+    mine = torch.cat([a for a, _ in pairs])
+    theirs = torch.cat([b for _, b in pairs])
+    return torch.equal(mine, theirs) and bool(mine.any())
 
 
 def _fsdp_reduce_grads(state: Any) -> bool:

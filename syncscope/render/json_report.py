@@ -68,6 +68,7 @@ def rank_dict(r: RankRun) -> dict[str, Any]:
         "finished": r.finished,
         "exit_status": r.exit_status,
         "exit_reason": r.exit_reason,
+        "framework": {"name": r.framework, "version": r.framework_version} if r.framework else None,
         "wrappers": [
             {
                 "kind": w.kind,

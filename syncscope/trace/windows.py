@@ -328,8 +328,11 @@ def _collective(
     if raw.nelems is None:
         notes.sizes_unknown = True
     nbytes = (raw.nelems or 0) * (size or 4)
-    grad = op in GRAD_REDUCING_OPS and (
-        phase == "backward" or (phase == "after-backward" and nbytes > SCALAR_BYTES)
+    integer = any(k in (raw.dtype or "").lower() for k in ("int", "long", "bool"))
+    grad = (
+        op in GRAD_REDUCING_OPS
+        and not integer  # DDP's used-parameter map (find_unused_parameters) is an int tensor
+        and (phase == "backward" or (phase == "after-backward" and nbytes > SCALAR_BYTES))
     )
     issuer: Issuer = "user"
     if in_reduce or (wrapper == "fsdp" and op in ("all_gather", "reduce_scatter")):
