@@ -51,7 +51,7 @@ def _unbox(args: tuple[Any, ...], out: Any) -> tuple[Any, Any]:
 
 def _kernel(name: str, op: Any) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        recorders = [r for r in _ACTIVE if not r.internal()]
+        recorders = [r for r in _ACTIVE if r.listening and not r.internal()]
         starts = [r.now() for r in recorders]
         with torch._C._AutoDispatchBelowAutograd():
             out = op(*args, **kwargs)
@@ -69,7 +69,8 @@ def _kernel(name: str, op: Any) -> Callable[..., Any]:
                 rec.emit({"type": "warning", "t": t1, "message": f"{name} not recorded: {exc}"})
         return out
 
-    return torch.compiler.disable(kernel)
+    opaque: Callable[..., Any] = torch.compiler.disable(kernel)  # never traced by Dynamo
+    return opaque
 
 
 def _register() -> Any:

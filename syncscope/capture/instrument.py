@@ -42,7 +42,8 @@ def _patch(obj: Any, name: str, value: Any, undo: list[Undo]) -> None:
 
 def _opaque(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Keep a hook body out of Dynamo's reach: it always runs eagerly, never traced."""
-    return torch.compiler.disable(fn)
+    wrapped: Callable[..., Any] = torch.compiler.disable(fn)
+    return wrapped
 
 
 def _no_frame(fn: Callable[..., Any]) -> None:
@@ -61,6 +62,9 @@ def _install_backward(rec: Recorder, undo: list[Undo]) -> None:
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def backward(*args: Any, **kwargs: Any) -> Any:
+            if rec.detaching:
+                rec.detach_now()
+                return fn(*args, **kwargs)
             outermost = rec.on_backward_begin()
             try:
                 return fn(*args, **kwargs)
@@ -99,7 +103,9 @@ def _install_optimizer(rec: Recorder, undo: list[Undo]) -> None:
 
     @functools.wraps(zero_grad)
     def optimizer_zero_grad(self: Any, set_to_none: bool = True) -> None:
-        if not torch.compiler.is_compiling():
+        if rec.detaching:
+            rec.detach_now()
+        elif not torch.compiler.is_compiling():
             on_grad_reset("optimizer.zero_grad", set_to_none)
         zero_grad(self, set_to_none)
 
@@ -109,7 +115,9 @@ def _install_optimizer(rec: Recorder, undo: list[Undo]) -> None:
 
     @functools.wraps(module_zero_grad)
     def zero_grad_module(self: Any, set_to_none: bool = True) -> None:
-        if not torch.compiler.is_compiling():
+        if rec.detaching:
+            rec.detach_now()
+        elif not torch.compiler.is_compiling():
             on_grad_reset("module.zero_grad", set_to_none)
         module_zero_grad(self, set_to_none)
 
@@ -175,6 +183,9 @@ def _install_ddp(rec: Recorder, undo: list[Undo]) -> None:
     def ddp_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         if torch.compiler.is_compiling():
             return forward(self, *args, **kwargs)
+        if rec.detaching:
+            rec.detach_now()
+            return forward(self, *args, **kwargs)
         forward_begin(self)
         try:
             return forward(self, *args, **kwargs)
@@ -190,7 +201,9 @@ def _install_ddp(rec: Recorder, undo: list[Undo]) -> None:
         return bool(d.get("require_backward_grad_sync", True))
 
     def set_flag(self: Any, value: bool) -> None:
-        self.__dict__["_syncscope_rbgs"] = value
+        # kept where DDP keeps it, so the flag survives the property's removal (bounded capture)
+        self.__dict__.pop("_syncscope_rbgs", None)
+        self.__dict__["require_backward_grad_sync"] = value
         if "_syncscope_init" in self.__dict__:
             return
         import sys
@@ -286,6 +299,8 @@ def _patch_fsdp2(rec: Recorder, undo: list[Undo]) -> None:
     @hide
     @functools.wraps(pre_forward)
     def fsdp_pre_forward(self: Any, module: Any, args: Any, kwargs: Any) -> Any:
+        if not rec.listening:  # states built during capture keep this hook: pass through
+            return pre_forward(self, module, args, kwargs)
         ctx = getattr(self, "_state_ctx", None)
         was_root = ctx is not None and ctx.iter_forward_root is not None
         result = pre_forward(self, module, args, kwargs)
@@ -302,6 +317,8 @@ def _patch_fsdp2(rec: Recorder, undo: list[Undo]) -> None:
     @hide
     @functools.wraps(post_forward)
     def fsdp_post_forward(self: Any, module: Any, input: Any, output: Any) -> Any:
+        if not rec.listening:
+            return post_forward(self, module, input, output)
         result = post_forward(self, module, input, output)
         if self.__dict__.pop("_syncscope_fwd", False):
             rec.on_forward_end()
@@ -393,7 +410,8 @@ def install(rec: Recorder) -> Undo:
     undo.append(collectives.attach(rec))
 
     def uninstall() -> None:
-        for restore in reversed(undo):
-            restore()
+        while undo:  # once, from whichever of bounded capture's detach or the session's close
+            undo.pop()()
 
+    rec.uninstall = uninstall
     return uninstall
