@@ -529,14 +529,18 @@ class Recorder:
         work: Any,
         t0: int,
         t1: int,
+        tensors: list[torch.Tensor] | None = None,
     ) -> None:
+        """``tensors``: the payload, where it is not found in ``args`` by the c10d layout
+        (the functional collectives take their input first)."""
         self._note_dist()
         if self._works:
             self.poll_works(at=t0)  # a synchronous predecessor finished before this issue
         op = normalize_op(opname)
         lname = opname.lower()
         index = 1 if any(k in lname for k in _INPUT_SECOND) and "allreduce" not in lname else 0
-        tensors = _tensors(args[index]) if len(args) > index else []
+        if tensors is None:
+            tensors = _tensors(args[index]) if len(args) > index else []
         if op == "barrier":
             tensors = []
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
