@@ -118,6 +118,7 @@ class Monitor(threading.Thread):
         # bounded capture: called once every rank has written its record (the job runs on)
         self.on_captured = on_captured
         self.expected_ranks = expected_ranks
+        self._captured: set[Path] = set()
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -140,6 +141,8 @@ class Monitor(threading.Thread):
                     self._pids[path] = int(orjson.loads(first).get("pid", 0))
             if b'"type":"exit"' in chunk:
                 self._exited.add(path)
+                if b'"reason":"capture complete' in chunk:
+                    self._captured.add(path)
             if path.name.endswith("00000.jsonl"):
                 self.steps += chunk.count(b'"type":"step_end"')
         return changed
@@ -156,7 +159,7 @@ class Monitor(threading.Thread):
             if (
                 self.on_captured is not None
                 and len(self._sizes) >= self.expected_ranks
-                and set(self._sizes) <= self._exited
+                and set(self._sizes) <= self._captured
             ):
                 callback, self.on_captured = self.on_captured, None
                 callback()

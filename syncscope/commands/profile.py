@@ -305,10 +305,14 @@ class _EarlyReport:
         self.run_dir, self.fail_on, self.quiet = run_dir, fail_on, quiet
         self.code: int | None = None
         self._done = threading.Event()
-        self._started = False
+        self._lock = threading.Lock()
+        self._started = self._closed = False
 
     def __call__(self) -> None:
-        self._started = True
+        with self._lock:
+            if self._closed:  # the job has ended: the final report is written instead
+                return
+            self._started = True
         try:
             self.code = _report(self.run_dir, 0, None, self.fail_on, self.quiet)
             print(
@@ -323,7 +327,10 @@ class _EarlyReport:
             self._done.set()
 
     def wait(self) -> None:
-        if self._started:
+        with self._lock:
+            self._closed = True
+            started = self._started
+        if started:
             self._done.wait()
 
 

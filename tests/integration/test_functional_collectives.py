@@ -74,3 +74,20 @@ def test_tensor_parallel_activation_collectives_are_not_grad_syncs(tmp_path: Pat
         # gradients: one all-reduce per parameter shard on the dp group, per window
         assert kinds[(tuple(dp_group), True, "user")] == 8
         assert len(functional) == 12
+
+
+def test_compiled_autograd_ddp_python_reducer(profiled) -> None:  # type: ignore[no-untyped-def]
+    run = profiled(ROOT / "tests" / "scripts" / "compiled_autograd.py")
+    assert run.proc.returncode == 0, run.proc.stderr[-3000:]
+    assert "rank 0 compiled autograd captures 2" in run.proc.stdout  # torch did use it
+    for rank in (0, 1):
+        windows = run.complete_windows(rank)
+        assert len(windows) == 2
+        for w in windows:
+            assert w["collectives"]["all_reduce"] == 4  # one per gradient, last micro-batch
+            assert w["grad_sync_collectives"] == 4
+            assert w["grad_syncs"] == 1
+            assert w["grad_sync_micro_batches"] == [3]
+        functional = [c for c in colls(run, rank) if c["raw"].startswith("_c10d_functional::")]
+        assert len(functional) == 8 and all(c["issuer"] == "ddp" for c in functional)
+    assert run.report["verdict"] == "clean", run.report["findings"]
