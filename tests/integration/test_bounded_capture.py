@@ -169,3 +169,18 @@ def test_attach_rejects_a_bad_environment_value(tmp_path: Path) -> None:
     assert proc.stderr.strip() == (
         "syncscope: error: SYNCSCOPE_WINDOWS must be a positive integer, not 'two'"
     )
+
+
+@pytest.mark.slow
+def test_trace_covers_only_the_captured_windows(tmp_path: Path) -> None:
+    import gzip
+
+    run = bounded(tmp_path, "--trace", "--skip-windows", "1", "--windows", "2")
+    assert run.proc.returncode == 0, run.proc.stderr[-3000:]
+    for rank in (0, 1):
+        assert [w["index"] for w in run.complete_windows(rank)] == [1, 2]
+        with gzip.open(run.run_dir / "traces" / f"rank-{rank}.json.gz") as fh:
+            trace = json.loads(fh.read())
+        names = {e.get("name", "") for e in trace["traceEvents"]}
+        windows = sorted(n for n in names if n.startswith("syncscope.window#"))
+        assert windows == ["syncscope.window#1", "syncscope.window#2"]
