@@ -74,7 +74,7 @@ class Launch:
         node_out = out if self.nodes == 1 else out / f"node{node}"
         return [
             sys.executable, "-m", "syncscope", "profile", "--quiet", "--fail-on", "never",
-            "--out", str(node_out), *(["--trace"] if self.trace else []), *rdzv,
+            "--out", str(node_out), *(["--trace"] if self.trace else []), *self.extra, *rdzv,
             str(script), *args,
         ]  # fmt: skip
 

@@ -185,7 +185,8 @@ def _capture(results: dict[str, Any]) -> list[str]:
         f"x{cap['cpu_ratio']['profile']:.3f}.",
         "",
         "The same DDP loop (`no_sync` accumulation, 6 x Linear(1024,1024), batch 32, 4 "
-        f"micro-batches, 2 gloo ranks; `{' '.join(cap['args'])}`) launched four ways, "
+        f"micro-batches, 2 gloo ranks; `{' '.join(cap['args'])}`) launched "
+        f"{len(cap['modes'])} ways, "
         f"{cap['runs'][-1]['rep'] + 1} repetitions, interleaved. Window time is the median window of a run (rank 0); the ratio is "
         "against plain torchrun's median; *paired* divides each run by the plain run of the "
         "same repetition. CPU time is `time.process_time` of rank 0 over the same windows: it "

@@ -59,6 +59,8 @@ CAPTURE_MODES = [
     {"name": "profile", "label": "syncscope profile (counting)"},
     {"name": "trace", "label": "syncscope profile --trace"},
     {"name": "torch_profiler", "label": "bare torch.profiler trace"},
+    # bounded capture: the warm-up windows are captured, every timed window runs detached
+    {"name": "detached", "label": "syncscope profile --windows 2, after detaching"},
 ]
 # Accelerate's published figures (T4 GPUs, batch 16/GPU, accumulate 4, seconds per batch)
 PUBLISHED = {
@@ -119,6 +121,7 @@ def capture_cost(work: Path, reps: int, args: list[str]) -> dict[str, Any]:
         "profile": Launch("profile"),
         "trace": Launch("profile", trace=True),
         "torch_profiler": Launch("torchrun"),
+        "detached": Launch("profile", extra=("--windows", "2")),
     }
     script = WORKLOADS / "no_sync.py"
     runs: list[dict[str, Any]] = []

@@ -5,6 +5,13 @@ what a user with their own launcher runs instead of the script::
 
     torchrun --nproc-per-node 8 -m syncscope.attach [--out DIR] train.py --lr 3e-4
     torchrun ... -m syncscope.attach [--out DIR] -m my_package.train ...
+    torchrun ... -m syncscope.attach --windows 20 --skip-windows 100 [--then stop] train.py
+
+Bounded capture (``--windows N``, ``--skip-windows W``, ``--then run|stop``, or the variables
+``SYNCSCOPE_WINDOWS``, ``SYNCSCOPE_SKIP_WINDOWS``, ``SYNCSCOPE_THEN``; options win): windows
+W..W+N-1 are captured, then every hook is removed and the rank's record is complete; the job
+runs on at plain speed, or with ``--then stop`` every rank raises ``SystemExit(0)`` at the
+end of the optimizer step that closes window W+N-1 (all ranks at the same step).
 
 Each rank appends its events to ``DIR/ranks/rank-NNNNN.jsonl``. Without ``--out`` (or the
 ``SYNCSCOPE_OUT`` variable) every rank of a torchrun job picks the same directory,
@@ -22,37 +29,96 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
+from typing import NoReturn
 
 ENV_OUT = "SYNCSCOPE_OUT"
 ENV_TRACE = "SYNCSCOPE_TRACE_WINDOWS"  # "A:B" or "" for all windows; unset: no trace
+ENV_WINDOWS = "SYNCSCOPE_WINDOWS"
+ENV_SKIP_WINDOWS = "SYNCSCOPE_SKIP_WINDOWS"
+ENV_THEN = "SYNCSCOPE_THEN"
 
-USAGE = "usage: python -m syncscope.attach [--out DIR] (SCRIPT | -m MODULE) [ARGS...]"
+USAGE = (
+    "usage: python -m syncscope.attach [--out DIR] [--windows N] [--skip-windows W] "
+    "[--then run|stop] (SCRIPT | -m MODULE) [ARGS...]"
+)
+OPTIONS = ("--out", "--windows", "--skip-windows", "--then")
 
 
-def _die(message: str) -> None:
+def check_bounds(
+    windows: str | None,
+    skip_windows: str | None,
+    then: str | None,
+    names: tuple[str, str, str] = ("--windows", "--skip-windows", "--then"),
+) -> tuple[int | None, int, str]:
+    """Validate bounded-capture values: (windows or None, skip_windows, then).
+
+    Raises ValueError with a one-line message naming the option (or variable) at fault."""
+
+    def count(name: str, value: str, least: int) -> int:
+        text = value.strip()
+        if not text.isdigit() or int(text) < least:
+            kind = "a positive integer" if least else "a non-negative integer"
+            raise ValueError(f"{name} must be {kind}, not {value!r}")
+        return int(text)
+
+    n = None if windows is None else count(names[0], windows, 1)
+    w = 0 if skip_windows is None else count(names[1], skip_windows, 0)
+    t = "run" if then is None else then.strip()
+    if t not in ("run", "stop"):
+        raise ValueError(f"{names[2]} must be run or stop, not {then!r}")
+    if t == "stop" and n is None:
+        raise ValueError(f"{names[2]} stop needs {names[0]} N (the windows to capture first)")
+    return n, w, t
+
+
+def _die(message: str) -> NoReturn:
     print(f"syncscope: error: {message}", file=sys.stderr)
     raise SystemExit(2)
 
 
-def parse(argv: list[str]) -> tuple[Path | None, bool, str, list[str]]:
-    out: Path | None = None
+def parse(argv: list[str]) -> tuple[dict[str, str], bool, str, list[str]]:
+    """(options given before the program, is_module, target, the program's arguments)."""
+    given: dict[str, str] = {}
     i = 0
-    while i < len(argv) and argv[i].startswith("--out"):
-        if argv[i] == "--out" and i + 1 < len(argv):
-            out = Path(argv[i + 1])
-            i += 2
-        elif argv[i].startswith("--out="):
-            out = Path(argv[i].split("=", 1)[1])
+    while i < len(argv) and argv[i].split("=", 1)[0] in OPTIONS:
+        name, eq, value = argv[i].partition("=")
+        if eq:
             i += 1
+        elif i + 1 < len(argv):
+            value = argv[i + 1]
+            i += 2
         else:
-            _die(f"--out needs a directory; {USAGE}")
+            _die(f"{name} needs a value; {USAGE}")
+        given[name] = value
     if i >= len(argv):
         _die(USAGE)
     if argv[i] == "-m":
         if i + 1 >= len(argv):
             _die(USAGE)
-        return out, True, argv[i + 1], argv[i + 2 :]
-    return out, False, argv[i], argv[i + 1 :]
+        return given, True, argv[i + 1], argv[i + 2 :]
+    return given, False, argv[i], argv[i + 1 :]
+
+
+def bounds(given: dict[str, str]) -> tuple[int | None, int, str]:
+    """Bounded capture from the options, else the environment; exits 2 on a bad value."""
+    env = os.environ
+    values: list[str | None] = []
+    names: list[str] = []
+    for option, var in (
+        ("--windows", ENV_WINDOWS),
+        ("--skip-windows", ENV_SKIP_WINDOWS),
+        ("--then", ENV_THEN),
+    ):
+        if option in given:
+            values.append(given[option])
+            names.append(option)
+        else:
+            values.append(env.get(var) or None)
+            names.append(var)
+    try:
+        return check_bounds(values[0], values[1], values[2], (names[0], names[1], names[2]))
+    except ValueError as exc:
+        _die(str(exc))
 
 
 def default_out(target: str) -> Path:
@@ -109,7 +175,9 @@ def _write_meta(
 
 
 def main(argv: list[str] | None = None) -> int:
-    out, is_module, target, script_args = parse(list(sys.argv[1:] if argv is None else argv))
+    given, is_module, target, script_args = parse(list(sys.argv[1:] if argv is None else argv))
+    out = Path(given["--out"]) if "--out" in given else None
+    windows, skip_windows, then = bounds(given)
     if not is_module and not Path(target).is_file():
         _die(f"script not found: {target}")
     run_dir = out or (Path(os.environ[ENV_OUT]) if os.environ.get(ENV_OUT) else None)
@@ -132,6 +200,9 @@ def main(argv: list[str] | None = None) -> int:
         trace_windows=trace if isinstance(trace, tuple) else None,
         trace=trace is not False,
         extra={"target": target, "module": is_module, "argv": script_args},
+        skip_windows=skip_windows,
+        windows=windows,
+        then=then,
     )
 
     def on_signal(signum: int, frame: FrameType | None) -> None:

@@ -100,6 +100,8 @@ class Monitor(threading.Thread):
         hang_timeout: float,
         on_progress: Callable[[int, int, float], None] | None = None,
         poll_s: float = 0.25,
+        on_captured: Callable[[], None] | None = None,
+        expected_ranks: int = 1,
     ) -> None:
         super().__init__(name="syncscope-monitor", daemon=True)
         self.run_dir = run_dir
@@ -113,6 +115,10 @@ class Monitor(threading.Thread):
         self._offset = 0
         self._pids: dict[Path, int] = {}
         self._exited: set[Path] = set()
+        # bounded capture: called once every rank has written its record (the job runs on)
+        self.on_captured = on_captured
+        self.expected_ranks = expected_ranks
+        self._captured: set[Path] = set()
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -135,6 +141,8 @@ class Monitor(threading.Thread):
                     self._pids[path] = int(orjson.loads(first).get("pid", 0))
             if b'"type":"exit"' in chunk:
                 self._exited.add(path)
+                if b'"reason":"capture complete' in chunk:
+                    self._captured.add(path)
             if path.name.endswith("00000.jsonl"):
                 self.steps += chunk.count(b'"type":"step_end"')
         return changed
@@ -148,6 +156,13 @@ class Monitor(threading.Thread):
             except OSError:
                 continue
             now = time.monotonic()
+            if (
+                self.on_captured is not None
+                and len(self._sizes) >= self.expected_ranks
+                and set(self._sizes) <= self._captured
+            ):
+                callback, self.on_captured = self.on_captured, None
+                callback()
             if self.on_progress is not None:
                 self.on_progress(self.steps, len(self._sizes), now - start)
             running = [p for p in self._pids if p not in self._exited]
@@ -187,18 +202,27 @@ def launch(
     hang_timeout: float = 300.0,
     trace_windows: str | None = None,
     on_progress: Callable[[int, int, float], None] | None = None,
+    attach_options: list[str] | None = None,
+    on_captured: Callable[[], None] | None = None,
+    expected_ranks: int = 1,
 ) -> LaunchResult:
     """Run ``target`` on every rank under syncscope.attach; never raises for a rank's failure."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import parse_args, run
 
-    program = ["--out", str(run_dir)] + (["-m", target] if module else [target]) + script_args
+    program = (
+        ["--out", str(run_dir), *(attach_options or [])]
+        + (["-m", target] if module else [target])
+        + script_args
+    )
     argv = [*options.torchrun_args(), "-m", "syncscope.attach", *program]
     args = parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     if trace_windows is not None:
         os.environ["SYNCSCOPE_TRACE_WINDOWS"] = trace_windows
-    monitor = Monitor(run_dir, hang_timeout, on_progress)
+    monitor = Monitor(
+        run_dir, hang_timeout, on_progress, on_captured=on_captured, expected_ranks=expected_ranks
+    )
     monitor.start()
     started = time.monotonic()
     failed: dict[int, int] = {}

@@ -133,6 +133,7 @@ def build_rank(events: Sequence[dict[str, Any]], rank: int | None = None) -> Ran
     sequence: list[tuple[str, int, tuple[int, ...] | None]] = []
     pending_ops: dict[int, PendingCollective] = {}
     last_completed: PendingCollective | None = None
+    first_window = 0  # optimizer steps skipped before capture (``--skip-windows``)
     current = _WindowBuilder(0)
     pending_fwd: dict[str, Any] | None = None
     backward: dict[str, Any] | None = None
@@ -160,6 +161,9 @@ def build_rank(events: Sequence[dict[str, Any]], rank: int | None = None) -> Ran
         elif kind == "closure_end" and closure_start is not None:
             closure_ns += max(0, t - closure_start)  # micro-batch work, not optimizer time
             closure_start = None
+        elif kind == "skipped":
+            first_window = int(ev.get("windows", 0) or 0)
+            current = _WindowBuilder(first_window + len(windows))
         elif kind == "exit":
             footer = ev
         elif kind == "wrapper":
@@ -274,7 +278,7 @@ def build_rank(events: Sequence[dict[str, Any]], rank: int | None = None) -> Ran
                 )
             else:
                 windows.append(current.build(t, True, step_ns))
-            current = _WindowBuilder(len(windows))
+            current = _WindowBuilder(first_window + len(windows))
             no_sync_at_forward = False
     if not current.empty():
         windows.append(current.build(last_t, False))
@@ -386,7 +390,8 @@ def compare_fingerprints(ranks: Sequence[RankRun]) -> tuple[RankRun, ...]:
         dataclasses.replace(
             r,
             windows=tuple(
-                dataclasses.replace(w, fingerprint_match=verdicts.get(w.index)) for w in r.windows
+                dataclasses.replace(w, fingerprint_match=verdicts.get(i))
+                for i, w in enumerate(r.windows)
             ),
         )
         for r in ranks

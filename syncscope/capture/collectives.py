@@ -7,8 +7,19 @@ the op's tensors, process group and work to the active recorders. Other ops neve
 Python, which is why this costs nothing measurable where a ``TorchDispatchMode`` (every aten
 op through Python) cost 4-10% of window time.
 
+The functional collectives (``_c10d_functional::all_reduce``, ``reduce_scatter_tensor``,
+``all_gather_into_tensor``, ``all_to_all_single``, ``broadcast``, ... what DTensor, tensor
+parallelism and compiled graphs issue) have no autograd kernel either: the same kind of
+kernel sees them, eager and at a compiled graph's run time (aot_eager and inductor both call
+the ops). Calls made while a graph is traced (fake or functional tensors) are not collectives
+and are ignored. A functional collective returns a tensor instead of a work: its
+``wait_tensor`` marks it done where the wait reaches the dispatcher (compiled graphs); in
+eager mode the wait happens inside torch's C++ wrapper, so completion is noticed at the
+rank's next event once torch's registry of in-flight functional collectives is empty.
+
 Not seen: collectives issued under ``torch.inference_mode()`` (inference tensors skip the
-autograd keys) and the functional collectives of ``_c10d_functional`` (DTensor, compile).
+autograd keys), and the differentiable ``_c10d_functional_autograd`` variants (they call the
+functional ops below autograd).
 """
 
 from __future__ import annotations
@@ -25,6 +36,7 @@ from syncscope.capture.recorder import Recorder
 _ACTIVE: list[Recorder] = []
 _lock = threading.Lock()
 _library: Any = None
+_functional_library: Any = None
 
 
 def _unbox(args: tuple[Any, ...], out: Any) -> tuple[Any, Any]:
@@ -52,7 +64,7 @@ def _unbox(args: tuple[Any, ...], out: Any) -> tuple[Any, Any]:
 
 def _kernel(name: str, op: Any) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        recorders = [r for r in _ACTIVE if not r.internal()]
+        recorders = [r for r in _ACTIVE if r.listening and not r.internal()]
         for rec in recorders:
             with contextlib.suppress(Exception):
                 rec.before_collective(name, args)  # the input is still the rank's own
@@ -73,7 +85,126 @@ def _kernel(name: str, op: Any) -> Callable[..., Any]:
                 rec.emit({"type": "warning", "t": t1, "message": f"{name} not recorded: {exc}"})
         return out
 
-    return kernel
+    opaque: Callable[..., Any] = torch.compiler.disable(kernel)  # never traced by Dynamo
+    return opaque
+
+
+class _FunctionalWork:
+    """Stands for a functional collective's work (it has none): completed once waited."""
+
+    __slots__ = ("waited",)
+
+    def __init__(self) -> None:
+        self.waited = False
+
+    def is_completed(self) -> bool:
+        if self.waited:
+            return True
+        from torch._C._distributed_c10d import _get_work_registry_size
+
+        return bool(_get_work_registry_size() == 0)
+
+
+_in_flight: dict[int, _FunctionalWork] = {}  # output storage -> its pending work
+
+
+def _storage(t: Any) -> int:
+    return int(t.untyped_storage().data_ptr()) if isinstance(t, torch.Tensor) else 0
+
+
+def _real(t: Any) -> bool:
+    """A tensor of a real run, not of a graph being traced (fake, functional, meta)."""
+    return (
+        type(t) is torch.Tensor and t.device.type != "meta" and not torch._is_functional_tensor(t)
+    )
+
+
+def _functional_kernel(name: str, op: Any) -> Callable[..., Any]:
+    raw = f"_c10d_functional::{name}"
+    group_at = {
+        arg.name: i for i, arg in enumerate(op._schema.arguments) if arg.name == "group_name"
+    }.get("group_name")
+
+    def kernel(*args: Any, **kwargs: Any) -> Any:
+        recorders = [r for r in _ACTIVE if r.listening and not r.internal()]
+        first = args[0] if args else None
+        inputs = first if isinstance(first, (list, tuple)) else [first]
+        if not recorders or not inputs or not all(_real(t) for t in inputs):
+            with torch._C._AutoDispatchBelowADInplaceOrView():
+                return op(*args, **kwargs)
+        starts = [r.now() for r in recorders]
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            out = op(*args, **kwargs)
+        pg = None
+        group = kwargs.get("group_name", args[group_at] if group_at is not None else None)
+        if isinstance(group, str):
+            from torch._C._distributed_c10d import _resolve_process_group
+
+            try:
+                pg = _resolve_process_group(group)  # type: ignore[arg-type]
+            except Exception:
+                pg = None
+        work = _FunctionalWork()
+        for item in out if isinstance(out, (list, tuple)) else (out,):
+            if _storage(item):
+                _in_flight[_storage(item)] = work
+        if len(_in_flight) > 4096:  # eager waits are not seen here: forget completed ones
+            for key in [k for k, w in _in_flight.items() if w.is_completed()]:
+                del _in_flight[key]
+        for rec, t0 in zip(recorders, starts, strict=True):
+            t1 = rec.now()
+            try:
+                rec.on_collective(
+                    raw,
+                    args,
+                    pg,
+                    work,
+                    t0,
+                    t1,
+                    tensors=[t for t in inputs if isinstance(t, torch.Tensor)],
+                )
+            except Exception as exc:  # a record must never break the user's job
+                rec.emit({"type": "warning", "t": t1, "message": f"{raw} not recorded: {exc}"})
+        return out
+
+    opaque: Callable[..., Any] = torch.compiler.disable(kernel)
+    return opaque
+
+
+def _wait_kernel(op: Any) -> Callable[..., Any]:
+    def kernel(tensor: Any) -> Any:
+        with torch._C._AutoDispatchBelowADInplaceOrView():
+            out = op(tensor)
+        work = _in_flight.pop(_storage(tensor), None) if _in_flight else None
+        if work is not None:
+            work.waited = True
+            for rec in _ACTIVE:
+                if rec.listening:
+                    rec.poll_works()  # the wait marks the collective's completion: "done"
+        return out
+
+    opaque: Callable[..., Any] = torch.compiler.disable(kernel)
+    return opaque
+
+
+# functional ops that are not collectives
+_NOT_COLLECTIVES = ("_wrap_tensor_autograd",)
+
+
+def _register_functional() -> Any:
+    library = torch.library.Library("_c10d_functional", "IMPL")
+    for full in torch._C._dispatch_get_all_op_names():
+        namespace, _, name = full.partition("::")
+        if namespace != "_c10d_functional" or "." in name or name in _NOT_COLLECTIVES:
+            continue
+        op = getattr(getattr(torch.ops._c10d_functional, name, None), "default", None)
+        if op is None:
+            continue
+        if name == "wait_tensor":
+            library.impl(name, _wait_kernel(op), "ADInplaceOrView")
+        else:
+            library.impl(name, _functional_kernel(name, op), "ADInplaceOrView")
+    return library
 
 
 def _register() -> Any:
@@ -92,20 +223,29 @@ def _register() -> Any:
 
 def attach(rec: Recorder) -> Callable[[], None]:
     """Send every collective to ``rec`` until the returned callable is called."""
-    global _library
+    global _library, _functional_library
     with _lock:
         if _library is None:
             _library = _register()
+        if _functional_library is None:
+            try:
+                _functional_library = _register_functional()
+            except Exception:  # a torch without functional collectives: c10d ops only
+                _functional_library = None
         _ACTIVE.append(rec)
 
     def detach() -> None:
-        global _library
+        global _library, _functional_library
         with _lock:
             if rec in _ACTIVE:
                 _ACTIVE.remove(rec)
             if not _ACTIVE and _library is not None:
                 _library._destroy()
                 _library = None
+            if not _ACTIVE and _functional_library is not None:
+                _functional_library._destroy()
+                _functional_library = None
+                _in_flight.clear()
 
     return detach
 

@@ -40,6 +40,21 @@ def _patch(obj: Any, name: str, value: Any, undo: list[Undo]) -> None:
     undo.append(restore)
 
 
+def _opaque(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """Keep a hook body out of Dynamo's reach: it always runs eagerly, never traced."""
+    wrapped: Callable[..., Any] = torch.compiler.disable(fn)
+    return wrapped
+
+
+def _no_frame(fn: Callable[..., Any]) -> None:
+    """Dynamo may inline ``fn`` into a graph it traces, but never starts a frame in it."""
+    try:
+        from torch._dynamo.eval_frame import skip_code
+    except ImportError:
+        return
+    skip_code(fn.__code__)
+
+
 def _install_backward(rec: Recorder, undo: list[Undo]) -> None:
     tensor_backward = torch.Tensor.backward
     autograd_backward = torch.autograd.backward
@@ -47,6 +62,9 @@ def _install_backward(rec: Recorder, undo: list[Undo]) -> None:
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
         @functools.wraps(fn)
         def backward(*args: Any, **kwargs: Any) -> Any:
+            if rec.detaching:
+                rec.detach_now()
+                return fn(*args, **kwargs)
             outermost = rec.on_backward_begin()
             try:
                 return fn(*args, **kwargs)
@@ -59,8 +77,8 @@ def _install_backward(rec: Recorder, undo: list[Undo]) -> None:
 
         return backward
 
-    _patch(torch.Tensor, "backward", wrap(tensor_backward), undo)
-    _patch(torch.autograd, "backward", wrap(autograd_backward), undo)
+    _patch(torch.Tensor, "backward", _opaque(wrap(tensor_backward)), undo)
+    _patch(torch.autograd, "backward", _opaque(wrap(autograd_backward)), undo)
 
 
 def _install_optimizer(rec: Recorder, undo: list[Undo]) -> None:
@@ -71,8 +89,8 @@ def _install_optimizer(rec: Recorder, undo: list[Undo]) -> None:
     )
 
     # the pre-hook may return new (args, kwargs): how a closure gets wrapped
-    pre = register_optimizer_step_pre_hook(lambda opt, a, k: rec.on_step_begin(opt, a, k))
-    post = register_optimizer_step_post_hook(lambda opt, a, k: rec.on_step_end())
+    pre = register_optimizer_step_pre_hook(_opaque(lambda opt, a, k: rec.on_step_begin(opt, a, k)))
+    post = register_optimizer_step_post_hook(_opaque(lambda opt, a, k: rec.on_step_end()))
     undo.append(pre.remove)
     undo.append(post.remove)
 
@@ -86,10 +104,14 @@ def _install_optimizer(rec: Recorder, undo: list[Undo]) -> None:
     _patch(Optimizer, "__init__", optimizer_init, undo)
 
     zero_grad = Optimizer.zero_grad
+    on_grad_reset = _opaque(rec.on_grad_reset)
 
     @functools.wraps(zero_grad)
     def optimizer_zero_grad(self: Any, set_to_none: bool = True) -> None:
-        rec.on_grad_reset("optimizer.zero_grad", set_to_none)
+        if rec.detaching:
+            rec.detach_now()
+        elif not torch.compiler.is_compiling():
+            on_grad_reset("optimizer.zero_grad", set_to_none)
         zero_grad(self, set_to_none)
 
     _patch(Optimizer, "zero_grad", optimizer_zero_grad, undo)
@@ -98,7 +120,10 @@ def _install_optimizer(rec: Recorder, undo: list[Undo]) -> None:
 
     @functools.wraps(module_zero_grad)
     def zero_grad_module(self: Any, set_to_none: bool = True) -> None:
-        rec.on_grad_reset("module.zero_grad", set_to_none)
+        if rec.detaching:
+            rec.detach_now()
+        elif not torch.compiler.is_compiling():
+            on_grad_reset("module.zero_grad", set_to_none)
         module_zero_grad(self, set_to_none)
 
     _patch(torch.nn.Module, "zero_grad", zero_grad_module, undo)
@@ -146,17 +171,31 @@ def _install_ddp(rec: Recorder, undo: list[Undo]) -> None:
     _patch(DDP, "__init__", ddp_init, undo)
 
     forward = DDP.forward
+    # Traced by Dynamo (a compiled DDP model), the wrapper is the bare forward: the graph and
+    # its breaks are the ones the model has without syncscope, and no forward mark is written
+    # (windows, micro-batches and collectives come from hooks outside the compiled region).
 
-    @functools.wraps(forward)
-    def ddp_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+    @_opaque
+    def forward_begin(self: Any) -> None:
         label = rec.ddp_modules.get(self) or rec.on_wrapper("ddp", self, {})
         armed = torch.is_grad_enabled() and bool(self.require_backward_grad_sync)
         extra = {"accelerate": acc} if (acc := _accelerate_state()) else None
         rec.on_forward_begin("ddp", label, armed, extra)
+
+    forward_end = _opaque(rec.on_forward_end)
+
+    @functools.wraps(forward)
+    def ddp_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
+        if torch.compiler.is_compiling():
+            return forward(self, *args, **kwargs)
+        if rec.detaching:
+            rec.detach_now()
+            return forward(self, *args, **kwargs)
+        forward_begin(self)
         try:
             return forward(self, *args, **kwargs)
         finally:
-            rec.on_forward_end()
+            forward_end()
 
     _patch(DDP, "forward", ddp_forward, undo)
 
@@ -180,7 +219,9 @@ def _install_ddp(rec: Recorder, undo: list[Undo]) -> None:
         return bool(d.get("require_backward_grad_sync", True))
 
     def set_flag(self: Any, value: bool) -> None:
-        self.__dict__["_syncscope_rbgs"] = value
+        # kept where DDP keeps it, so the flag survives the property's removal (bounded capture)
+        self.__dict__.pop("_syncscope_rbgs", None)
+        self.__dict__["require_backward_grad_sync"] = value
         if "_syncscope_init" in self.__dict__:
             return
         import sys
@@ -194,7 +235,10 @@ def _install_ddp(rec: Recorder, undo: list[Undo]) -> None:
         label = rec.ddp_modules.get(self, "ddp:?")
         rec.on_toggle(how, bool(value), label)
 
-    _patch(DDP, "require_backward_grad_sync", property(get_flag, set_flag), undo)
+    # Dynamo inlines the getter where it traces DDP's forward (as it reads the plain
+    # attribute) but never compiles it as a frame of its own where DDP's eager code reads it
+    _no_frame(get_flag)
+    _patch(DDP, "require_backward_grad_sync", property(get_flag, _opaque(set_flag)), undo)
 
 
 FSDP2_MODULE = "torch.distributed.fsdp._fully_shard._fully_shard"
@@ -264,11 +308,17 @@ def _patch_fsdp2(rec: Recorder, undo: list[Undo]) -> None:
 
     from syncscope.capture.recorder import _fsdp_reduce_grads
 
-    pre_forward = FSDPState._pre_forward
-    post_forward = FSDPState._post_forward
+    # FSDP2 keeps its hooks out of Dynamo with ``_dynamo_disable`` (a traced wrapper that
+    # calls ``torch._dynamo.disable(hook)``); wrapping the undecorated hooks in that same
+    # decorator gives a compiled model the graph breaks it has without syncscope, and our
+    # bodies run eagerly even there.
+    hide, pre_forward, post_forward = _fsdp_hook_parts(FSDPState)
 
+    @hide
     @functools.wraps(pre_forward)
     def fsdp_pre_forward(self: Any, module: Any, args: Any, kwargs: Any) -> Any:
+        if not rec.listening:  # states built during capture keep this hook: pass through
+            return pre_forward(self, module, args, kwargs)
         ctx = getattr(self, "_state_ctx", None)
         was_root = ctx is not None and ctx.iter_forward_root is not None
         result = pre_forward(self, module, args, kwargs)
@@ -282,8 +332,11 @@ def _patch_fsdp2(rec: Recorder, undo: list[Undo]) -> None:
             self.__dict__["_syncscope_fwd"] = True
         return result
 
+    @hide
     @functools.wraps(post_forward)
     def fsdp_post_forward(self: Any, module: Any, input: Any, output: Any) -> Any:
+        if not rec.listening:
+            return post_forward(self, module, input, output)
         result = post_forward(self, module, input, output)
         if self.__dict__.pop("_syncscope_fwd", False):
             rec.on_forward_end()
@@ -310,6 +363,22 @@ def _patch_fsdp2(rec: Recorder, undo: list[Undo]) -> None:
             return wrapper
 
         _patch(FSDPModule, setter, make(original, how), undo)
+
+
+def _fsdp_hook_parts(
+    state_class: Any,
+) -> tuple[Callable[[Callable[..., Any]], Callable[..., Any]], Any, Any]:
+    """(FSDP2's own hook decorator, undecorated ``_pre_forward``, ``_post_forward``);
+    ``torch.compiler.disable`` and the hooks as they are where this torch lacks them."""
+    pre, post = state_class._pre_forward, state_class._post_forward
+    try:
+        from torch.distributed.fsdp._fully_shard._fsdp_common import _dynamo_disable
+    except ImportError:
+        return _opaque, pre, post
+    inner_pre, inner_post = getattr(pre, "__wrapped__", None), getattr(post, "__wrapped__", None)
+    if inner_pre is None or inner_post is None:
+        return _opaque, pre, post
+    return _dynamo_disable, inner_pre, inner_post
 
 
 def _fsdp_info(state: Any) -> dict[str, Any]:
@@ -359,7 +428,8 @@ def install(rec: Recorder) -> Undo:
     undo.append(collectives.attach(rec))
 
     def uninstall() -> None:
-        for restore in reversed(undo):
-            restore()
+        while undo:  # once, from whichever of bounded capture's detach or the session's close
+            undo.pop()()
 
+    rec.uninstall = uninstall
     return uninstall

@@ -74,6 +74,23 @@ def _tensors(value: Any) -> list[torch.Tensor]:
     return []
 
 
+# what a window is made of: not written while windows are skipped (``--skip-windows``)
+_WINDOW_EVENTS = frozenset(
+    (
+        "fwd",
+        "fwd_end",
+        "bwd",
+        "bwd_end",
+        "reset",
+        "toggle",
+        "coll",
+        "done",
+        "step",
+        "step_end",
+        "fp",
+    )
+)
+
 _INPUT_SECOND = ("allgather", "reduce_scatter", "alltoall", "gather", "scatter")
 
 
@@ -133,6 +150,8 @@ class Recorder:
         world_size: int,
         local_rank: int = 0,
         trace: TraceHooks | None = None,
+        skip_windows: int = 0,
+        max_windows: int | None = None,
     ) -> None:
         self.sink = sink
         self.rank = rank
@@ -175,6 +194,13 @@ class Recorder:
         self._params_key: tuple[object, ...] = ()
         self._params_cache: list[torch.Tensor] = []
         self._window_activity = False  # a backward, collective or reset since the last step
+        # bounded capture: skip the first windows, stop after max_windows captured ones
+        self.skip_windows = skip_windows
+        self.max_windows = max_windows
+        self.muted = skip_windows > 0  # window events are not written while skipping
+        self.on_capture_end: Any = None  # called at the end of the last captured window
+        self.uninstall: Any = None  # set by instrument.install
+        self.detaching = False  # capture is over: hooks go at their next safe call
 
     def _note_dist(self) -> None:
         """Remember the default group while it exists (scripts often destroy it at the end)."""
@@ -193,10 +219,24 @@ class Recorder:
         return self._wall0 + (time.perf_counter_ns() - self._perf0)
 
     def emit(self, event: dict[str, Any]) -> None:
+        if self._closed or (self.muted and event["type"] in _WINDOW_EVENTS):
+            return
         self.events += 1
         if self._works and event.get("type") != "coll":
             self.poll_works()
         self.sink.write(event)
+
+    @property
+    def listening(self) -> bool:
+        """False while windows are skipped and once capture is over (collectives ignored)."""
+        return not (self.muted or self._closed)
+
+    def detach_now(self) -> None:
+        """Remove every hook (called from a hook that is not iterated over by torch)."""
+        self.detaching = False
+        undo, self.uninstall = self.uninstall, None
+        if undo is not None:
+            undo()
 
     def internal(self) -> bool:
         """True while syncscope itself runs collectives (they are not the job's)."""
@@ -537,6 +577,15 @@ class Recorder:
         self.after_backward = False
         self._grad_ptrs = None
         self._grads_after_backward = -1
+        if self.muted and self.window >= self.skip_windows:
+            self.muted = False  # the windows from here on are the job's optimizer steps W, W+1...
+            self.emit({"type": "skipped", "windows": self.window, "t": self.now()})
+        elif (
+            self.max_windows is not None
+            and self.window >= self.skip_windows + self.max_windows
+            and self.on_capture_end is not None
+        ):
+            self.on_capture_end()
 
     def _resolve_fingerprints(self, wait: bool) -> None:
         keep: list[tuple[int, PendingFingerprint]] = []
@@ -650,12 +699,16 @@ class Recorder:
         work: Any,
         t0: int,
         t1: int,
+        tensors: list[torch.Tensor] | None = None,
     ) -> None:
+        """``tensors``: the payload, where it is not found in ``args`` by the c10d layout
+        (the functional collectives take their input first)."""
         self._note_dist()
         if self._works:
             self.poll_works(at=t0)  # a synchronous predecessor finished before this issue
         op = normalize_op(opname)
-        tensors = _op_tensors(opname, args)
+        if tensors is None:
+            tensors = _op_tensors(opname, args)
         if op == "barrier":
             tensors = []
         nbytes = sum(t.numel() * t.element_size() for t in tensors)

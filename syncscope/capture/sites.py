@@ -71,6 +71,9 @@ _TORCH_MARKERS = (
     ("/torch/distributed/_composable/fsdp/", "fsdp"),
     ("/torch/nn/parallel/distributed.py", "ddp"),
     ("/torch/distributed/algorithms/ddp_comm_hooks/", "ddp"),
+    ("/torch/distributed/tensor/", "torch"),  # DTensor / tensor parallelism's own collectives
+    # a compiled-autograd backward graph (DDP's Python reducer): as from the autograd engine
+    ("/torch/_dynamo/compiled_autograd.py", "autograd"),
 )
 
 
@@ -99,6 +102,7 @@ def issuer_of_collective(skip: int = 1) -> tuple[str, Site | None, str]:
         if (
             "/torch/distributed/distributed_c10d.py" in filename
             or "/torch/distributed/c10d" in filename
+            or "/torch/distributed/_functional_collectives.py" in filename
         ):
             via_c10d_python = True
         if (

@@ -113,6 +113,9 @@ def profile(
     trace: bool = False,
     trace_windows: str | None = None,
     quiet: bool = False,
+    windows: str | None = None,
+    skip_windows: str | None = None,
+    then: str | None = None,
     nproc_per_node: str | None = None,
     nnodes: str | None = None,
     node_rank: str | None = None,
@@ -143,6 +146,23 @@ def profile(
         start, sep, stop = trace_windows.partition(":")
         if not sep or not (start or "0").isdigit() or not (stop or "0").isdigit():
             raise SyncscopeError(f"--trace-windows must look like A:B, not {trace_windows!r}")
+    from syncscope.attach import check_bounds
+
+    try:
+        max_windows, first_window, then = check_bounds(windows, skip_windows, then)
+    except ValueError as exc:
+        raise SyncscopeError(str(exc)) from None
+    bounded = max_windows is not None or first_window > 0
+    if bounded and trace and trace_windows:
+        a, _, b = trace_windows.partition(":")
+        lo, hi = max(int(a or 0), first_window), int(b) if b else 10**9
+        if max_windows is not None:
+            hi = min(hi, first_window + max_windows)
+        if hi <= lo:
+            raise SyncscopeError(
+                f"--trace-windows {trace_windows} lies outside the captured windows "
+                f"(--skip-windows {first_window}, --windows {max_windows})"
+            )
     script_path, sha = _check_script(target, module is not None)
     _check_world(nproc_per_node)
     values = {
@@ -193,6 +213,13 @@ def profile(
         "trace": trace,
     }
     write_meta(run_dir, meta)
+    if bounded:
+        meta["bounded"] = {"skip_windows": first_window, "windows": max_windows, "then": then}
+        write_meta(run_dir, meta)
+    attach_options = [] if not bounded else ["--skip-windows", str(first_window), "--then", then]
+    if max_windows is not None:
+        attach_options += ["--windows", str(max_windows)]
+    early = _EarlyReport(run_dir, fail_on, quiet)
     progress = _Progress(quiet)
     try:
         result = launch(
@@ -204,9 +231,24 @@ def profile(
             hang_timeout=hang_timeout,
             trace_windows=(trace_windows or "") if trace else None,
             on_progress=progress.update,
+            attach_options=attach_options,
+            on_captured=early if max_windows is not None and then == "run" else None,
+            expected_ranks=_local_ranks(values),
         )
     finally:
         progress.close()
+    early.wait()
+    if early.code is not None:
+        # the report was written when the windows were in; the job then ran on to its end
+        if result.status:
+            print(
+                f"syncscope: the job ran on after the capture and ended with exit status "
+                f"{result.status} (the report covers the captured windows)",
+                file=sys.stderr,
+            )
+            return result.status
+        print("syncscope: the job ran on to its end (exit status 0)", file=sys.stderr)
+        return early.code
     if result.error:
         # the launcher failed or was stopped: say so in one line, and report what was captured
         print(f"syncscope: error: the launcher stopped: {result.error}", file=sys.stderr)
@@ -252,6 +294,51 @@ def _report(run_dir: Path, status: int, failed: int | None, fail_on: str, quiet:
     if status:
         return status
     return exit_status(findings, fail_on)
+
+
+class _EarlyReport:
+    """Bounded capture, run on: the report, written by the monitor once every rank is done."""
+
+    def __init__(self, run_dir: Path, fail_on: str, quiet: bool) -> None:
+        import threading
+
+        self.run_dir, self.fail_on, self.quiet = run_dir, fail_on, quiet
+        self.code: int | None = None
+        self._done = threading.Event()
+        self._lock = threading.Lock()
+        self._started = self._closed = False
+
+    def __call__(self) -> None:
+        with self._lock:
+            if self._closed:  # the job has ended: the final report is written instead
+                return
+            self._started = True
+        try:
+            self.code = _report(self.run_dir, 0, None, self.fail_on, self.quiet)
+            print(
+                "syncscope: every rank captured its windows: report written; the job runs on "
+                "without syncscope's hooks",
+                file=sys.stderr,
+                flush=True,
+            )
+        except Exception as exc:  # the final report below then says what it can
+            print(f"syncscope: error: early report failed: {exc}", file=sys.stderr)
+        finally:
+            self._done.set()
+
+    def wait(self) -> None:
+        with self._lock:
+            self._closed = True
+            started = self._started
+        if started:
+            self._done.wait()
+
+
+def _local_ranks(values: dict[str, str]) -> int:
+    try:
+        return max(1, int(values.get("nproc_per_node", "1")))
+    except ValueError:
+        return 1
 
 
 def _finished_everywhere(run: Run) -> bool:
@@ -351,6 +438,22 @@ def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
         "--trace-windows", metavar="A:B", help="Windows A:B to trace (with --trace)."
     )
     parser.add_argument("--quiet", "-q", action="store_true", help="No terminal summary.")
+    bounded = parser.add_argument_group(
+        "Bounded capture",
+        "Capture N windows (optimizer steps) after skipping W, then remove every hook.",
+    )
+    bounded.add_argument(
+        "--windows", metavar="N", help="Capture N complete windows, then detach (default: all)."
+    )
+    bounded.add_argument(
+        "--skip-windows", metavar="W", help="Windows to run uncaptured first (default: 0)."
+    )
+    bounded.add_argument(
+        "--then",
+        metavar="run|stop",
+        help="After the N windows: run on to the job's end without hooks (default; the report "
+        "is written at once) or stop every rank cleanly (SystemExit(0) at that step).",
+    )
     launcher = parser.add_argument_group(
         LAUNCH, "Passed through to torch.distributed.run (see its --help)."
     )
@@ -374,5 +477,8 @@ def _run(args: argparse.Namespace) -> int:
         trace=args.trace,
         trace_windows=args.trace_windows,
         quiet=args.quiet,
+        windows=args.windows,
+        skip_windows=args.skip_windows,
+        then=args.then,
         **launcher,
     )
