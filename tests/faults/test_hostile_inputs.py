@@ -1,0 +1,150 @@
+"""Hostile inputs, table-driven: each gives its exit status and one line, never a traceback.
+
+Every case builds its input under ``tmp_path``, runs ``syncscope.cli.main`` in process and
+checks the exit status, the first line of stderr (a pattern naming the file and the field)
+and that no traceback was printed. The huge-header cases also run in a subprocess under a
+1.5 GB address-space limit (``test_huge_headers_bounded_memory``).
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+import pytest
+
+from syncscope import cli
+from tests.faults import hostile as h
+
+Builder = Callable[[Path], list[str]]  # tmp -> argv
+
+
+@dataclass(frozen=True)
+class Case:
+    id: str
+    build: Builder
+    status: int
+    first_line: str  # regex searched in the first line of stderr
+
+
+def analyze(edit: Callable[[h.Doc], object], both: bool = True) -> Builder:
+    return lambda tmp: [
+        "analyze",
+        "-q",
+        "--out",
+        str(tmp / "out"),
+        str(h.write_traces(tmp, edit, both)),
+    ]
+
+
+def report(**kwargs: object) -> Builder:
+    return lambda tmp: [
+        "report",
+        "-f",
+        "json",
+        "-o",
+        str(tmp / "r.json"),
+        str(h.write_run(tmp, **kwargs)),  # type: ignore[arg-type]
+    ]
+
+
+def c10d_op(**values: object) -> Callable[[h.Doc], object]:
+    return h.edit_events(lambda evs: h.first_cpu_op(evs, **values))
+
+
+UNPLACED = r"rank-0\.json: 1 collective event\(s\) without a usable time"
+
+TRACE_CASES = [
+    Case("trace-events-are-integers", analyze(h.set_key("traceEvents", [1, 2, 3])), 2,
+         r"rank-0\.json: traceEvents holds 3 entries that are not objects"),
+    Case("trace-distributedinfo-list", analyze(h.set_key("distributedInfo", [1])), 2,
+         r"rank-0\.json: distributedInfo must be an object"),
+    Case("trace-worldsize-string", analyze(h.set_info(world_size="2")), 2,
+         r"rank-0\.json: distributedInfo\.world_size must be an integer"),
+    Case("trace-worldsize-huge", analyze(h.set_info(world_size=10**12)), 0, r""),
+    Case("trace-rank-negative", analyze(h.set_info(rank=-1)), 2,
+         r"rank-0\.json: distributedInfo\.rank must be at least 0"),
+    Case("trace-basetime-string", analyze(h.set_key("baseTimeNanoseconds", "x")), 2,
+         r"rank-0\.json: baseTimeNanoseconds must be an integer"),
+    Case("trace-pg-config-malformed", analyze(h.set_info(pg_config=[{"pg_size": "x"}])), 2,
+         r"rank-0\.json: distributedInfo\.pg_config\[0\]\.pg_size must be an integer"),
+    Case("trace-pg-config-not-list", analyze(h.set_info(pg_config=5)), 2,
+         r"rank-0\.json: distributedInfo\.pg_config must be a list"),
+    Case("trace-timestamp-1e300", analyze(c10d_op(ts=1e300)), 2, UNPLACED),
+    Case("trace-collective-without-ts", analyze(c10d_op(ts=None)), 2, UNPLACED),
+    Case("trace-collective-negative-dur", analyze(c10d_op(dur=-5.0)), 2, UNPLACED),
+    Case("trace-op-without-ts-is-a-note", analyze(h.edit_events(h.aten_without_ts)), 0, r""),
+    Case("trace-top-level-list", lambda tmp: ["analyze", "-q", str(h.write_text(tmp, "t.json", "[1, 2]"))],
+         2, r"t\.json: .*not a Kineto trace"),
+    Case("trace-spaced-events", lambda tmp: ["analyze", "-q", "--out", str(tmp / "o"), str(h.spaced_trace(tmp))],
+         0, r""),
+    Case("trace-huge-string", lambda tmp: ["analyze", "-q", "--out", str(tmp / "o"), str(h.huge_string_trace(tmp))],
+         2, r"rank-0\.json: an event near byte \d+ is larger than 32 MiB"),
+]  # fmt: skip
+
+
+META = r"run/meta\.json: "
+EV = r"rank-00000\.jsonl: event \d+: "
+
+RUN_CASES = [
+    Case("meta-world-size-string", report(meta_data=h.meta(world_size="2")), 2,
+         META + "world_size must be an integer, not str"),
+    Case("meta-world-size-negative", report(meta_data=h.meta(world_size=-3)), 2,
+         META + "world_size must be at least 0"),
+    Case("meta-world-size-huge", report(meta_data=h.meta(world_size=10**12)), 0, r"^syncscope: wrote"),
+    Case("meta-launcher-list", report(meta_data=h.meta(launcher=["a"])), 2,
+         META + "launcher must be an object, not list"),
+    Case("meta-notes-int", report(meta_data=h.meta(notes=5)), 2, META + "notes must be a list"),
+    Case("meta-hang-timeout-nan", report(meta_data=h.meta(hang_timeout_s=float("nan"))), 2,
+         META + "hang_timeout_s must be a finite number"),
+    Case("meta-command-dict", report(meta_data=h.meta(command={"a": 1})), 2,
+         META + "command must be a list or a string"),
+    Case("meta-not-json", lambda tmp: ["report", str(h.broken_meta(tmp, b"{nope"))], 2,
+         r"meta\.json: not valid JSON"),
+    Case("meta-top-level-list", lambda tmp: ["report", str(h.broken_meta(tmp, b"[1]"))], 2,
+         r"meta\.json: not a syncscope run"),
+    Case("event-done-without-seq", report(events=h.with_event("done", seq=None)), 2,
+         EV + r"seq is missing \(a 'done' event needs it\)"),
+    Case("event-t-string", report(events=h.with_event("bwd", t="soon")), 2,
+         EV + "t must be an integer, not str"),
+    Case("event-bytes-string", report(events=h.with_event("coll", bytes="64")), 2,
+         EV + "bytes must be an integer, not str"),
+    Case("event-header-rank-string", report(events=h.with_event("header", rank="0")), 2,
+         EV + "rank must be an integer, not str"),
+    Case("event-header-rank-negative", report(events=h.with_event("header", rank=-1)), 2,
+         EV + "rank must be at least 0, not -1"),
+    Case("event-step-fp-string", report(events=h.with_event("step", fp="1,2")), 2,
+         EV + "fp must be a list, not str"),
+    Case("event-fp-holds-strings", report(events=h.with_event("step", fp=[1.0, "x"])), 2,
+         EV + r"fp\[1\] must be a number, not str"),
+    Case("event-group-strings", report(events=h.with_event("coll", group=["0", "1"])), 2,
+         EV + r"group\[0\] must be an integer, not str"),
+    Case("event-type-int", report(events=h.with_event("dist", type=7)), 2,
+         EV + "type must be a string, not int"),
+    Case("event-site-list", report(events=h.with_event("fwd", site=[1])), 2,
+         EV + "site must be an object, not list"),
+    Case("event-seq-float-huge", report(events=h.with_event("coll", seq=1e300)), 2,
+         EV + "seq must be an integer, not float"),
+    Case("run-without-rank-files", report(ranks=0), 2, r"run: the run holds no rank events"),
+    Case("run-binary-rank-files", report(raw={0: b"\x00\xff" * 100, 1: b""}), 2,
+         r"run: the run holds no rank events"),
+    Case("run-not-a-run", lambda tmp: ["report", str(tmp)], 2, r"no trace files"),
+]  # fmt: skip
+
+
+def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    status = cli.main(argv)
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+@pytest.mark.parametrize("case", TRACE_CASES + RUN_CASES, ids=lambda c: c.id)
+def test_hostile(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = case.build(tmp_path)
+    status, out, err = _run(argv, capsys)
+    assert "Traceback" not in out + err
+    first = err.splitlines()[0] if err.strip() else ""
+    assert re.search(case.first_line, first), err
+    assert status == case.status, err
