@@ -36,6 +36,7 @@ from syncscope.rundir import (
     rank_files,
     read_events,
     read_meta,
+    stopped_reason,
 )
 from syncscope.validate import (
     check_event,
@@ -369,7 +370,8 @@ def assemble(meta: RunMeta, ranks: Iterable[RankRun]) -> Run:
     if unfinished:
         notes.append(
             f"rank(s) {compress_ranks(unfinished)} stopped without an exit record "
-            "(killed, crashed hard or hung): their events up to then are reported"
+            "(killed, crashed hard or hung, or capture could not write, e.g. a full disk): "
+            "their events up to then are reported"
         )
     return Run(
         meta=dataclasses.replace(meta, notes=tuple(notes)), ranks=compare_fingerprints(ordered)
@@ -409,6 +411,7 @@ def load_run(path: Path | Sequence[Path]) -> Run:
     headers: list[dict[str, Any]] = []
     meta_data: dict[str, Any] = {}
     meta_file: Path | None = None
+    stops: list[str] = []  # ranks whose capture stopped on a write failure
     for run_dir in paths:
         if not run_dir.is_dir():
             raise BadRunDirectory(f"{run_dir}: no such run directory")
@@ -434,6 +437,13 @@ def load_run(path: Path | Sequence[Path]) -> Run:
                     )
                 headers.append(events[0])
             rank_run = build_rank(events)
+            stopped = stopped_reason(file)
+            if stopped:
+                rank_run = dataclasses.replace(rank_run, exit_reason=f"capture stopped: {stopped}")
+                stops.append(
+                    f"capture stopped early on rank {rank_run.rank} ({stopped}): its events "
+                    "after that point are missing; the script went on"
+                )
             if rank_run.rank in ranks:
                 raise BadRunDirectory(f"{file}: rank {rank_run.rank} appears twice")
             ranks[rank_run.rank] = rank_run
@@ -442,7 +452,9 @@ def load_run(path: Path | Sequence[Path]) -> Run:
             f"{paths[0]}: the run holds no rank events (no ranks/rank-*.jsonl with events): "
             "nothing to report"
         )
-    return assemble(_meta_from(meta_data, headers, meta_file or paths[0]), ranks.values())
+    meta = _meta_from(meta_data, headers, meta_file or paths[0])
+    meta = dataclasses.replace(meta, notes=(*meta.notes, *stops))
+    return assemble(meta, ranks.values())
 
 
 def build_run(meta: RunMeta, events_by_rank: dict[int, list[dict[str, Any]]]) -> Run:

@@ -1,0 +1,86 @@
+"""Capture under faults, in process: a failing disk stops capture, never the script."""
+
+from __future__ import annotations
+
+import errno
+import os
+from pathlib import Path
+
+import pytest
+
+from syncscope import rundir
+from syncscope.analysis.build import load_run
+from syncscope.rundir import EventWriter, rank_events_path, read_events
+from tests.faults import hostile as h
+
+
+def _enospc_after(n: int) -> object:
+    count = 0
+
+    def write(fd: int, data: bytes) -> int:
+        nonlocal count
+        count += 1
+        if count > n:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return os.write(fd, data)
+
+    return write
+
+
+def test_disk_full_stops_capture_and_keeps_what_was_written(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    run = h.write_run(tmp_path, ranks=2)
+    path = rank_events_path(run, 1)
+    path.unlink()
+    events = h.run_events(1)
+    monkeypatch.setattr(rundir, "_os_write", _enospc_after(10))
+    writer = EventWriter(path)
+    for event in events:
+        writer.write(event)  # never raises
+    writer.close()
+    assert writer.stopped == f"cannot write {path}: No space left on device"
+    assert [e["type"] for e in read_events(path)] == [e["type"] for e in events[:10]]
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1
+    assert err.startswith("syncscope: capture stopped on rank 1: cannot write ")
+    assert err.rstrip().endswith("No space left on device; the script continues")
+    loaded = load_run(run)
+    assert any(
+        n.startswith("capture stopped early on rank 1 (cannot write") for n in loaded.meta.notes
+    )
+    rank1 = next(r for r in loaded.ranks if r.rank == 1)
+    assert not rank1.finished
+    assert rank1.exit_reason.startswith("capture stopped: cannot write")
+
+
+def test_fault_seam_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv(rundir.FAULT_ENV, "3")
+    writer = EventWriter(tmp_path / "ranks" / "rank-00000.jsonl")
+    for i in range(5):
+        writer.write({"type": "x", "t": i})
+    assert "No space left on device" in writer.stopped
+    assert len(list(read_events(writer.path))) == 2
+
+
+def test_directory_removed_during_capture(tmp_path: Path) -> None:
+    writer = EventWriter(tmp_path / "ranks" / "rank-00000.jsonl")
+    writer.write({"type": "x", "t": 0})
+    os.close(writer._fd or -1)  # the descriptor is gone, as on a forced unmount
+    writer.write({"type": "x", "t": 1})
+    assert writer.stopped.endswith("Bad file descriptor")
+    writer.write({"type": "x", "t": 2})  # inert from now on
+
+
+def test_forked_child_writes_nothing_into_the_rank_file(tmp_path: Path) -> None:
+    writer = EventWriter(tmp_path / "ranks" / "rank-00000.jsonl")
+    writer.write({"type": "parent", "t": 0})
+    pid = os.fork()
+    if pid == 0:  # the child: as a multiprocessing fork worker would
+        writer.write({"type": "child", "t": 1})
+        writer.close()
+        os._exit(0)
+    _, status = os.waitpid(pid, 0)
+    assert status == 0
+    writer.write({"type": "parent", "t": 2})
+    assert [e["type"] for e in read_events(writer.path)] == ["parent", "parent"]
