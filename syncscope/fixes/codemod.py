@@ -19,7 +19,7 @@ from libcst.metadata import MetadataWrapper
 
 from syncscope.errors import SyncscopeError
 from syncscope.fixes.canonical import Context, DdpForm
-from syncscope.fixes.edits import apply_edit
+from syncscope.fixes.edits import Edit, apply_edit
 from syncscope.fixes.loops import AccumLoop, find_loops
 from syncscope.fixes.resolve import WRAPPER_WORDS, Resolution, WrapperKind, resolve_wrappers
 from syncscope.fixes.rules import ALL_RULES, Violation
@@ -169,15 +169,42 @@ class _Driver:
                     found.append((ordinal, violation))
         return _Pass(wrapper.module, found)
 
-    def apply(self, state: _Pass, violation: Violation) -> cst.Module:
-        assert violation.rewrite is not None
-        module = apply_edit(state.module, violation.rewrite)
-        if violation.rewrite.imports:
+    def apply(self, state: _Pass, violations: list[Violation]) -> cst.Module:
+        """Apply the rewrites of several loops in one visit (their edits touch other nodes)."""
+        merged = Edit()
+        imports: list[str] = []
+        for violation in violations:
+            assert violation.rewrite is not None
+            merged.replace.update(violation.rewrite.replace)
+            imports.extend(violation.rewrite.imports)
+        module = apply_edit(state.module, merged)
+        if imports:
             context = CodemodContext()
-            for name in violation.rewrite.imports:
+            for name in dict.fromkeys(imports):
                 AddImportsVisitor.add_needed_import(context, name)
             module = AddImportsVisitor(context).transform_module(module)
         return module
+
+    def _batch(self, state: _Pass, tried: set[tuple[int, str]]) -> list[tuple[int, Violation]]:
+        """The next rewrite of every loop that has one, when their edits do not overlap.
+
+        One rewrite per loop per pass, all loops in the same pass: the passes (each a whole
+        analysis of the file) follow the rewrites one loop needs, not the number of loops,
+        so the time grows linearly with the file instead of quadratically.
+        """
+        batch: list[tuple[int, Violation]] = []
+        taken: set[int] = set()
+        seen: set[int] = set()
+        for o, v in state.violations:
+            if v.rewrite is None or (o, v.code) in tried or o in seen:
+                continue
+            seen.add(o)
+            keys = set(v.rewrite.replace)
+            if keys & taken:
+                continue  # overlaps an edit of this pass: next pass
+            taken |= keys
+            batch.append((o, v))
+        return batch
 
     def run(self) -> FixResult:
         original = self.module.code
@@ -186,24 +213,27 @@ class _Driver:
         tried: set[tuple[int, str]] = set()
         refused: dict[tuple[int, str], str] = {}
         for _ in range(MAX_PASSES):
-            pending = [
-                (o, v) for o, v in state.violations if v.rewrite and (o, v.code) not in tried
-            ]
-            if not pending:
+            batch = self._batch(state, tried)
+            if not batch:
                 break
-            ordinal, violation = pending[0]
-            tried.add((ordinal, violation.code))
-            candidate = self.analyze(self.apply(state, violation))
-            before = {v.code for o, v in state.violations if o == ordinal}
-            stuck = [
-                v
-                for o, v in candidate.violations
-                if o == ordinal and v.rewrite is None and v.code not in before
-            ]
-            if stuck:
-                refused[(ordinal, violation.code)] = stuck[0].suggestion or stuck[0].message
-                continue
-            state = candidate
+            tried.update((o, v.code) for o, v in batch)
+            while batch:
+                candidate = self.analyze(self.apply(state, [v for _, v in batch]))
+                stuck_loops: set[int] = set()
+                for ordinal, violation in batch:
+                    before = {v.code for o, v in state.violations if o == ordinal}
+                    stuck = [
+                        v
+                        for o, v in candidate.violations
+                        if o == ordinal and v.rewrite is None and v.code not in before
+                    ]
+                    if stuck:
+                        refused[(ordinal, violation.code)] = stuck[0].suggestion or stuck[0].message
+                        stuck_loops.add(ordinal)
+                if not stuck_loops:
+                    state = candidate
+                    break
+                batch = [(o, v) for o, v in batch if o not in stuck_loops]  # roll those back
         remaining = {(o, v.code) for o, v in state.violations}
         problems = []
         for ordinal, v in first:
