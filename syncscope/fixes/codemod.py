@@ -246,6 +246,91 @@ class _Driver:
         return FixResult(original, state.module.code, tuple(problems), tuple(notes))
 
 
+MAX_NESTING = 500  # brackets plus operators in one logical line: deeper is refused
+_STACK_BYTES = 256 << 20  # the rewrite runs on a thread with this much stack ...
+_RECURSION_LIMIT = 20_000  # ... and this recursion limit, so MAX_NESTING always fits
+
+
+def _check_nesting(source: str, path: str) -> None:
+    """Refuse, in one line, what Python cannot compile or is nested beyond MAX_NESTING.
+
+    libcst's native parser recurses on the C stack: a file nested deeply enough crashes
+    the process (SIGSEGV) instead of raising, so depth is measured with ``tokenize`` first.
+    """
+    import io
+    import tokenize
+
+    try:
+        compile(source, path, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        raise SyncscopeError(
+            f"{path}: syntax error at line {exc.lineno}, column {exc.offset or 0} "
+            f"({exc.msg}); fix it before running syncscope fix"
+        ) from None
+    except (RecursionError, MemoryError):
+        raise SyncscopeError(
+            f"{path}: nested too deeply for Python to compile it: not rewritten"
+        ) from None
+    depth = score = 0
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.OP:
+                if tok.string in "([{":
+                    depth += 1
+                elif tok.string in ")]}":
+                    depth -= 1
+                elif tok.string not in (",", ":", "=", ";"):
+                    score += 1
+            elif tok.type == tokenize.NAME and tok.string in ("and", "or", "not", "lambda"):
+                score += 1
+            elif tok.type == tokenize.NEWLINE:
+                score = 0
+            if depth + score > MAX_NESTING:
+                raise SyncscopeError(
+                    f"{path}:{tok.start[0]}: nested too deeply for syncscope fix (more than "
+                    f"{MAX_NESTING} brackets and operators in one statement): not rewritten"
+                )
+    except (tokenize.TokenError, IndentationError):
+        return  # compile() accepted it; the parser will say what it thinks
+
+
 def fix_source(source: str, options: FixOptions | None = None, path: str = "<script>") -> FixResult:
-    """Find the problems of ``source`` and the fixed text (raises SyncscopeError)."""
-    return _Driver(source, path, options or FixOptions()).run()
+    """Find the problems of ``source`` and the fixed text (raises SyncscopeError).
+
+    Runs on a thread with a large stack and recursion limit: time and stack grow with the
+    file, bounded by MAX_NESTING; a RecursionError still met is a one-line refusal.
+    """
+    import sys
+    import threading
+
+    _check_nesting(source, path)
+    outcome: dict[str, object] = {}
+
+    def work() -> None:
+        try:
+            outcome["result"] = _Driver(source, path, options or FixOptions()).run()
+        except RecursionError:
+            outcome["error"] = SyncscopeError(
+                f"{path}: nested too deeply for syncscope fix (recursion limit): not rewritten"
+            )
+        except BaseException as exc:  # re-raised in the caller's thread
+            outcome["error"] = exc
+
+    previous_stack = threading.stack_size(_STACK_BYTES)
+    previous_limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(previous_limit, _RECURSION_LIMIT))
+    try:
+        worker = threading.Thread(target=work, name="syncscope-fix", daemon=True)
+        worker.start()
+    finally:
+        threading.stack_size(previous_stack)
+    try:
+        worker.join()
+    finally:
+        sys.setrecursionlimit(previous_limit)
+    error = outcome.get("error")
+    if isinstance(error, BaseException):
+        raise error
+    result = outcome["result"]
+    assert isinstance(result, FixResult)
+    return result
