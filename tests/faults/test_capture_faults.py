@@ -84,3 +84,13 @@ def test_forked_child_writes_nothing_into_the_rank_file(tmp_path: Path) -> None:
     assert status == 0
     writer.write({"type": "parent", "t": 2})
     assert [e["type"] for e in read_events(writer.path)] == ["parent", "parent"]
+
+
+def test_assert_syncs_without_stats_or_expectation() -> None:
+    from syncscope.testing import assert_syncs
+    from syncscope.tracking import Stats
+
+    with pytest.raises(TypeError, match=r"needs the stats of a track\(\) block .*not NoneType"):
+        assert_syncs(None)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="needs an expectation: per_window="):
+        assert_syncs(Stats(None, 0, 1))
