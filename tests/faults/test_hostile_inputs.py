@@ -134,13 +134,56 @@ RUN_CASES = [
 ]  # fmt: skip
 
 
+def diff_runs(world_b: int = 2, ranks_b: int = 2) -> Builder:
+    def build(tmp: Path) -> list[str]:
+        a = h.write_run(tmp, "a")
+        b = h.write_run(tmp, "b", meta_data=h.meta(world_b), ranks=ranks_b)
+        return ["diff", str(a), str(b)]
+
+    return build
+
+
+def fix_from(report: object) -> Builder:
+    def build(tmp: Path) -> list[str]:
+        script = h.write_text(tmp, "train.py", "print('hi')\n")
+        run = h.write_run(tmp)
+        (run / "report.json").write_text(h.json.dumps(report))
+        return ["fix", "--from", str(run), str(script)]
+
+    return build
+
+
+def report_doc(**values: object) -> dict[str, object]:
+    import hashlib
+
+    digest = hashlib.sha256(b"print('hi')\n").hexdigest()
+    return {"schema_version": 1, "script": {"sha256": digest}, **values}
+
+
+OTHER_CASES = [
+    Case("diff-different-world-sizes", diff_runs(world_b=1, ranks_b=1), 0,
+         r"warning: the runs have different world sizes \(2 vs 1\)"),
+    Case("diff-run-without-rank-files", diff_runs(ranks_b=0), 2,
+         r"b: the run holds no rank events"),
+    Case("fix-from-findings-not-list", fix_from(report_doc(findings=3)), 2,
+         r"report\.json: findings must be a list, not int"),
+    Case("fix-from-finding-not-object", fix_from(report_doc(findings=[7])), 2,
+         r"report\.json: findings\[0\] must be an object"),
+    Case("fix-from-line-string", fix_from(report_doc(findings=[{"sources": [{"line": "x"}]}])), 2,
+         r"report\.json: findings\[0\]\.sources\[0\]\.line must be an integer"),
+    Case("fix-from-script-list", fix_from(report_doc(script=[1])), 2,
+         r"report\.json: script must be an object"),
+    Case("fix-from-not-json", fix_from("{"), 2, r"not a syncscope report"),
+]  # fmt: skip
+
+
 def _run(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
     status = cli.main(argv)
     out, err = capsys.readouterr()
     return status, out, err
 
 
-@pytest.mark.parametrize("case", TRACE_CASES + RUN_CASES, ids=lambda c: c.id)
+@pytest.mark.parametrize("case", TRACE_CASES + RUN_CASES + OTHER_CASES, ids=lambda c: c.id)
 def test_hostile(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     argv = case.build(tmp_path)
     status, out, err = _run(argv, capsys)
