@@ -191,3 +191,35 @@ def test_hostile(case: Case, tmp_path: Path, capsys: pytest.CaptureFixture[str])
     first = err.splitlines()[0] if err.strip() else ""
     assert re.search(case.first_line, first), err
     assert status == case.status, err
+
+
+@pytest.mark.parametrize("kind", ["report", "analyze"])
+def test_huge_headers_bounded_memory(kind: str, tmp_path: Path) -> None:
+    """A world size of 10**12 in a header: one subprocess under a 1.5 GB address-space cap."""
+    import resource
+    import subprocess
+    import sys
+
+    if kind == "report":
+        target = h.write_run(tmp_path, meta_data=h.meta(world_size=10**12))
+        argv = ["report", "-f", "json", "-o", str(tmp_path / "r.json"), str(target)]
+    else:
+        target = h.write_traces(tmp_path, h.set_info(world_size=10**12))
+        argv = ["analyze", "-q", "--out", str(tmp_path / "o"), str(target)]
+
+    def cap() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (1536 << 20, 1536 << 20))
+
+    proc = subprocess.run(
+        [sys.executable, "-m", "syncscope", *argv],
+        preexec_fn=cap,
+        capture_output=True,
+        text=True,
+        timeout=120,
+        cwd=h.ROOT,
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert "Traceback" not in proc.stderr
+    if kind == "report":
+        notes = h.json.loads((tmp_path / "r.json").read_text())["notes"]
+        assert any("(999999999998 ranks) of 1000000000000" in n for n in notes)
