@@ -378,7 +378,9 @@ def assemble(meta: RunMeta, ranks: Iterable[RankRun]) -> Run:
     )
 
 
-def _meta_from(data: dict[str, Any], headers: list[dict[str, Any]], file: object = "meta.json") -> RunMeta:
+def _meta_from(
+    data: dict[str, Any], headers: list[dict[str, Any]], file: object = "meta.json"
+) -> RunMeta:
     world = field_int(data, "world_size", file, min=0, default=0)
     world = max([world] + [int(h.get("world_size", 1) or 1) for h in headers] or [1])
     first = headers[0] if headers else {}

@@ -84,7 +84,9 @@ def load_hints(run_dir: Path, script: Path, data: bytes) -> RunHints:
         if style is not None:
             wrapper, form = style[0], style[1] or form
         wrapper = CAUSE_HINTS.get(str(finding.get("cause", "")), wrapper)
-        sources = field_of(finding, "sources", where, list, default=[], label=f"findings[{i}].sources")
+        sources = field_of(
+            finding, "sources", where, list, default=[], label=f"findings[{i}].sources"
+        )
         for j, source in enumerate(sources):
             label = f"findings[{i}].sources[{j}]"
             field_of({"s": source}, "s", where, dict, label=label)

@@ -107,9 +107,7 @@ def verify(
     def on_signal(signum: int, frame: object) -> None:
         raise KeyboardInterrupt  # unwinds through the finally blocks below: both cleaned up
 
-    previous = {
-        sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)
-    }
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
     try:
         with tempfile.TemporaryDirectory(prefix="syncscope-verify-") as tmp:
             original = _profile(script, Path(tmp) / "original", launcher, args)

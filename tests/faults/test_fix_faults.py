@@ -9,7 +9,7 @@ import pytest
 
 from syncscope import cli
 
-FIXABLE = (Path(__file__).resolve().parents[1] / "fixtures" / "fix" / "ddp_flag_after_forward.in.py")
+FIXABLE = Path(__file__).resolve().parents[1] / "fixtures" / "fix" / "ddp_flag_after_forward.in.py"
 
 
 def _fix(argv: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
