@@ -94,3 +94,28 @@ def test_assert_syncs_without_stats_or_expectation() -> None:
         assert_syncs(None)  # type: ignore[arg-type]
     with pytest.raises(TypeError, match="needs an expectation: per_window="):
         assert_syncs(Stats(None, 0, 1))
+
+
+def _hung_rank(rank: int) -> list[dict[str, object]]:
+    events = h.run_events(rank)
+    exit_event = events.pop()
+    t = int(exit_event["t"]) + 1_000_000  # type: ignore[call-overload]
+    events.append({"type": "fwd", "depth": 0, "wrapper": "ddp", "t": t})
+    events.append({"type": "bwd", "t": t + 10, "sync": {"ddp:Net#0": True}})
+    events.append({"type": "coll", "seq": 99, "op": "all_reduce", "bytes": 64, "issuer": "ddp",
+                   "phase": "backward", "t": t + 20, "group": [0, 1]})  # fmt: skip
+    stop = t + 30 * 10**9  # the hang: 30 s without progress, then syncscope stops the job
+    events.append({"type": "done", "seq": 99, "t": stop})  # the stop ends it with an error
+    events.append({"type": "exit", "t": stop + 1000, "status": 143,
+                   "reason": "killed by signal SIGTERM"})  # fmt: skip
+    return events
+
+
+def test_hang_card_names_the_collective_the_stop_released(tmp_path: Path) -> None:
+    from syncscope.analysis.crossrank import hang
+
+    run = h.write_run(tmp_path, meta_data=h.meta(hung=True, hang_timeout_s=30.0), events=_hung_rank)
+    per_rank = hang(load_run(run))[0].evidence["per_rank"]
+    assert per_rank["1"]["blocked_in"].startswith("all_reduce #99 (64 bytes)")
+    assert per_rank["1"]["last_completed"].startswith("all_reduce #2 ")
+    assert per_rank["1"]["blocked_in"] != "exited"
