@@ -160,3 +160,25 @@ def test_user_traceback_shows_only_user_frames(tmp_path: Path) -> None:
     assert err.rstrip().endswith("ValueError: user bug in backward")
     assert "syncscope" not in err.replace(str(tmp_path), "")
     assert "runpy" not in err
+
+
+def test_disk_full_during_profile_lets_the_script_finish(tmp_path: Path) -> None:
+    """The 15th event write of each rank fails (ENOSPC seam): the script runs to its end."""
+    script = tmp_path / "sleeper.py"
+    script.write_text(SLEEPER + "\nprint('script reached its end', flush=True)\n")
+    out = tmp_path / "run"
+    env = _env()
+    env["SYNCSCOPE_FAULT_WRITE_ENOSPC"] = "15"
+    command = [sys.executable, "-m", "syncscope", "profile", "-q", "--nproc-per-node", "2"]
+    command += ["--out", str(out), str(script), str(tmp_path), "6", "0"]
+    proc = subprocess.run(command, env=env, capture_output=True, text=True, timeout=240)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    assert proc.stdout.count("script reached its end") == 2
+    assert "syncscope: capture stopped on rank 0: cannot write" in proc.stderr
+    assert "No space left on device; the script continues" in proc.stderr
+    events = list(read_events(out / "ranks" / "rank-00000.jsonl"))
+    assert len(events) == 14  # everything before the failure is kept
+    import json
+
+    notes = json.loads((out / "report.json").read_text())["notes"]
+    assert any(n.startswith("capture stopped early on rank 0 (cannot write") for n in notes)
