@@ -182,3 +182,64 @@ def test_disk_full_during_profile_lets_the_script_finish(tmp_path: Path) -> None
 
     notes = json.loads((out / "report.json").read_text())["notes"]
     assert any(n.startswith("capture stopped early on rank 0 (cannot write") for n in notes)
+
+
+ODD = textwrap.dedent(
+    """
+    import multiprocessing as mp
+    import os
+    import torch, torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+    def work(i):
+        m = nn.Linear(4, 4)
+        m(torch.randn(2, 4)).sum().backward()  # a forked worker's backward is not the rank's
+        return i
+
+
+    if __name__ == "__main__":
+        dist.init_process_group("gloo")
+        os.makedirs("elsewhere", exist_ok=True)
+        os.chdir("elsewhere")  # relative --out/--trace paths must not follow the script
+        model = DDP(nn.Linear(4, 4))
+        opt = torch.optim.SGD(model.parameters(), lr=0.1)
+        with mp.get_context("fork").Pool(2) as pool:
+            for step in range(3):
+                for micro in range(2):
+                    with model.no_sync() if micro == 0 else open(os.devnull):
+                        model(torch.randn(2, 4)).sum().backward()
+                    pool.map(work, range(2))
+                opt.step()
+                opt.zero_grad()
+    """
+)
+
+
+def test_forking_chdir_script_records_only_the_rank(tmp_path: Path) -> None:
+    (tmp_path / "odd.py").write_text(ODD)
+    command = [sys.executable, "-m", "syncscope", "profile", "-q", "--nproc-per-node", "2"]
+    command += ["--trace", "--out", "run", "odd.py"]
+    proc = subprocess.run(
+        command, env=_env(), capture_output=True, text=True, timeout=240, cwd=tmp_path
+    )
+    assert "Traceback" not in proc.stderr, proc.stderr
+    import json
+
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    for rank in report["ranks"]:
+        sizes = [w["micro_batches"] for w in rank["windows"] if w["complete"]]
+        assert sizes == [2, 2, 2], sizes
+    assert sorted(p.name for p in (tmp_path / "run" / "traces").iterdir()) == [
+        "rank-0.json.gz",
+        "rank-1.json.gz",
+    ]
+    assert not (tmp_path / "elsewhere" / "run").exists()
+    for rank in (0, 1):
+        exits = [
+            e
+            for e in read_events(tmp_path / "run" / "ranks" / f"rank-{rank:05d}.jsonl")
+            if e.get("type") == "exit"
+        ]
+        assert len(exits) == 1
