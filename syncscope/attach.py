@@ -36,6 +36,11 @@ ENV_TRACE = "SYNCSCOPE_TRACE_WINDOWS"  # "A:B" or "" for all windows; unset: no 
 ENV_WINDOWS = "SYNCSCOPE_WINDOWS"
 ENV_SKIP_WINDOWS = "SYNCSCOPE_SKIP_WINDOWS"
 ENV_THEN = "SYNCSCOPE_THEN"
+ENV_PROFILE_PID = "SYNCSCOPE_PROFILE_PID"  # the `syncscope profile` process: ranks end with it
+WATCH_S = 0.5  # how often a rank checks that `syncscope profile` is still there
+GRACE_S = 5.0  # after SIGTERM to itself, how long a rank waits before it exits anyway
+_HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_HERE_REAL = os.path.dirname(os.path.realpath(__file__)) + os.sep
 
 USAGE = (
     "usage: python -m syncscope.attach [--out DIR] [--windows N] [--skip-windows W] "
@@ -181,7 +186,8 @@ def main(argv: list[str] | None = None) -> int:
     if not is_module and not Path(target).is_file():
         _die(f"script not found: {target}")
     run_dir = out or (Path(os.environ[ENV_OUT]) if os.environ.get(ENV_OUT) else None)
-    run_dir = run_dir or default_out(target)
+    # absolute before the script runs: whatever it does with its working directory
+    run_dir = Path(os.path.abspath(run_dir or default_out(target)))
     rank = int(os.environ.get("RANK", "0"))
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     local_rank = int(os.environ.get("LOCAL_RANK", "0"))
@@ -214,6 +220,7 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(ValueError, OSError):
             signal.signal(sig, on_signal)
 
+    _watch_profile(session, rank)
     sys.argv = [target, *script_args]
     status = 0
     reason = "finished"
@@ -233,14 +240,87 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         status, reason = 130, "interrupted"
     except BaseException as exc:
-        import traceback
-
-        traceback.print_exc()
+        sys.stderr.write(user_traceback(exc))
         status, reason = 1, f"{type(exc).__name__}: {exc}"[:500]
     finally:
         session.close(status, reason)
         _release()
     return status
+
+
+def _ours(filename: str) -> bool:
+    """A frame of syncscope's own wrappers (attach, instrumentation) or of runpy."""
+    return (
+        filename.startswith((_HERE, _HERE_REAL))
+        or filename == runpy.__file__
+        or filename == "<frozen runpy>"
+    )
+
+
+def user_traceback(exc: BaseException) -> str:
+    """The script's traceback as Python prints it, without syncscope's and runpy's frames.
+
+    An error raised inside syncscope itself (its last frame is ours) keeps every frame.
+    """
+    import traceback
+
+    te = traceback.TracebackException.from_exception(exc)
+    seen: set[int] = set()
+    todo = [te]
+    while todo:
+        item = todo.pop()
+        if id(item) in seen:
+            continue
+        seen.add(id(item))
+        frames = list(item.stack)
+        if frames and not _ours(frames[-1].filename):
+            kept = [f for f in frames if not _ours(f.filename)]
+            item.stack = traceback.StackSummary.from_list(kept)
+        todo.extend(t for t in (item.__cause__, item.__context__) if t is not None)
+    return "".join(te.format())
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _watch_profile(session: object, rank: int) -> None:
+    """End this rank when the `syncscope profile` that started it is gone (even SIGKILLed).
+
+    The rank first gets SIGTERM (its handler records the exit, as for any signal); if the
+    script does not come back to Python within GRACE_S (stuck in a collective), the exit is
+    recorded from here and the process ends.
+    """
+    value = os.environ.get(ENV_PROFILE_PID, "")
+    if not value.isdigit():
+        return
+    import threading
+
+    pid = int(value)
+    parent = os.getppid()
+
+    def watch() -> None:
+        while (parent == pid and os.getppid() == pid) or (parent != pid and _alive(pid)):
+            time.sleep(WATCH_S)
+        with contextlib.suppress(OSError, ValueError):
+            print(
+                f"syncscope: syncscope profile (pid {pid}) is gone; stopping rank {rank}",
+                file=sys.stderr,
+                flush=True,
+            )
+        os.kill(os.getpid(), signal.SIGTERM)
+        time.sleep(GRACE_S)
+        with contextlib.suppress(Exception):
+            session.close(143, "syncscope profile ended")  # type: ignore[attr-defined]
+        os._exit(143)
+
+    threading.Thread(target=watch, name="syncscope-watch-profile", daemon=True).start()
 
 
 def _release() -> None:

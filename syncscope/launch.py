@@ -218,6 +218,7 @@ def launch(
     argv = [*options.torchrun_args(), "-m", "syncscope.attach", *program]
     args = parse_args(argv)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ["SYNCSCOPE_PROFILE_PID"] = str(os.getpid())  # ranks end when this process does
     if trace_windows is not None:
         os.environ["SYNCSCOPE_TRACE_WINDOWS"] = trace_windows
     monitor = Monitor(

@@ -13,6 +13,7 @@ or a hang keeps every event up to then; a torn last line is ignored on reading.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 from collections.abc import Iterator
@@ -82,28 +83,110 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
     return data
 
 
+FAULT_ENV = "SYNCSCOPE_FAULT_WRITE_ENOSPC"  # test seam: the N-th event write fails (ENOSPC)
+STOPPED_SUFFIX = ".stopped"  # RUN/ranks/rank-NNNNN.jsonl.stopped: why capture stopped there
+
+
+def _os_write(fd: int, data: bytes) -> int:
+    """``os.write``, or the fault the test seam asks for (a module attribute to patch)."""
+    return os.write(fd, data)
+
+
+def _faulty_write(after: int) -> Any:
+    count = 0
+
+    def write(fd: int, data: bytes) -> int:
+        nonlocal count
+        count += 1
+        if count >= after:
+            import errno
+
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+        return os.write(fd, data)
+
+    return write
+
+
 class EventWriter:
-    """Appends one JSON line per event to a rank's event file (thread-safe, unbuffered)."""
+    """Appends one JSON line per event to a rank's event file (thread-safe, unbuffered).
+
+    A failed write (disk full, directory gone, permissions changed) never reaches the
+    training script: the writer stops for good, keeps the reason in ``stopped``, says so
+    once on stderr and tries to leave ``rank-NNNNN.jsonl.stopped`` with the reason (on a
+    full disk that may fail too; the report then infers it from the missing exit record).
+    Everything written before stays. In a process forked from the rank (a multiprocessing
+    pool) the writer is inert: the child's events are not the rank's.
+    """
 
     def __init__(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self._fd: int | None = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
+        self._pid = os.getpid()
+        self.stopped = ""  # why capture stopped on this rank ("" while writing)
+        fault = os.environ.get(FAULT_ENV, "")
+        self._write = _faulty_write(int(fault)) if fault.isdigit() else None
         import threading  # only capture writes events: analyze never loads threading
+        import weakref
 
         self._lock = threading.Lock()
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _forget_in_child(ref))
 
     def write(self, event: dict[str, Any]) -> None:
         line = orjson.dumps(event, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
         with self._lock:
-            if self._fd is not None:
-                os.write(self._fd, line)
+            if self._fd is None or os.getpid() != self._pid:
+                return
+            try:
+                (self._write or _os_write)(self._fd, line)
+            except OSError as exc:
+                self._stop(exc)
+
+    def _stop(self, exc: OSError) -> None:
+        """Stop for good after a failed write (the lock is held)."""
+        import sys
+
+        self.stopped = f"cannot write {self.path}: {exc.strerror or exc}"
+        fd, self._fd = self._fd, None
+        if fd is not None:
+            with contextlib.suppress(OSError):
+                os.close(fd)
+        with contextlib.suppress(OSError):
+            marker = self.path.with_name(self.path.name + STOPPED_SUFFIX)
+            marker.write_text(self.stopped + "\n")
+        rank = self.path.stem.rsplit("-", 1)[-1].lstrip("0") or "0"
+        with contextlib.suppress(OSError, ValueError):
+            print(
+                f"syncscope: capture stopped on rank {rank}: {self.stopped}; the script continues",
+                file=sys.stderr,
+                flush=True,
+            )
 
     def close(self) -> None:
         with self._lock:
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+
+
+def _forget_in_child(ref: Any) -> None:
+    """After fork, in the child: drop the inherited descriptor, write nothing."""
+    writer = ref()
+    if writer is not None:
+        import threading
+
+        writer._fd = None
+        writer._lock = threading.Lock()  # one held by another thread at fork stays held
+
+
+def stopped_reason(events_file: Path) -> str:
+    """Why capture stopped early on a rank, when its writer could leave the marker."""
+    marker = events_file.with_name(events_file.name + STOPPED_SUFFIX)
+    try:
+        return marker.read_text(errors="replace").strip()[:300]
+    except OSError:
+        return ""
 
 
 def read_events(path: Path) -> Iterator[dict[str, Any]]:

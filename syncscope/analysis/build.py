@@ -36,6 +36,15 @@ from syncscope.rundir import (
     rank_files,
     read_events,
     read_meta,
+    stopped_reason,
+)
+from syncscope.validate import (
+    check_event,
+    field_float,
+    field_int,
+    field_of,
+    field_str,
+    missing_ranks,
 )
 
 
@@ -403,43 +412,51 @@ def assemble(meta: RunMeta, ranks: Iterable[RankRun]) -> Run:
     notes = list(meta.notes)
     if ordered and not any(r.dist_initialized for r in ordered):
         notes.append("torch.distributed was never initialised: the script ran as world size 1")
-    present = {r.rank for r in ordered}
-    missing = [r for r in range(meta.world_size) if r not in present]
+    missing, absent = missing_ranks((r.rank for r in ordered), meta.world_size)
     if missing:
+        listed = compress_ranks(missing) + (", ..." if absent > len(missing) else "")
+        count = f" ({absent} ranks)" if absent > len(missing) else ""
         notes.append(
-            f"no events from rank(s) {compress_ranks(missing)} of {meta.world_size}; "
+            f"no events from rank(s) {listed}{count} of {meta.world_size}; "
             "if they ran on other nodes, merge their directories: syncscope analyze DIR DIR ..."
         )
     unfinished = [r.rank for r in ordered if not r.finished]
     if unfinished:
         notes.append(
             f"rank(s) {compress_ranks(unfinished)} stopped without an exit record "
-            "(killed, crashed hard or hung): their events up to then are reported"
+            "(killed, crashed hard or hung, or capture could not write, e.g. a full disk): "
+            "their events up to then are reported"
         )
     return Run(
         meta=dataclasses.replace(meta, notes=tuple(notes)), ranks=compare_fingerprints(ordered)
     )
 
 
-def _meta_from(data: dict[str, Any], headers: list[dict[str, Any]]) -> RunMeta:
-    world = int(data.get("world_size") or 0)
+def _meta_from(
+    data: dict[str, Any], headers: list[dict[str, Any]], file: object = "meta.json"
+) -> RunMeta:
+    world = field_int(data, "world_size", file, min=0, default=0)
     world = max([world] + [int(h.get("world_size", 1) or 1) for h in headers] or [1])
     first = headers[0] if headers else {}
-    command = data.get("command") or [first.get("target", ""), *first.get("argv", [])]
+    command = field_of(data, "command", file, (list, str))
+    if isinstance(command, str):
+        command = [command]  # one string: shown as given, not split into characters
+    command = command or [first.get("target", ""), *first.get("argv", [])]
+    launcher = field_of(data, "launcher", file, dict, default={})
     return RunMeta(
         command=tuple(str(c) for c in command if c != ""),
-        script=str(data.get("script", "")),
-        script_sha256=str(data.get("script_sha256", "")),
+        script=field_str(data, "script", file, default=""),
+        script_sha256=field_str(data, "script_sha256", file, default=""),
         world_size=max(world, 1),
-        created=str(data.get("created", "")),
+        created=field_str(data, "created", file, default=""),
         syncscope_version=str(data.get("syncscope_version", first.get("syncscope", ""))),
         torch_version=str(data.get("torch_version", first.get("torch", ""))),
-        launcher={str(k): str(v) for k, v in (data.get("launcher") or {}).items()},
+        launcher={str(k): str(v) for k, v in launcher.items()},
         nodes=tuple(sorted({str(h.get("host", "")) for h in headers})),
         source="live",
-        hang_timeout_s=data.get("hang_timeout_s"),
-        hung=bool(data.get("hung", False)),
-        notes=tuple(str(n) for n in data.get("notes", ())),
+        hang_timeout_s=field_float(data, "hang_timeout_s", file, min=0, default=None),
+        hung=bool(field_of(data, "hung", file, bool, default=False)),
+        notes=tuple(str(n) for n in field_of(data, "notes", file, list, default=[])),
     )
 
 
@@ -449,6 +466,8 @@ def load_run(path: Path | Sequence[Path]) -> Run:
     ranks: dict[int, RankRun] = {}
     headers: list[dict[str, Any]] = []
     meta_data: dict[str, Any] = {}
+    meta_file: Path | None = None
+    stops: list[str] = []  # ranks whose capture stopped on a write failure
     for run_dir in paths:
         if not run_dir.is_dir():
             raise BadRunDirectory(f"{run_dir}: no such run directory")
@@ -458,10 +477,13 @@ def load_run(path: Path | Sequence[Path]) -> Run:
             )
         data = read_meta(run_dir)
         meta_data = {**data, **meta_data} if meta_data else data
+        meta_file = meta_file or run_dir / "meta.json"
         for file in rank_files(run_dir):
             events = list(read_events(file))
             if not events:
                 continue
+            for number, event in enumerate(events, 1):
+                check_event(event, file, number)
             if events[0].get("type") == "header":
                 version = events[0].get("version", 1)
                 if not isinstance(version, int) or version > EVENTS_FORMAT_VERSION:
@@ -471,12 +493,24 @@ def load_run(path: Path | Sequence[Path]) -> Run:
                     )
                 headers.append(events[0])
             rank_run = build_rank(events)
+            stopped = stopped_reason(file)
+            if stopped:
+                rank_run = dataclasses.replace(rank_run, exit_reason=f"capture stopped: {stopped}")
+                stops.append(
+                    f"capture stopped early on rank {rank_run.rank} ({stopped}): its events "
+                    "after that point are missing; the script went on"
+                )
             if rank_run.rank in ranks:
                 raise BadRunDirectory(f"{file}: rank {rank_run.rank} appears twice")
             ranks[rank_run.rank] = rank_run
-    if not ranks and not meta_data:
-        raise BadRunDirectory(f"{paths[0]}: the run holds no events")
-    return assemble(_meta_from(meta_data, headers), ranks.values())
+    if not ranks:  # nothing captured is not a clean run: there is nothing to report
+        raise BadRunDirectory(
+            f"{paths[0]}: the run holds no rank events (no ranks/rank-*.jsonl with events): "
+            "nothing to report"
+        )
+    meta = _meta_from(meta_data, headers, meta_file or paths[0])
+    meta = dataclasses.replace(meta, notes=(*meta.notes, *stops))
+    return assemble(meta, ranks.values())
 
 
 def build_run(meta: RunMeta, events_by_rank: dict[int, list[dict[str, Any]]]) -> Run:

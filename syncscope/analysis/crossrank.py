@@ -131,14 +131,49 @@ def _pending_text(p: PendingCollective | None) -> str:
     )
 
 
+RELEASED_BY_STOP_NS = 1_000_000_000  # done this close to the exit record of a hung job
+
+
+def _released_by_stop(r: RankRun) -> tuple[PendingCollective | None, PendingCollective | None]:
+    """(blocked, last completed) of a rank stopped in a hang.
+
+    Stopping a hung job ends its collectives with an error, which capture then sees as
+    completed just before the exit record: such a collective is what the rank was blocked
+    in, and the last completed one is the one before it.
+    """
+    blocked = r.pending[-1] if r.pending else None
+    last = r.last_completed
+    if blocked is not None or last is None or not r.finished:
+        return blocked, last
+    done: dict[int, tuple[int, PendingCollective]] = {}
+    for w in r.windows:
+        for c in w.collectives:
+            if c.done_ns is not None:
+                done[c.seq] = (
+                    c.done_ns,
+                    PendingCollective(
+                        c.seq, c.op, c.bytes, c.group_ranks, c.start_ns, w.index,
+                        c.micro_batch, c.phase,
+                    ),
+                )  # fmt: skip
+    entry = done.get(last.seq)
+    if entry is None or r.last_event_ns - entry[0] > RELEASED_BY_STOP_NS:
+        return blocked, last
+    earlier = [
+        v for k, v in done.items() if k != last.seq and v[0] < entry[0] - RELEASED_BY_STOP_NS
+    ]
+    previous = max(earlier, key=lambda v: v[0])[1] if earlier else None
+    return last, previous
+
+
 def hang(run: Run) -> list[Finding]:
     if not run.meta.hung:
         return []
     per_rank = {}
     for r in run.ranks:
-        blocked = r.pending[-1] if r.pending else None
+        blocked, last_completed = _released_by_stop(r)
         per_rank[str(r.rank)] = {
-            "last_completed": _pending_text(r.last_completed),
+            "last_completed": _pending_text(last_completed),
             "blocked_in": _pending_text(blocked)
             if blocked
             else ("exited" if r.finished else "no collective in flight"),

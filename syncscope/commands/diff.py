@@ -11,6 +11,7 @@ from syncscope.commands import report as report_command
 
 if TYPE_CHECKING:
     from syncscope.cli import Parser
+    from syncscope.model import RunMeta
 
 SUMMARY = (
     "Compare two runs: grad syncs, bytes, window time, peak memory, findings resolved and new."
@@ -28,12 +29,28 @@ def diff(run_a: Path, run_b: Path, html: Path | None = None, color: bool | None 
 
     run_1, findings_1 = report_command.load_and_diagnose(run_a)
     run_2, findings_2 = report_command.load_and_diagnose(run_b)
+    for warning in _mismatches(run_1.meta, run_2.meta):
+        print(f"syncscope: warning: {warning}", file=sys.stderr)
     result = compare(run_1, findings_1, run_2, findings_2, labels=labels_for(run_a, run_b))
     use_color = sys.stdout.isatty() if color is None else color
     sys.stdout.write(render_diff_text(result, color=use_color))
     if html is not None:
         report_command.write_text(html, render_diff_html(result))
         print(f"syncscope: wrote {html}", file=sys.stderr)
+
+
+def _mismatches(a: RunMeta, b: RunMeta) -> list[str]:
+    """What makes the two runs' figures not directly comparable (said before the diff)."""
+    out: list[str] = []
+    if a.world_size != b.world_size:
+        out.append(
+            f"the runs have different world sizes ({a.world_size} vs {b.world_size}): "
+            "time and bytes differences are not a like-for-like speed-up"
+        )
+    name_a, name_b = Path(a.script).name, Path(b.script).name
+    if name_a and name_b and name_a != name_b and not name_b.endswith(name_a):
+        out.append(f"the runs are of different scripts ({name_a} vs {name_b})")
+    return out
 
 
 def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:

@@ -44,23 +44,49 @@ def write_atomically(script: Path, text: str, backup: bool) -> None:
     import shutil  # here, not at the top: every syncscope command builds this parser
     import tempfile
 
-    directory = script.resolve().parent
+    target = script.resolve()  # a symlink is written through, to the file it names
+    directory = target.parent
     try:
         if backup:
-            shutil.copy2(script, script.with_name(script.name + ".bak"))
-        handle, temporary = tempfile.mkstemp(prefix=f".{script.name}.", dir=directory)
+            _copy_fresh(target, target.with_name(target.name + ".bak"))
+        handle, temporary = tempfile.mkstemp(prefix=f".{target.name}.", dir=directory)
         try:
             with os.fdopen(handle, "wb") as out:
                 out.write(text.encode("utf-8"))
                 out.flush()
                 os.fsync(out.fileno())
-            shutil.copymode(script, temporary)
-            os.replace(temporary, script)
+            shutil.copymode(target, temporary)
+            os.replace(temporary, target)
         except BaseException:
             Path(temporary).unlink(missing_ok=True)
             raise
     except OSError as exc:
         raise SyncscopeError(f"{script}: cannot write it ({exc.strerror})") from None
+
+
+def fresh_name(path: Path) -> Path:
+    """``path``, else ``path.1``, ``path.2`` ...: the first name no file has."""
+    candidate, n = path, 0
+    while candidate.exists() or candidate.is_symlink():
+        n += 1
+        candidate = path.with_name(f"{path.name}.{n}")
+    return candidate
+
+
+def _copy_fresh(source: Path, wanted: Path) -> Path:
+    """Copy ``source`` to a new file named like ``wanted`` (never over an existing one)."""
+    import shutil
+
+    data = source.read_bytes()
+    while True:
+        path = fresh_name(wanted)
+        try:
+            with open(path, "xb") as out:  # exclusive: a file made meanwhile is not replaced
+                out.write(data)
+        except FileExistsError:
+            continue
+        shutil.copystat(source, path)
+        return path
 
 
 def _report(result: FixResult, shown: str) -> None:

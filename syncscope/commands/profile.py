@@ -146,6 +146,14 @@ def profile(
         start, sep, stop = trace_windows.partition(":")
         if not sep or not (start or "0").isdigit() or not (stop or "0").isdigit():
             raise SyncscopeError(f"--trace-windows must look like A:B, not {trace_windows!r}")
+        if stop and int(stop) <= int(start or 0):
+            raise SyncscopeError(
+                f"--trace-windows {trace_windows}: B must be greater than A (windows A to B-1)"
+            )
+    if not 0 <= hang_timeout < float("inf"):  # NaN fails both comparisons
+        raise SyncscopeError(
+            f"--hang-timeout must be a number of seconds >= 0 (0: never), not {hang_timeout!r}"
+        )
     from syncscope.attach import check_bounds
 
     try:
@@ -186,7 +194,8 @@ def profile(
         if v is not None
     }
     options = LaunchOptions(values, standalone)
-    run_dir = out or _default_out(target)
+    # absolute now: the ranks write there whatever the script does with its cwd
+    run_dir = Path(os.path.abspath(out or _default_out(target)))
     if out is None:  # our own default place: create it (a user's --out parent must exist)
         try:
             run_dir.parent.mkdir(parents=True, exist_ok=True)

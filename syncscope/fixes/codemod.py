@@ -19,7 +19,7 @@ from libcst.metadata import MetadataWrapper
 
 from syncscope.errors import SyncscopeError
 from syncscope.fixes.canonical import Context, DdpForm
-from syncscope.fixes.edits import apply_edit
+from syncscope.fixes.edits import Edit, apply_edit
 from syncscope.fixes.loops import AccumLoop, find_loops
 from syncscope.fixes.resolve import (
     WRAPPER_WORDS,
@@ -178,15 +178,42 @@ class _Driver:
                     found.append((ordinal, violation))
         return _Pass(wrapper.module, found)
 
-    def apply(self, state: _Pass, violation: Violation) -> cst.Module:
-        assert violation.rewrite is not None
-        module = apply_edit(state.module, violation.rewrite)
-        if violation.rewrite.imports:
+    def apply(self, state: _Pass, violations: list[Violation]) -> cst.Module:
+        """Apply the rewrites of several loops in one visit (their edits touch other nodes)."""
+        merged = Edit()
+        imports: list[str] = []
+        for violation in violations:
+            assert violation.rewrite is not None
+            merged.replace.update(violation.rewrite.replace)
+            imports.extend(violation.rewrite.imports)
+        module = apply_edit(state.module, merged)
+        if imports:
             context = CodemodContext()
-            for name in violation.rewrite.imports:
+            for name in dict.fromkeys(imports):
                 AddImportsVisitor.add_needed_import(context, name)
             module = AddImportsVisitor(context).transform_module(module)
         return module
+
+    def _batch(self, state: _Pass, tried: set[tuple[int, str]]) -> list[tuple[int, Violation]]:
+        """The next rewrite of every loop that has one, when their edits do not overlap.
+
+        One rewrite per loop per pass, all loops in the same pass: the passes (each a whole
+        analysis of the file) follow the rewrites one loop needs, not the number of loops,
+        so the time grows linearly with the file instead of quadratically.
+        """
+        batch: list[tuple[int, Violation]] = []
+        taken: set[int] = set()
+        seen: set[int] = set()
+        for o, v in state.violations:
+            if v.rewrite is None or (o, v.code) in tried or o in seen:
+                continue
+            seen.add(o)
+            keys = set(v.rewrite.replace)
+            if keys & taken:
+                continue  # overlaps an edit of this pass: next pass
+            taken |= keys
+            batch.append((o, v))
+        return batch
 
     def run(self) -> FixResult:
         original = self.module.code
@@ -195,24 +222,27 @@ class _Driver:
         tried: set[tuple[int, str]] = set()
         refused: dict[tuple[int, str], str] = {}
         for _ in range(MAX_PASSES):
-            pending = [
-                (o, v) for o, v in state.violations if v.rewrite and (o, v.code) not in tried
-            ]
-            if not pending:
+            batch = self._batch(state, tried)
+            if not batch:
                 break
-            ordinal, violation = pending[0]
-            tried.add((ordinal, violation.code))
-            candidate = self.analyze(self.apply(state, violation))
-            before = {v.code for o, v in state.violations if o == ordinal}
-            stuck = [
-                v
-                for o, v in candidate.violations
-                if o == ordinal and v.rewrite is None and v.code not in before
-            ]
-            if stuck:
-                refused[(ordinal, violation.code)] = stuck[0].suggestion or stuck[0].message
-                continue
-            state = candidate
+            tried.update((o, v.code) for o, v in batch)
+            while batch:
+                candidate = self.analyze(self.apply(state, [v for _, v in batch]))
+                stuck_loops: set[int] = set()
+                for ordinal, violation in batch:
+                    before = {v.code for o, v in state.violations if o == ordinal}
+                    stuck = [
+                        v
+                        for o, v in candidate.violations
+                        if o == ordinal and v.rewrite is None and v.code not in before
+                    ]
+                    if stuck:
+                        refused[(ordinal, violation.code)] = stuck[0].suggestion or stuck[0].message
+                        stuck_loops.add(ordinal)
+                if not stuck_loops:
+                    state = candidate
+                    break
+                batch = [(o, v) for o, v in batch if o not in stuck_loops]  # roll those back
         remaining = {(o, v.code) for o, v in state.violations}
         problems = []
         for ordinal, v in first:
@@ -225,6 +255,91 @@ class _Driver:
         return FixResult(original, state.module.code, tuple(problems), tuple(notes))
 
 
+MAX_NESTING = 500  # brackets plus operators in one logical line: deeper is refused
+_STACK_BYTES = 256 << 20  # the rewrite runs on a thread with this much stack ...
+_RECURSION_LIMIT = 20_000  # ... and this recursion limit, so MAX_NESTING always fits
+
+
+def _check_nesting(source: str, path: str) -> None:
+    """Refuse, in one line, what Python cannot compile or is nested beyond MAX_NESTING.
+
+    libcst's native parser recurses on the C stack: a file nested deeply enough crashes
+    the process (SIGSEGV) instead of raising, so depth is measured with ``tokenize`` first.
+    """
+    import io
+    import tokenize
+
+    try:
+        compile(source, path, "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        raise SyncscopeError(
+            f"{path}: syntax error at line {exc.lineno}, column {exc.offset or 0} "
+            f"({exc.msg}); fix it before running syncscope fix"
+        ) from None
+    except (RecursionError, MemoryError):
+        raise SyncscopeError(
+            f"{path}: nested too deeply for Python to compile it: not rewritten"
+        ) from None
+    depth = score = 0
+    try:
+        for tok in tokenize.generate_tokens(io.StringIO(source).readline):
+            if tok.type == tokenize.OP:
+                if tok.string in "([{":
+                    depth += 1
+                elif tok.string in ")]}":
+                    depth -= 1
+                elif tok.string not in (",", ":", "=", ";"):
+                    score += 1
+            elif tok.type == tokenize.NAME and tok.string in ("and", "or", "not", "lambda"):
+                score += 1
+            elif tok.type == tokenize.NEWLINE:
+                score = 0
+            if depth + score > MAX_NESTING:
+                raise SyncscopeError(
+                    f"{path}:{tok.start[0]}: nested too deeply for syncscope fix (more than "
+                    f"{MAX_NESTING} brackets and operators in one statement): not rewritten"
+                )
+    except (tokenize.TokenError, IndentationError):
+        return  # compile() accepted it; the parser will say what it thinks
+
+
 def fix_source(source: str, options: FixOptions | None = None, path: str = "<script>") -> FixResult:
-    """Find the problems of ``source`` and the fixed text (raises SyncscopeError)."""
-    return _Driver(source, path, options or FixOptions()).run()
+    """Find the problems of ``source`` and the fixed text (raises SyncscopeError).
+
+    Runs on a thread with a large stack and recursion limit: time and stack grow with the
+    file, bounded by MAX_NESTING; a RecursionError still met is a one-line refusal.
+    """
+    import sys
+    import threading
+
+    _check_nesting(source, path)
+    outcome: dict[str, object] = {}
+
+    def work() -> None:
+        try:
+            outcome["result"] = _Driver(source, path, options or FixOptions()).run()
+        except RecursionError:
+            outcome["error"] = SyncscopeError(
+                f"{path}: nested too deeply for syncscope fix (recursion limit): not rewritten"
+            )
+        except BaseException as exc:  # re-raised in the caller's thread
+            outcome["error"] = exc
+
+    previous_stack = threading.stack_size(_STACK_BYTES)
+    previous_limit = sys.getrecursionlimit()
+    sys.setrecursionlimit(max(previous_limit, _RECURSION_LIMIT))
+    try:
+        worker = threading.Thread(target=work, name="syncscope-fix", daemon=True)
+        worker.start()
+    finally:
+        threading.stack_size(previous_stack)
+    try:
+        worker.join()
+    finally:
+        sys.setrecursionlimit(previous_limit)
+    error = outcome.get("error")
+    if isinstance(error, BaseException):
+        raise error
+    result = outcome["result"]
+    assert isinstance(result, FixResult)
+    return result

@@ -16,6 +16,7 @@ from syncscope.errors import BadRunDirectory, SyncscopeError
 from syncscope.fixes.canonical import DdpForm
 from syncscope.fixes.codemod import RunHints
 from syncscope.fixes.resolve import WrapperKind
+from syncscope.validate import field_int, field_of
 
 TOGGLE_ROLES = frozenset(
     {
@@ -63,7 +64,8 @@ def _same_file(a: str, b: Path) -> bool:
 def load_hints(run_dir: Path, script: Path, data: bytes) -> RunHints:
     """Hints for ``script`` (whose bytes are ``data``) from ``run_dir/report.json``."""
     report = _read_report(run_dir)
-    recorded = report.get("script") or {}
+    where = run_dir / "report.json"
+    recorded = field_of(report, "script", where, dict, default={})
     digest = hashlib.sha256(data).hexdigest()
     if recorded.get("sha256") != digest:
         raise SyncscopeError(
@@ -74,14 +76,21 @@ def load_hints(run_dir: Path, script: Path, data: bytes) -> RunHints:
     wrapper: WrapperKind | None = None
     form: DdpForm | None = None
     text = data.decode("utf-8", errors="replace").splitlines()
-    for finding in report.get("findings") or []:
-        fix = finding.get("fix") or {}
+    findings = field_of(report, "findings", where, list, default=[])
+    for i, finding in enumerate(findings):
+        field_of({"f": finding}, "f", where, dict, label=f"findings[{i}]")
+        fix = field_of(finding, "fix", where, dict, default={}, label=f"findings[{i}].fix")
         style = STYLE_HINTS.get(str(fix.get("style", "")))
         if style is not None:
             wrapper, form = style[0], style[1] or form
         wrapper = CAUSE_HINTS.get(str(finding.get("cause", "")), wrapper)
-        for source in finding.get("sources") or []:
-            line = int(source.get("line", 0))
+        sources = field_of(
+            finding, "sources", where, list, default=[], label=f"findings[{i}].sources"
+        )
+        for j, source in enumerate(sources):
+            label = f"findings[{i}].sources[{j}]"
+            field_of({"s": source}, "s", where, dict, label=label)
+            line = field_int(source, "line", where, default=0, label=f"{label}.line")
             if not _same_file(str(source.get("file", "")), script) or not 0 < line <= len(text):
                 continue
             lines.add(line)

@@ -71,7 +71,10 @@ def _summarize(report: dict[str, Any], stdout: str) -> Profiled:
 def _profile(script: Path, out: Path, launcher: Sequence[str], args: Sequence[str]) -> Profiled:
     command = [sys.executable, "-m", "syncscope", "profile", "--quiet", "--fail-on", "never"]
     command += ["--out", str(out), *launcher, str(script), *args]
-    done = subprocess.run(command, capture_output=True, text=True, cwd=script.parent, check=False)
+    command[-1 - len(args)] = str(script.resolve())  # works whatever the cwd: see cwd below
+    done = subprocess.run(
+        command, capture_output=True, text=True, cwd=script.resolve().parent, check=False
+    )
     report_path = out / "report.json"
     if done.returncode != 0 or not report_path.is_file():
         last = (done.stderr.strip().splitlines() or ["no output"])[-1]
@@ -94,14 +97,32 @@ def verify(
     args: Sequence[str] = (),
 ) -> Verification:
     """Profile ``script`` and ``fixed_source`` (run as a sibling file) and compare."""
-    copy = script.with_name(f"_syncscope_fixed_{script.name}")
-    with tempfile.TemporaryDirectory(prefix="syncscope-verify-") as tmp:
-        original = _profile(script, Path(tmp) / "original", launcher, args)
-        try:
-            copy.write_text(fixed_source, encoding="utf-8")
-            fixed = _profile(copy, Path(tmp) / "fixed", launcher, args)
-        finally:
-            copy.unlink(missing_ok=True)
+    import signal
+
+    from syncscope.commands.fix import fresh_name
+
+    script = script.resolve()
+    copy: Path | None = None
+
+    def on_signal(signum: int, frame: object) -> None:
+        raise KeyboardInterrupt  # unwinds through the finally blocks below: both cleaned up
+
+    previous = {sig: signal.signal(sig, on_signal) for sig in (signal.SIGTERM, signal.SIGHUP)}
+    try:
+        with tempfile.TemporaryDirectory(prefix="syncscope-verify-") as tmp:
+            original = _profile(script, Path(tmp) / "original", launcher, args)
+            try:
+                name = fresh_name(script.with_name(f"_syncscope_fixed_{script.name}"))
+                with open(name, "x", encoding="utf-8") as out:  # never over a user's file
+                    copy = name
+                    out.write(fixed_source)
+                fixed = _profile(copy, Path(tmp) / "fixed", launcher, args)
+            finally:
+                if copy is not None:
+                    copy.unlink(missing_ok=True)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
     minimum = bool(fixed.grad_syncs) and all(n == 1 for n in fixed.grad_syncs)
     correctness = bool(set(codes) & CORRECTNESS_CODES) or bool(original.kinds & CORRECTNESS_KINDS)
     losses_match = None

@@ -194,6 +194,17 @@ def assert_syncs(
     Only complete windows (ended by an optimizer step) are checked, and at least one is
     required. Bad arguments raise TypeError or ValueError, not AssertionError.
     """
+    from syncscope.tracking import Stats
+
+    if not isinstance(stats, Stats):
+        raise TypeError(
+            f"assert_syncs needs the stats of a track() block (with track() as stats: ...), "
+            f"not {type(stats).__name__}"
+        )
+    if per_window is None and max_per_window is None and at_micro_batch is None:
+        raise TypeError(
+            "assert_syncs needs an expectation: per_window=, max_per_window= or at_micro_batch="
+        )
     problems = check(stats, per_window, max_per_window, at_micro_batch)
     if problems:
         raise AssertionError(explain(stats, problems, per_window, max_per_window, at_micro_batch))

@@ -34,6 +34,8 @@ _DTYPE_BYTES = {
     "byte": 1, "char": 1, "bool": 1, "unsigned char": 1, "signed char": 1, "int8": 1, "uint8": 1,
     "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
 }  # fmt: skip
+_COMM_NAMES = ("c10d::", "record_param_comms", "gloo:", "nccl:", "syncscope.grad_sync#")
+_MAX_NS = 1 << 62  # a timestamp beyond this (ns; year 2116) is corrupt, not a time
 _INPUT_SECOND = (
     "allgather",
     "all_gather",
@@ -124,6 +126,15 @@ class RankEvents:
     launches: array[int] = field(default_factory=lambda: array("q"))  # correlation, ns pairs
     pid: int | None = None
     events: int = 0
+    not_objects: int = 0  # entries of traceEvents that are not objects
+    unplaced: int = 0  # events without a usable timestamp (missing, not finite, dur < 0)
+    unplaced_comms: int = 0  # ... of them, collectives (their rank's syncs cannot be counted)
+
+    def _unplaced(self, e: dict[str, Any]) -> None:
+        self.unplaced += 1
+        name = e.get("name")
+        if isinstance(name, str) and name.startswith(_COMM_NAMES):
+            self.unplaced_comms += 1
 
     def extent(self) -> tuple[int, int] | None:
         """First and last CPU-side time seen (ns), None for a trace without CPU events."""
@@ -149,7 +160,11 @@ class RankEvents:
         cpu_compute = self.cpu_compute.extend
         backward = self.backward.extend
         for e in batch:
-            cat = e.get("cat")
+            try:
+                cat = e.get("cat")
+            except AttributeError:  # not an object
+                self.not_objects += 1
+                continue
             if cat is None or e.get("ph") != "X":
                 continue
             try:
@@ -180,8 +195,8 @@ class RankEvents:
                         launches((int(corr), int(e["ts"] * 1000.0)))
                 elif cat == "user_annotation":
                     self._cpu(e)
-            except (KeyError, TypeError, ValueError, AttributeError):
-                continue  # an event without ts/dur is not one we can place
+            except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+                self._unplaced(e)  # an event without a usable ts/dur is not one we can place
 
     def comm_launches(self) -> dict[int, int]:
         """Launch time (ns) of each communication kernel, by correlation id."""
@@ -195,6 +210,8 @@ class RankEvents:
             return
         start = int(e["ts"] * 1000.0)
         end = start + int(e.get("dur", 0) * 1000.0)
+        if end < start or not -_MAX_NS < start < _MAX_NS:
+            raise ValueError("negative duration or a time outside any run")
         if name.startswith(_BACKWARD):
             self.backward.extend((start, end))
             return

@@ -15,11 +15,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from syncscope.errors import BadTrace
+from syncscope.errors import BadTrace, SyncscopeError
 from syncscope.model import RankRun, Run, RunMeta, compress_ranks
 from syncscope.trace.events import RankEvents
 from syncscope.trace.read import is_trace_file, read_trace
 from syncscope.trace.windows import RankNotes, build_rank
+from syncscope.validate import field_int, field_of, field_str, missing_ranks
 
 PROGRESS_MIN_BYTES = 64 << 20
 PARALLEL_MIN_BYTES = 32 << 20  # below this (on disk), worker start-up costs more than it saves
@@ -56,15 +57,22 @@ class _Job:
         return f"world size {self.world_size}, backend {self.backend or '?'}"
 
 
-def _job(info: dict[str, Any]) -> _Job:
-    groups = tuple(
-        sorted(
-            (str(g.get("pg_name", "")), int(g.get("pg_size", 0)))
-            for g in info.get("pg_config") or ()
-            if isinstance(g, dict)
-        )
+def _job(info: dict[str, Any], path: Path | str = "trace") -> _Job:
+    where = path
+    configs = field_of(
+        info, "pg_config", where, list, default=[], label="distributedInfo.pg_config"
     )
-    return _Job(int(info.get("world_size") or 1), str(info.get("backend", "")), groups)
+    groups: list[tuple[str, int]] = []
+    for i, g in enumerate(configs):
+        label = f"distributedInfo.pg_config[{i}]"
+        field_of({label: g}, label, where, dict)
+        size = field_int(g, "pg_size", where, default=0, label=f"{label}.pg_size")
+        groups.append((str(g.get("pg_name", "")), size))
+    world = field_int(
+        info, "world_size", where, min=1, default=1, label="distributedInfo.world_size"
+    )
+    backend = field_str(info, "backend", where, default="", label="distributedInfo.backend")
+    return _Job(world, backend, tuple(sorted(groups)))
 
 
 def _compatible(a: _Job, b: _Job) -> bool:
@@ -74,9 +82,9 @@ def _compatible(a: _Job, b: _Job) -> bool:
 
 
 def _rank_of(path: Path, info: dict[str, Any], notes: list[str]) -> int:
-    rank = info.get("rank")
-    if isinstance(rank, int):
-        return rank
+    rank = field_int(info, "rank", path, default=None, label="distributedInfo.rank")
+    if rank is not None:
+        return int(rank)
     m = _RANK_IN_NAME.search(path.name)
     if m is None:
         raise BadTrace(f"{path}: no 'distributedInfo' rank and none in the file name")
@@ -128,16 +136,35 @@ def read_rank(path: Path, advance: Callable[[int], None] | None = None) -> RankR
     try:
         events = RankEvents()
         meta = read_trace(path, events, advance)
-        info = meta.get("distributedInfo")
-        info = info if isinstance(info, dict) else {}
-        result.job, result.has_info = _job(info), bool(info)
+        info = field_of(meta, "distributedInfo", path, dict, default={}, error=BadTrace)
+        field_int(meta, "baseTimeNanoseconds", path, default=0, error=BadTrace)
+        _check_events(path, events, result.rank_notes)
+        result.job, result.has_info = _job(info, path), bool(info)
         result.rank = _rank_of(path, info, result.rank_notes)
-    except BadTrace as exc:
+    except SyncscopeError as exc:
         result.error = str(exc)
         return result
     if events.steps and (result.rank < result.job.world_size or not info):
         result.rank_run = build_rank(events, meta, result.rank, result.flags)
     return result
+
+
+def _check_events(path: Path, events: RankEvents, notes: list[str]) -> None:
+    """Entries that could not be placed: an error where they hide collectives, else a note."""
+    if events.not_objects:
+        raise BadTrace(
+            f"{path}: traceEvents holds {events.not_objects} entries that are not objects"
+        )
+    if events.unplaced_comms:
+        raise BadTrace(
+            f"{path}: {events.unplaced_comms} collective event(s) without a usable time (ts "
+            "missing or not a finite time, or dur negative): this rank's syncs cannot be counted"
+        )
+    if events.unplaced:
+        notes.append(
+            f"{path.name}: {events.unplaced} event(s) without a usable time (ts missing or not "
+            "a finite time, or dur negative) were skipped"
+        )
 
 
 def _merge_flags(into: RankNotes, rank: RankNotes) -> None:
@@ -281,10 +308,11 @@ def _notes(flags: RankNotes, present: list[int], world: int) -> list[str]:
             "the first window starts where the trace starts: micro-batches before the "
             "profiler started are not seen"
         )
-    missing = [r for r in range(world) if r not in set(present)]
+    missing, absent = missing_ranks(present, world)
     if missing:
+        more = f", ... ({absent} ranks)" if absent > len(missing) else ""
         out.append(
             f"traces of rank(s) {compress_ranks(present)} of {world} only: cross-rank checks "
-            f"cover those ranks; rank(s) {compress_ranks(missing)} were not seen"
+            f"cover those ranks; rank(s) {compress_ranks(missing)}{more} were not seen"
         )
     return out + flags.extra

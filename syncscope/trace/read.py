@@ -99,13 +99,19 @@ def _invalid(path: Path, exc: Exception, where: int) -> BadTrace:
     return BadTrace(f"{path}: invalid JSON near byte {where} ({detail})")
 
 
-def _split(buf: bytes) -> tuple[EventBatch | None, int]:
-    """Parse the longest run of whole events at the front of ``buf``: (events, bytes used)."""
+def _split(buf: bytes, since: int = 0) -> tuple[EventBatch | None, int]:
+    """Parse the longest run of whole events at the front of ``buf``: (events, bytes used).
+
+    ``since``: boundaries before this offset were tried already (a prefix that did not
+    parse never will), so a long event costs linear time, not quadratic.
+    """
     tail = buf[-(1 << 16) :]
     base = len(buf) - len(tail)
     matches = list(_BOUNDARY.finditer(tail))
-    if not matches:
-        base, matches = 0, list(_BOUNDARY.finditer(buf))
+    if not matches and since < base:
+        base = max(0, since)
+        matches = list(_BOUNDARY.finditer(buf, base))
+        base = 0
     for m in reversed(matches[-3:]):
         end = base + m.start() + 1
         try:
@@ -180,16 +186,22 @@ def _read(path: Path, reader: _Reader, consume: Consumer) -> dict[str, Any]:
             _no_events(path, b"")
     consumed = reader.offset - len(buf)
     unsplit = 0
+    buf = bytearray(buf)  # type: ignore[assignment]  # appends in place: a long event is linear
     while True:
         chunk = reader.read()
         if not chunk:
             break
+        since = len(buf) - 16 if unsplit else 0
         buf += chunk
-        events, used = _split(buf)
+        events, used = _split(buf, since)
         if events is None:
             unsplit += 1
             if unsplit * CHUNK_BYTES > _MAX_UNSPLIT_BYTES:
-                raise _invalid(path, ValueError("no event boundary found"), consumed)
+                raise BadTrace(
+                    f"{path}: an event near byte {consumed} is larger than "
+                    f"{_MAX_UNSPLIT_BYTES >> 20} MiB (or the JSON is invalid there): "
+                    "syncscope reads trace events up to that size"
+                )
             continue
         unsplit = 0
         consume(events)

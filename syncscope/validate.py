@@ -1,0 +1,235 @@
+"""Typed getters for the files syncscope reads: one line naming file, field and problem.
+
+Every value read from a run directory, an event file, ``meta.json``, a Kineto trace or a
+``report.json`` passes through one of these where it is parsed, so a malformed input is a
+``SyncscopeError`` (exit status 2) naming what was wrong, never a traceback. Counts that
+would size an allocation (world size, ranks) are only ever compared with what the files
+hold (``missing_ranks``), never used to allocate.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable
+from typing import Any
+
+from syncscope.errors import SyncscopeError
+
+_MISSING: Any = object()
+MAX_LISTED_MISSING = 64  # more absent ranks than this: counted, not listed
+# Nanosecond timestamps and byte counts beyond this are not from any real run (year 2262)
+MAX_INT = 2**63 - 1
+
+
+def _where(file: object, field: str) -> str:
+    return f"{file}: {field}"
+
+
+def bad(file: object, field: str, what: str, error: type[SyncscopeError] = SyncscopeError) -> Any:
+    """Raise the one-line error for ``field`` of ``file``."""
+    raise error(f"{_where(file, field)} {what}")
+
+
+def _type_name(value: object) -> str:
+    return "null" if value is None else type(value).__name__
+
+
+def field_int(
+    obj: dict[str, Any],
+    key: str,
+    file: object,
+    *,
+    min: int | None = 0,  # reads as the field's range
+    max: int = MAX_INT,
+    default: Any = _MISSING,
+    label: str = "",
+    error: type[SyncscopeError] = SyncscopeError,
+) -> Any:
+    """``obj[key]`` as an int in [min, max]; ``default`` when absent or null (if given)."""
+    name = label or key
+    value = obj.get(key, _MISSING) if isinstance(obj, dict) else _MISSING
+    if value is _MISSING or value is None:
+        if default is _MISSING:
+            bad(file, name, "is missing", error)
+        return default
+    if isinstance(value, bool) or not isinstance(value, int):
+        if isinstance(value, float) and value.is_integer() and abs(value) <= MAX_INT:
+            value = int(value)
+        else:
+            bad(file, name, f"must be an integer, not {_type_name(value)} {_short(value)}", error)
+    if min is not None and value < min:
+        bad(file, name, f"must be at least {min}, not {value}", error)
+    if value > max:
+        bad(file, name, f"must be at most {max}, not {value}", error)
+    return value
+
+
+def field_float(
+    obj: dict[str, Any],
+    key: str,
+    file: object,
+    *,
+    min: float | None = None,
+    default: Any = _MISSING,
+    label: str = "",
+    error: type[SyncscopeError] = SyncscopeError,
+) -> Any:
+    """``obj[key]`` as a finite number (>= min)."""
+    name = label or key
+    value = obj.get(key, _MISSING) if isinstance(obj, dict) else _MISSING
+    if value is _MISSING or value is None:
+        if default is _MISSING:
+            bad(file, name, "is missing", error)
+        return default
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        bad(file, name, f"must be a number, not {_type_name(value)} {_short(value)}", error)
+    if not math.isfinite(value) or abs(value) > 1e18:
+        bad(file, name, f"must be a finite number of sane size, not {value!r}", error)
+    if min is not None and value < min:
+        bad(file, name, f"must be at least {min}, not {value}", error)
+    return float(value)
+
+
+def field_str(
+    obj: dict[str, Any],
+    key: str,
+    file: object,
+    *,
+    default: Any = _MISSING,
+    label: str = "",
+    error: type[SyncscopeError] = SyncscopeError,
+) -> Any:
+    name = label or key
+    value = obj.get(key, _MISSING) if isinstance(obj, dict) else _MISSING
+    if value is _MISSING or value is None:
+        if default is _MISSING:
+            bad(file, name, "is missing", error)
+        return default
+    if not isinstance(value, str):
+        bad(file, name, f"must be a string, not {_type_name(value)} {_short(value)}", error)
+    return value
+
+
+def field_of(
+    obj: dict[str, Any],
+    key: str,
+    file: object,
+    kind: type | tuple[type, ...],
+    *,
+    default: Any = None,
+    label: str = "",
+    error: type[SyncscopeError] = SyncscopeError,
+) -> Any:
+    """``obj[key]`` when it is a ``kind`` (dict, list, bool...); ``default`` when absent/null."""
+    value = obj.get(key) if isinstance(obj, dict) else None
+    if value is None:
+        return default
+    if not isinstance(value, kind):
+        names = " or ".join(
+            _KIND_NAMES.get(k, k.__name__) for k in (kind if isinstance(kind, tuple) else (kind,))
+        )
+        bad(file, label or key, f"must be {names}, not {_type_name(value)} {_short(value)}", error)
+    return value
+
+
+def list_of(
+    values: list[Any],
+    file: object,
+    field: str,
+    kind: type | tuple[type, ...],
+    error: type[SyncscopeError] = SyncscopeError,
+) -> list[Any]:
+    """Every item of ``values`` is a ``kind`` (bools are not numbers)."""
+    for i, item in enumerate(values):
+        if isinstance(item, bool) or not isinstance(item, kind):
+            names = _KIND_NAMES.get(kind, getattr(kind, "__name__", "number"))  # type: ignore[call-overload]
+            bad(file, f"{field}[{i}]", f"must be {names}, not {_type_name(item)}", error)
+        if isinstance(item, float) and not math.isfinite(item):
+            bad(file, f"{field}[{i}]", f"must be finite, not {item!r}", error)
+    return values
+
+
+_KIND_NAMES: dict[Any, str] = {
+    dict: "an object",
+    list: "a list",
+    str: "a string",
+    int: "an integer",
+    bool: "true or false",
+    float: "a number",
+    (int, float): "a number",
+}
+
+
+def _short(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 40 else text[:37] + "..."
+
+
+def missing_ranks(present: Iterable[int], world: int) -> tuple[list[int], int]:
+    """Ranks below ``world`` not in ``present``: (the first few, how many in all).
+
+    Bounded by the ranks actually present, never by ``world`` (a header may say 10**12).
+    """
+    seen = sorted({r for r in present if 0 <= r < world})
+    count = world - len(seen)
+    listed: list[int] = []
+    candidate = 0
+    it = iter(seen)
+    nxt = next(it, None)
+    while len(listed) < MAX_LISTED_MISSING and candidate < world:
+        if nxt is not None and candidate == nxt:
+            nxt = next(it, None)
+        else:
+            listed.append(candidate)
+        candidate += 1
+    return listed, count
+
+
+# -- rank event files (ranks/rank-NNNNN.jsonl) ----------------------------------------------
+_EVENT_INTS = frozenset(
+    {"t", "seq", "bytes", "t_end", "mem", "cuda_peak", "params", "param_bytes", "window"}
+    | {"pid", "local_rank", "rank", "shard_world", "bucket_cap_bytes", "windows"}
+)
+_EVENT_ANY_INTS = frozenset({"depth", "status", "bucket"})
+_EVENT_DICTS = frozenset({"site", "accelerate"})
+_EVENT_STRS = frozenset({"type", "host"})
+_REQUIRED: dict[str, tuple[str, ...]] = {"done": ("seq", "t"), "coll": ("seq", "t")}
+_REQUIRED.update({"bwd": ("t",), "fp": ("window", "fp")})
+
+
+def check_event(ev: dict[str, Any], file: object, number: int) -> None:
+    """Check the fields of event ``number`` (1-based) of a rank's event file."""
+    where = f"{file}: event {number}"
+    for key, value in ev.items():
+        if key in _EVENT_INTS:
+            if value is None and key != "t":
+                continue
+            field_int(ev, key, where)
+        elif key in _EVENT_ANY_INTS:
+            field_int(ev, key, where, min=None, max=MAX_INT, default=None)
+        elif key == "version":  # the header's format version; a framework's is its package's
+            if ev.get("type") == "framework":
+                field_str(ev, key, where, default=None)
+            else:
+                field_int(ev, key, where, min=None, max=MAX_INT, default=None)
+        elif key == "world_size":
+            field_int(ev, key, where, min=1, default=None)
+        elif key in _EVENT_STRS:
+            field_str(ev, key, where, default=None)
+        elif key in _EVENT_DICTS:
+            site = field_of(ev, key, where, dict)
+            if key == "site" and site is not None:
+                field_int(site, "line", where, default=0, label="site.line")
+        elif key == "sync" and ev.get("type") == "bwd":
+            field_of(ev, key, where, dict)
+        elif key == "fp":
+            if value is not None:
+                list_of(field_of(ev, key, where, list), where, key, (int, float))
+        elif key == "group":
+            if value is not None:
+                list_of(field_of(ev, key, where, list), where, key, int)
+        elif key == "argv":
+            list_of(field_of(ev, key, where, list, default=[]), where, key, str)
+    for key in _REQUIRED.get(ev.get("type", ""), ()):
+        if ev.get(key) is None:
+            bad(where, key, f"is missing (a {ev.get('type')!r} event needs it)")
