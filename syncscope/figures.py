@@ -16,10 +16,12 @@ read them from here (docs/concepts.md, "Figures", says the same in prose).
   return of its call when completion was not seen), clipped to the window. Never a sum of
   overlapping intervals, so it never exceeds the window time. Traces measure the same union
   from device kernels (``Window.comm_ns``) and that is used where present.
-* **Exposed sync time** of a micro-batch: the time the training thread spent inside its
-  gradient collectives' calls, plus the wait from the last one's issue to the end of the
-  micro-batch (DDP and FSDP issue asynchronously during the backward and wait at its end).
-  This is what skipping the sync can save; compute that ran meanwhile is not counted.
+* **Exposed sync time** of a micro-batch: the union of the time the training thread spent
+  inside its gradient collectives' calls, the wait from the last one issued during the
+  backward to the end of the backward (DDP and FSDP issue asynchronously from autograd hooks
+  and wait at its end), and, for collectives issued after the backward (a hand-written loop),
+  each one's issue to completion. This is what skipping the sync can save; compute that ran
+  meanwhile is not counted.
 * **Grad-sync bytes.** Per rank and window, the sum of the input sizes of its
   gradient-reducing collectives; the figure is the median over ranks and steady windows.
 * **Peak memory.** The highest per-window peak on any rank; ``None`` (shown "not measured")
@@ -181,11 +183,17 @@ def exposed_sync_ns(window: Window, micro_batch: int) -> int:
     if not syncs:
         return 0
     spans = [(c.start_ns, c.end_ns) for c in syncs]
-    if 0 <= micro_batch < len(window.micro_batches):
-        end = window.micro_batches[micro_batch].end_ns
-        last_issue = max(c.start_ns for c in syncs)
-        if last_issue < end:
-            spans.append((last_issue, end))  # async syncs waited on at the end of the backward
+    end = (
+        window.micro_batches[micro_batch].end_ns
+        if 0 <= micro_batch < len(window.micro_batches)
+        else window.start_ns
+    )
+    during = [c for c in syncs if c.start_ns < end]
+    if during:  # issued by the backward's hooks, waited on at its end (DDP, FSDP)
+        spans.append((max(c.start_ns for c in during), end))
+    for c in syncs:  # issued after the backward (a user's loop): the thread waits for each
+        if c.start_ns >= end:
+            spans.append((c.start_ns, c.done_ns if c.done_ns is not None else c.end_ns))
     return union_ns(spans, window.start_ns, window.end_ns)
 
 

@@ -1,0 +1,209 @@
+"""Predicted vs measured: how right is the projected window time after a fix?
+
+    python benchmarks/bench_prediction.py             # 2 interleaved repetitions
+    python benchmarks/bench_prediction.py --reps 1    # quicker
+
+For each configuration: ``syncscope profile`` the buggy loop and record the window time its
+report projects after the fix (``syncscope.figures.projection``: window time minus the
+exposed sync time of every micro-batch but the last), then profile the fixed loop and take
+its measured window time (``syncscope.figures.window_time``: median over ranks and steady
+windows). Both sides run under the same capture, so its overhead cancels. The error is
+(predicted - measured) / measured. The previous model (window time minus the *sum* of the
+early collectives' durations) is computed from the same buggy runs for comparison.
+
+Jobs are interleaved: every repetition runs every (configuration, buggy/fixed) job once, in
+an order rotated by the repetition, so drift in machine load spreads across all of them.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from _harness import ROOT, WORKLOADS, Launch, rotated
+
+sys.path.insert(0, str(ROOT))
+
+from syncscope import figures  # noqa: E402
+from syncscope.analysis.build import load_run  # noqa: E402
+from syncscope.model import Run  # noqa: E402
+
+MODELS = {
+    "small": ["--hidden", "128", "--layers", "2", "--batch", "16"],
+    "base": ["--hidden", "512", "--layers", "4", "--batch", "32"],
+    "large": ["--hidden", "1024", "--layers", "8", "--batch", "32"],
+}
+LAST_ONLY = ["--sync-last-only"]
+# name, label, nodes, model, (buggy script, args), (fixed script, args)
+CASES: list[dict[str, Any]] = [
+    {"name": "ddp-every-1x2", "label": "DDP, sync every micro-batch, 1 node x 2 ranks",
+     "nodes": 1, "model": "base", "buggy": ("sync_every_microbatch.py", []),
+     "fixed": ("no_sync.py", [])},
+    {"name": "ddp-bwd-only-1x2", "label": "DDP, no_sync around backward only, 1 x 2",
+     "nodes": 1, "model": "base", "buggy": ("no_sync_backward_only.py", []),
+     "fixed": ("no_sync.py", [])},
+    {"name": "ddp-every-2x1", "label": 'DDP, sync every micro-batch, 2 "nodes" x 1 rank',
+     "nodes": 2, "model": "base", "buggy": ("sync_every_microbatch.py", []),
+     "fixed": ("no_sync.py", [])},
+    {"name": "ddp-bwd-only-2x1", "label": 'DDP, no_sync around backward only, 2 "nodes" x 1',
+     "nodes": 2, "model": "base", "buggy": ("no_sync_backward_only.py", []),
+     "fixed": ("no_sync.py", [])},
+    {"name": "fsdp2-every-1x2", "label": "FSDP2, reduce-scatter every micro-batch, 1 x 2",
+     "nodes": 1, "model": "base", "buggy": ("fsdp2_every_microbatch.py", []),
+     "fixed": ("fsdp2_every_microbatch.py", LAST_ONLY)},
+    {"name": "per-param-1x2", "label": "manual per-parameter all-reduce every micro-batch",
+     "nodes": 1, "model": "base", "buggy": ("per_param_every_microbatch.py", []),
+     "fixed": ("per_param_every_microbatch.py", LAST_ONLY)},
+    {"name": "ddp-every-small", "label": "DDP, sync every micro-batch, small model (2x128)",
+     "nodes": 1, "model": "small", "buggy": ("sync_every_microbatch.py", []),
+     "fixed": ("no_sync.py", [])},
+    {"name": "ddp-every-large", "label": "DDP, sync every micro-batch, large model (8x1024)",
+     "nodes": 1, "model": "large", "buggy": ("sync_every_microbatch.py", []),
+     "fixed": ("no_sync.py", [])},
+]  # fmt: skip
+COMMON = ["--accum", "4", "--warmup", "1"]
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+def _load(record: dict[str, Any], nodes: int) -> Run:
+    out = Path(record["run_dir"])
+    return load_run([out / f"node{n}" for n in range(nodes)] if nodes > 1 else out)
+
+
+def _old_model(run: Run) -> float:
+    """The previous projection: window minus the sum of the early collectives' durations."""
+    steady = figures.steady_windows(run)
+    values = []
+    for r in run.ranks:
+        for w in r.windows:
+            if w.complete and w.index in steady:
+                n = len(w.micro_batches)
+                wasted = sum(c.duration_ns for c in w.grad_sync_collectives if c.micro_batch < n - 1)
+                values.append(max(0, w.duration_ns - wasted))
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def _iqr(run: Run) -> float:
+    steady = figures.steady_windows(run)
+    values = sorted(
+        w.duration_ns for r in run.ranks for w in r.windows if w.complete and w.index in steady
+    )
+    if len(values) < 2:
+        return 0.0
+    q = statistics.quantiles(values, n=4, method="inclusive")
+    return q[2] - q[0]
+
+
+def measure(work: Path, reps: int, windows: int, cases: list[dict[str, Any]]) -> dict[str, Any]:
+    jobs = [(case["name"], variant) for case in cases for variant in ("buggy", "fixed")]
+    by_name = {case["name"]: case for case in cases}
+    runs: list[dict[str, Any]] = []
+    for rep in range(reps):
+        for name, variant in rotated(jobs, rep * 3):
+            case = by_name[name]
+            script, extra = case[variant]
+            args = [*MODELS[case["model"]], *COMMON, "--windows", str(windows), *extra]
+            record = Launch("profile", nodes=case["nodes"]).run(WORKLOADS / script, args, work)
+            run = _load(record, case["nodes"])
+            window = figures.window_time(run)
+            row: dict[str, Any] = {
+                "case": name,
+                "variant": variant,
+                "rep": rep,
+                "window_ns": window.median if window else None,
+                "iqr_ns": _iqr(run),
+                "steady_windows": len(figures.steady_windows(run).windows),
+            }
+            if variant == "buggy":
+                p = figures.projection(run)
+                row["predicted_ns"] = p.projected.median if p.projected else None
+                row["old_predicted_ns"] = _old_model(run)
+                row["omitted"] = p.omitted
+            runs.append(row)
+            log(f"rep {rep} {name} {variant}: window {row['window_ns'] / 1e6:.1f} ms")
+    return summarize(runs, cases)
+
+
+def _med(values: list[float]) -> float:
+    return float(statistics.median(values)) if values else float("nan")
+
+
+def summarize(runs: list[dict[str, Any]], cases: list[dict[str, Any]]) -> dict[str, Any]:
+    rows = []
+    for case in cases:
+        buggy = [r for r in runs if r["case"] == case["name"] and r["variant"] == "buggy"]
+        fixed = [r for r in runs if r["case"] == case["name"] and r["variant"] == "fixed"]
+        predicted = _med([r["predicted_ns"] for r in buggy])
+        old = _med([r["old_predicted_ns"] for r in buggy])
+        measured = _med([r["window_ns"] for r in fixed])
+        before = _med([r["window_ns"] for r in buggy])
+        rows.append({
+            "case": case["name"], "label": case["label"], "model": case["model"],
+            "buggy_ns": before, "predicted_ns": predicted, "measured_ns": measured,
+            "error": (predicted - measured) / measured, "old_predicted_ns": old,
+            "old_error": (old - measured) / measured,
+            "predicted_speedup": before / predicted, "measured_speedup": before / measured,
+            # noise: the fixed runs' window-time IQR over ranks and steady windows, and the
+            # spread of their medians across repetitions, both relative to the measured time
+            "noise_iqr": _med([r["iqr_ns"] for r in fixed]) / measured,
+            "noise_reps": (max(r["window_ns"] for r in fixed) - min(r["window_ns"] for r in fixed))
+            / measured,
+            "claimed": sum(not r["omitted"] for r in buggy), "reps": len(buggy),
+            "omitted": sorted({r["omitted"].split(" (")[0] for r in buggy if r["omitted"]}),
+        })  # fmt: skip
+    return {
+        "runs": runs,
+        "rows": rows,
+        "median_abs_error": _med([abs(r["error"]) for r in rows]),
+        "old_median_abs_error": _med([abs(r["old_error"]) for r in rows]),
+    }
+
+
+def table(result: dict[str, Any]) -> str:
+    head = (
+        f"{'configuration':<52} {'buggy':>8} {'predicted':>9} {'measured':>9} {'error':>7} "
+        f"{'old err':>8} {'noise':>6} {'claimed':>7}"
+    )
+    lines = [head, "-" * len(head)]
+    for r in result["rows"]:
+        lines.append(
+            f"{r['label']:<52} {r['buggy_ns'] / 1e6:>6.1f}ms {r['predicted_ns'] / 1e6:>7.1f}ms "
+            f"{r['measured_ns'] / 1e6:>7.1f}ms {r['error']:>+7.0%} {r['old_error']:>+8.0%} "
+            f"{r['noise_iqr']:>6.0%} {r['claimed']:>3}/{r['reps']}"
+        )
+    lines.append(
+        f"median absolute error: {result['median_abs_error']:.0%} "
+        f"(previous model: {result['old_median_abs_error']:.0%})"
+    )
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--reps", type=int, default=2, help="interleaved repetitions")
+    parser.add_argument("--windows", type=int, default=4, help="timed windows per job")
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument("--only", nargs="*", help="case names (default: all)")
+    opts = parser.parse_args(argv)
+    cases = [c for c in CASES if not opts.only or c["name"] in opts.only]
+    with tempfile.TemporaryDirectory(prefix="syncscope-predict-") as tmp:
+        result = measure(Path(tmp), opts.reps, opts.windows, cases)
+    print(table(result))
+    if opts.json:
+        opts.json.write_text(json.dumps(result, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
