@@ -89,7 +89,9 @@ def _old_model(run: Run) -> float:
         for w in r.windows:
             if w.complete and w.index in steady:
                 n = len(w.micro_batches)
-                wasted = sum(c.duration_ns for c in w.grad_sync_collectives if c.micro_batch < n - 1)
+                wasted = sum(
+                    c.duration_ns for c in w.grad_sync_collectives if c.micro_batch < n - 1
+                )
                 values.append(max(0, w.duration_ns - wasted))
     return float(statistics.median(values)) if values else float("nan")
 
@@ -130,6 +132,7 @@ def measure(work: Path, reps: int, windows: int, cases: list[dict[str, Any]]) ->
                 row["predicted_ns"] = p.projected.median if p.projected else None
                 row["old_predicted_ns"] = _old_model(run)
                 row["omitted"] = p.omitted
+            row["run_dir"] = record["run_dir"]
             runs.append(row)
             log(f"rep {rep} {name} {variant}: window {row['window_ns'] / 1e6:.1f} ms")
     return summarize(runs, cases)
@@ -195,10 +198,15 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--windows", type=int, default=4, help="timed windows per job")
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--only", nargs="*", help="case names (default: all)")
+    parser.add_argument("--keep", type=Path, help="keep the run directories here")
     opts = parser.parse_args(argv)
     cases = [c for c in CASES if not opts.only or c["name"] in opts.only]
-    with tempfile.TemporaryDirectory(prefix="syncscope-predict-") as tmp:
-        result = measure(Path(tmp), opts.reps, opts.windows, cases)
+    if opts.keep:
+        opts.keep.mkdir(parents=True, exist_ok=True)
+        result = measure(opts.keep, opts.reps, opts.windows, cases)
+    else:
+        with tempfile.TemporaryDirectory(prefix="syncscope-predict-") as tmp:
+            result = measure(Path(tmp), opts.reps, opts.windows, cases)
     print(table(result))
     if opts.json:
         opts.json.write_text(json.dumps(result, indent=1))

@@ -140,7 +140,7 @@ def _tiles(head: Headline) -> str:
             _tile(
                 "wasted per window",
                 esc(human_bytes(head.wasted_bytes_per_window)),
-                f"{human_ns(head.wasted_ns_per_window)} of sync time{share}",
+                f"{human_ns(head.wasted_ns_per_window)} of exposed sync time{share}",
                 "warn",
             )
         )
@@ -178,6 +178,11 @@ def _tiles(head: Headline) -> str:
                 "of window time, not hidden behind compute",
             )
         )
+    tiles.append(
+        _tile("peak memory", esc(human_bytes(head.peak_memory_bytes)), "highest on any rank")
+        if head.peak_memory_bytes is not None
+        else _tile("peak memory", "not measured", "no memory data in this run")
+    )
     return f'<div class="tiles" id="headline">{"".join(tiles)}</div>'
 
 
