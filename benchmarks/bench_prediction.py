@@ -32,9 +32,9 @@ from _harness import ROOT, WORKLOADS, Launch, rotated
 
 sys.path.insert(0, str(ROOT))
 
-from syncscope import figures  # noqa: E402
-from syncscope.analysis.build import load_run  # noqa: E402
-from syncscope.model import Run  # noqa: E402
+from syncscope import figures
+from syncscope.analysis.build import load_run
+from syncscope.model import Run
 
 MODELS = {
     "small": ["--hidden", "128", "--layers", "2", "--batch", "16"],

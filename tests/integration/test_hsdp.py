@@ -44,7 +44,7 @@ def test_all_reduce_every_micro_batch_is_named_and_fixed_with_set_requires_all_r
     # set_requires_gradient_sync appears only as the alternative, with its memory cost
     assert "alternative, set_requires_gradient_sync" in finding["fix"]["summary"]
     assert finding["cost"]["extra_memory_bytes_if_gradient_sync_skipped"] > 0
-    assert 0 < finding["cost"]["all_reduce_bytes_skipped_per_window"]
+    assert finding["cost"]["all_reduce_bytes_skipped_per_window"] > 0
     assert (
         finding["cost"]["all_reduce_bytes_skipped_per_window"]
         < finding["cost"]["wasted_bytes_per_window"]
