@@ -266,6 +266,52 @@ def _bytes(results: dict[str, Any]) -> list[str]:
     return [*lines, ""]
 
 
+def _prediction(results: dict[str, Any]) -> list[str]:
+    """Section 6: the cost model's projected window time against the fixed loop's, measured."""
+    p = results.get("prediction")
+    if not p:
+        return []
+    lines = [
+        "## 6. Predicted vs measured",
+        "",
+        "How right is the speed-up the report projects? For each configuration "
+        "(`benchmarks/bench_prediction.py`, "
+        f"{p['reps']} interleaved repetition{'s' if p['reps'] != 1 else ''}, "
+        f"{p['windows']} timed windows after 1 warm-up, accumulate 4, all under "
+        "`syncscope profile` so the capture cost is on both sides): profile the buggy loop "
+        "and take the window time its report projects after the fix; profile the fixed loop "
+        "and take its measured window time (median over ranks and steady windows, "
+        "[concepts.md](concepts.md#figures)). Error = (predicted - measured) / measured. "
+        "*Old* is the previous model (window minus the sum of the early collectives' "
+        "durations), computed from the same buggy runs. *Noise* is the fixed runs' window-time "
+        "interquartile range over ranks and steady windows, relative to the measured time; "
+        "*reps spread* the range of the fixed runs' medians across repetitions. *Claimed* "
+        "counts the buggy runs whose report showed the gain instead of omitting it.",
+        "",
+        "| configuration | buggy | predicted | measured | error | old error | noise | "
+        "reps spread | claimed |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for r in p["rows"]:
+        lines.append(
+            f"| {r['label']} | {r['buggy_ns'] / 1e6:.1f} ms | {r['predicted_ns'] / 1e6:.1f} ms | "
+            f"{r['measured_ns'] / 1e6:.1f} ms | **{r['error']:+.0%}** | {r['old_error']:+.0%} | "
+            f"{r['noise_iqr']:.0%} | {r['noise_reps']:.0%} | {r['claimed']}/{r['reps']} |"
+        )
+    within = [r["label"] for r in p["rows"] if abs(r["error"]) <= max(r["noise_iqr"], 0.05)]
+    beyond = [r["label"] for r in p["rows"] if abs(r["error"]) > max(r["noise_iqr"], 0.05)]
+    lines += [
+        "",
+        f"**Median absolute error: {p['median_abs_error']:.0%}** (previous model: "
+        f"{p['old_median_abs_error']:.0%}). Within the noise (or 5%): "
+        f"{'; '.join(within) or 'none'}. Beyond it: {'; '.join(beyond) or 'none'}.",
+        "",
+    ]
+    if p.get("notes"):
+        lines += [p["notes"], ""]
+    return lines
+
+
 def _gpu() -> list[str]:
     """The GPU section: its figures come from a GPU machine (bench_gpu.py), not this run."""
     return [
@@ -296,6 +342,7 @@ def render(results: dict[str, Any], out_dir: Path) -> Path:
         *_analyze(results),
         *_bytes(results),
         *_gpu(),
+        *_prediction(results),
         "Raw figures: [benchmarks/results.json](benchmarks/results.json).",
         "",
     ]

@@ -108,6 +108,7 @@ def _iqr(run: Run) -> float:
 
 
 def measure(work: Path, reps: int, windows: int, cases: list[dict[str, Any]]) -> dict[str, Any]:
+    work.mkdir(parents=True, exist_ok=True)
     jobs = [(case["name"], variant) for case in cases for variant in ("buggy", "fixed")]
     by_name = {case["name"]: case for case in cases}
     runs: list[dict[str, Any]] = []
@@ -135,7 +136,9 @@ def measure(work: Path, reps: int, windows: int, cases: list[dict[str, Any]]) ->
             row["run_dir"] = record["run_dir"]
             runs.append(row)
             log(f"rep {rep} {name} {variant}: window {row['window_ns'] / 1e6:.1f} ms")
-    return summarize(runs, cases)
+    result = summarize(runs, cases)
+    result.update(reps=reps, windows=windows)
+    return result
 
 
 def _med(values: list[float]) -> float:
