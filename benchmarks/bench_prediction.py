@@ -34,7 +34,7 @@ sys.path.insert(0, str(ROOT))
 
 from syncscope import figures
 from syncscope.analysis.build import load_run
-from syncscope.model import Run
+from syncscope.model import Run, Window
 
 MODELS = {
     "small": ["--hidden", "128", "--layers", "2", "--batch", "16"],
@@ -44,28 +44,28 @@ MODELS = {
 LAST_ONLY = ["--sync-last-only"]
 # name, label, nodes, model, (buggy script, args), (fixed script, args)
 CASES: list[dict[str, Any]] = [
-    {"name": "ddp-every-1x2", "label": "DDP, sync every micro-batch, 1 node x 2 ranks",
+    {"name": "ddp-every-1x2", "loop": "ddp-every", "label": "DDP, sync every micro-batch, 1 node x 2 ranks",
      "nodes": 1, "model": "base", "buggy": ("sync_every_microbatch.py", []),
      "fixed": ("no_sync.py", [])},
-    {"name": "ddp-bwd-only-1x2", "label": "DDP, no_sync around backward only, 1 x 2",
+    {"name": "ddp-bwd-only-1x2", "loop": "ddp-bwd-only", "label": "DDP, no_sync around backward only, 1 x 2",
      "nodes": 1, "model": "base", "buggy": ("no_sync_backward_only.py", []),
      "fixed": ("no_sync.py", [])},
-    {"name": "ddp-every-2x1", "label": 'DDP, sync every micro-batch, 2 "nodes" x 1 rank',
+    {"name": "ddp-every-2x1", "loop": "ddp-every", "label": 'DDP, sync every micro-batch, 2 "nodes" x 1 rank',
      "nodes": 2, "model": "base", "buggy": ("sync_every_microbatch.py", []),
      "fixed": ("no_sync.py", [])},
-    {"name": "ddp-bwd-only-2x1", "label": 'DDP, no_sync around backward only, 2 "nodes" x 1',
+    {"name": "ddp-bwd-only-2x1", "loop": "ddp-bwd-only", "label": 'DDP, no_sync around backward only, 2 "nodes" x 1',
      "nodes": 2, "model": "base", "buggy": ("no_sync_backward_only.py", []),
      "fixed": ("no_sync.py", [])},
-    {"name": "fsdp2-every-1x2", "label": "FSDP2, reduce-scatter every micro-batch, 1 x 2",
+    {"name": "fsdp2-every-1x2", "loop": "fsdp2", "label": "FSDP2, reduce-scatter every micro-batch, 1 x 2",
      "nodes": 1, "model": "base", "buggy": ("fsdp2_every_microbatch.py", []),
      "fixed": ("fsdp2_every_microbatch.py", LAST_ONLY)},
-    {"name": "per-param-1x2", "label": "manual per-parameter all-reduce every micro-batch",
+    {"name": "per-param-1x2", "loop": "per-param", "label": "manual per-parameter all-reduce every micro-batch",
      "nodes": 1, "model": "base", "buggy": ("per_param_every_microbatch.py", []),
      "fixed": ("per_param_every_microbatch.py", LAST_ONLY)},
-    {"name": "ddp-every-small", "label": "DDP, sync every micro-batch, small model (2x128)",
+    {"name": "ddp-every-small", "loop": "ddp-every", "label": "DDP, sync every micro-batch, small model (2x128)",
      "nodes": 1, "model": "small", "buggy": ("sync_every_microbatch.py", []),
      "fixed": ("no_sync.py", [])},
-    {"name": "ddp-every-large", "label": "DDP, sync every micro-batch, large model (8x1024)",
+    {"name": "ddp-every-large", "loop": "ddp-every", "label": "DDP, sync every micro-batch, large model (8x1024)",
      "nodes": 1, "model": "large", "buggy": ("sync_every_microbatch.py", []),
      "fixed": ("no_sync.py", [])},
 ]  # fmt: skip
@@ -79,6 +79,13 @@ def log(message: str) -> None:
 def _load(record: dict[str, Any], nodes: int) -> Run:
     out = Path(record["run_dir"])
     return load_run([out / f"node{n}" for n in range(nodes)] if nodes > 1 else out)
+
+
+def _old_projected(w: Window) -> float:
+    """The previous projection: window minus the sum of the early collectives' durations."""
+    n = len(w.micro_batches)
+    wasted = sum(c.duration_ns for c in w.grad_sync_collectives if c.micro_batch < n - 1)
+    return float(max(0, w.duration_ns - wasted))
 
 
 def _old_model(run: Run) -> float:
@@ -141,6 +148,74 @@ def measure(work: Path, reps: int, windows: int, cases: list[dict[str, Any]]) ->
     return result
 
 
+def same_process(
+    work: Path, reps: int, windows: int, cases: list[dict[str, Any]]
+) -> dict[str, Any]:
+    """The buggy and the fixed loop on alternate windows of one job (workloads/alternating.py):
+    predicted from the buggy windows, measured on the fixed ones, seconds apart."""
+    work.mkdir(parents=True, exist_ok=True)
+    runs: list[dict[str, Any]] = []
+    for rep in range(reps):
+        for case in rotated(cases, rep * 3):
+            args = [*MODELS[case["model"]], *COMMON, "--windows", str(2 * windows),
+                    "--loop", case["loop"]]  # fmt: skip
+            record = Launch("profile", nodes=case["nodes"]).run(
+                WORKLOADS / "alternating.py", args, work
+            )
+            run = _load(record, case["nodes"])
+            steady = figures.steady_windows(run)
+            chosen = [w for r in run.ranks for w in r.windows if w.complete and w.index in steady]
+            buggy = [w for w in chosen if w.index % 2 == 0]
+            fixed = [w for w in chosen if w.index % 2 == 1]
+            saved = figures.saved_ns(run)
+            row = {
+                "case": case["name"],
+                "rep": rep,
+                "buggy_ns": _med([w.duration_ns for w in buggy]),
+                "predicted_ns": _med([max(1, w.duration_ns - saved[w.index]) for w in buggy]),
+                "old_predicted_ns": _med([_old_projected(w) for w in buggy]),
+                "measured_ns": _med([w.duration_ns for w in fixed]),
+                "iqr_ns": _iqr_of([w.duration_ns for w in fixed]),
+                "run_dir": record["run_dir"],
+            }
+            runs.append(row)
+            log(
+                f"same-process rep {rep} {case['name']}: buggy {row['buggy_ns'] / 1e6:.1f} ms, "
+                f"predicted {row['predicted_ns'] / 1e6:.1f} ms, "
+                f"measured {row['measured_ns'] / 1e6:.1f} ms"
+            )
+    rows = []
+    for case in cases:
+        mine = [r for r in runs if r["case"] == case["name"]]
+        predicted = _med([r["predicted_ns"] for r in mine])
+        measured = _med([r["measured_ns"] for r in mine])
+        old = _med([r["old_predicted_ns"] for r in mine])
+        rows.append({
+            "case": case["name"], "label": case["label"], "model": case["model"],
+            "buggy_ns": _med([r["buggy_ns"] for r in mine]), "predicted_ns": predicted,
+            "measured_ns": measured, "error": (predicted - measured) / measured,
+            "old_predicted_ns": old, "old_error": (old - measured) / measured,
+            "noise_iqr": _med([r["iqr_ns"] for r in mine]) / measured,
+            "noise_reps": (max(r["measured_ns"] for r in mine)
+                           - min(r["measured_ns"] for r in mine)) / measured,
+        })  # fmt: skip
+    return {
+        "runs": runs,
+        "rows": rows,
+        "reps": reps,
+        "windows": windows,
+        "median_abs_error": _med([abs(r["error"]) for r in rows]),
+        "old_median_abs_error": _med([abs(r["old_error"]) for r in rows]),
+    }
+
+
+def _iqr_of(values: list[int]) -> float:
+    if len(values) < 2:
+        return 0.0
+    q = statistics.quantiles(sorted(values), n=4, method="inclusive")
+    return q[2] - q[0]
+
+
 def _med(values: list[float]) -> float:
     return float(statistics.median(values)) if values else float("nan")
 
@@ -183,16 +258,28 @@ def table(result: dict[str, Any]) -> str:
     )
     lines = [head, "-" * len(head)]
     for r in result["rows"]:
+        claimed = f"{r['claimed']:>3}/{r['reps']}" if "claimed" in r else ""
         lines.append(
             f"{r['label']:<52} {r['buggy_ns'] / 1e6:>6.1f}ms {r['predicted_ns'] / 1e6:>7.1f}ms "
             f"{r['measured_ns'] / 1e6:>7.1f}ms {r['error']:>+7.0%} {r['old_error']:>+8.0%} "
-            f"{r['noise_iqr']:>6.0%} {r['claimed']:>3}/{r['reps']}"
+            f"{r['noise_iqr']:>6.0%} {claimed}"
         )
     lines.append(
         f"median absolute error: {result['median_abs_error']:.0%} "
         f"(previous model: {result['old_median_abs_error']:.0%})"
     )
     return "\n".join(lines)
+
+
+def run_modes(
+    work: Path, reps: int, windows: int, cases: list[dict[str, Any]], mode: str = "both"
+) -> dict[str, Any]:
+    result: dict[str, Any] = {}
+    if mode in ("both", "same-process"):
+        result["same_process"] = same_process(work / "same", reps, windows, cases)
+    if mode in ("both", "separate"):
+        result["separate"] = measure(work / "separate", reps, windows, cases)
+    return result
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -202,15 +289,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--only", nargs="*", help="case names (default: all)")
     parser.add_argument("--keep", type=Path, help="keep the run directories here")
+    parser.add_argument(
+        "--mode", choices=("both", "separate", "same-process"), default="both",
+        help="separate runs (profile, fix, profile again), alternate windows of one run, or both",
+    )  # fmt: skip
     opts = parser.parse_args(argv)
     cases = [c for c in CASES if not opts.only or c["name"] in opts.only]
-    if opts.keep:
-        opts.keep.mkdir(parents=True, exist_ok=True)
-        result = measure(opts.keep, opts.reps, opts.windows, cases)
-    else:
-        with tempfile.TemporaryDirectory(prefix="syncscope-predict-") as tmp:
-            result = measure(Path(tmp), opts.reps, opts.windows, cases)
-    print(table(result))
+    with tempfile.TemporaryDirectory(prefix="syncscope-predict-") as tmp:
+        work = opts.keep or Path(tmp)
+        result = run_modes(work, opts.reps, opts.windows, cases, opts.mode)
+    for mode in ("separate", "same_process"):
+        if mode in result:
+            print(f"{mode.replace('_', ' ')}:")
+            print(table(result[mode]))
     if opts.json:
         opts.json.write_text(json.dumps(result, indent=1))
     return 0

@@ -27,7 +27,8 @@ read them from here (docs/concepts.md, "Figures", says the same in prose).
 * **Peak memory.** The highest per-window peak on any rank; ``None`` (shown "not measured")
   when no window carried a measurement, never 0.
 * **Projection.** For each (rank, steady window): window time minus the exposed sync time of
-  its micro-batches before the last; the speed-up is window / projected. Shown as the median
+  its micro-batches before the last, each the least over the ranks (``saved_ns``: skew between
+  ranks is moved to the last sync, not saved); the speed-up is window / projected. Shown as the median
   with its range across steady windows, and omitted, with the reason, when there are fewer
   than ``MIN_STEADY`` steady windows or when the steady windows' time varies (interquartile
   range) by more than the predicted saving.
@@ -204,9 +205,32 @@ def early_sync_ns(window: Window) -> int:
     return sum(exposed_sync_ns(window, m) for m in early)
 
 
+def saved_ns(run: Run) -> dict[int, int]:
+    """Per window index: what a once-per-window sync saves, the same on every rank.
+
+    For each micro-batch but the last, the *smallest* exposed sync time over the ranks: a rank
+    that waited longer was waiting for a slower rank, and that skew is not saved by syncing
+    less, only moved to the last micro-batch's sync (the slowest rank waits least, so its
+    exposed time is the communication itself)."""
+    by_index: dict[int, list[Window]] = {}
+    for r in run.ranks:
+        for w in r.windows:
+            if _complete(w):
+                by_index.setdefault(w.index, []).append(w)
+    out: dict[int, int] = {}
+    for index, windows in by_index.items():
+        n = min(len(w.micro_batches) for w in windows)
+        early = {c.micro_batch for w in windows for c in w.collectives if c.grad_sync}
+        out[index] = sum(
+            min(exposed_sync_ns(w, m) for w in windows) for m in sorted(early) if m < n - 1
+        )
+    return out
+
+
 BASIS = (
-    "window time minus the measured time the training thread spent in, or waiting for, the "
-    "gradient syncs of every micro-batch but the last"
+    "window time minus the measured time spent in, or waiting for, the gradient syncs of every "
+    "micro-batch but the last (per micro-batch, the least any rank waited: skew between ranks "
+    "is not saved)"
 )
 
 
@@ -246,8 +270,9 @@ def projection(
         for w in r.windows
         if _complete(w) and w.index in steady.windows
     ]
+    saved = saved_ns(run)
     durations = [float(w.duration_ns) for w in windows]
-    projected = [float(max(1, w.duration_ns - early_sync_ns(w))) for w in windows]
+    projected = [float(max(1, w.duration_ns - saved.get(w.index, 0))) for w in windows]
     ratios = [d / p for d, p in zip(durations, projected, strict=True)]
     omitted = ""
     if len(steady.windows) < MIN_STEADY:

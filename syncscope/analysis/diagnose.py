@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 
 from syncscope.analysis.advice import SNIPPETS, fix_style, mean
 from syncscope.analysis.crossrank import collective_mismatch, hang, rank_divergence
-from syncscope.figures import Steady, early_sync_ns, steady_windows
+from syncscope.figures import Steady, early_sync_ns, saved_ns, steady_windows
 from syncscope.model import Finding, RankRun, Run, Severity, SourceLocation, Window
 
 FRAGMENT_MIN_COLLECTIVES = 16
@@ -326,6 +326,19 @@ MESSAGES = {
 }
 
 
+def _saved_across_ranks(observations: list[Observation], saved: dict[int, int]) -> None:
+    """Redundant time as the projection counts it (syncscope.figures.saved_ns): per early
+    micro-batch the least any rank waited, so skew between ranks is not priced as waste."""
+    for o in observations:
+        if o.kind != "redundant-sync" or o.window not in saved:
+            continue
+        window_ns = float(o.cost["window_ns"])
+        wasted = float(saved[o.window])
+        o.cost["redundant_time_ns_per_window"] = wasted
+        o.cost["share_of_window_time"] = min(1.0, wasted / max(window_ns, 1.0))
+        o.cost["projected_window_ns"] = max(0.0, window_ns - wasted)
+
+
 def _cost_median(values: list[float]) -> float:
     items = sorted(values)
     mid = len(items) // 2
@@ -392,6 +405,7 @@ def diagnose(run: Run) -> list[Finding]:
                     continue
                 for rule in WINDOW_RULES:
                     observations.extend(rule(rank, window))
+        _saved_across_ranks(observations, saved_ns(run))
     for rank in run.ranks:
         observations.extend(_irregular(rank))
     findings = _group(observations, steady_windows(run))
