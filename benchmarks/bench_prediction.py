@@ -271,6 +271,23 @@ def table(result: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def reanalyze(saved: dict[str, Any], cases: list[dict[str, Any]]) -> dict[str, Any]:
+    """Separate-runs results again, predictions recomputed from the kept run directories with
+    the current model (the measured fixed-loop times are the same runs')."""
+    nodes = {case["name"]: case["nodes"] for case in cases}
+    runs = []
+    for row in saved["runs"]:
+        row = dict(row)
+        if row["variant"] == "buggy":
+            p = figures.projection(_load(row, nodes[row["case"]]))
+            row["predicted_ns"] = p.projected.median if p.projected else None
+            row["omitted"] = p.omitted
+        runs.append(row)
+    result = summarize(runs, cases)
+    result.update(reps=saved.get("reps", 2), windows=saved.get("windows", 4))
+    return result
+
+
 def run_modes(
     work: Path, reps: int, windows: int, cases: list[dict[str, Any]], mode: str = "both"
 ) -> dict[str, Any]:
@@ -290,11 +307,23 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", nargs="*", help="case names (default: all)")
     parser.add_argument("--keep", type=Path, help="keep the run directories here")
     parser.add_argument(
+        "--reanalyze", type=Path, metavar="JSON",
+        help="recompute the separate-runs predictions of a --json file (kept run directories)",
+    )  # fmt: skip
+    parser.add_argument(
         "--mode", choices=("both", "separate", "same-process"), default="both",
         help="separate runs (profile, fix, profile again), alternate windows of one run, or both",
     )  # fmt: skip
     opts = parser.parse_args(argv)
     cases = [c for c in CASES if not opts.only or c["name"] in opts.only]
+    if opts.reanalyze:
+        saved = json.loads(opts.reanalyze.read_text())
+        separate = reanalyze(saved.get("separate", saved), cases)
+        print("separate (reanalyzed):")
+        print(table(separate))
+        if opts.json:
+            opts.json.write_text(json.dumps({**saved, "separate": separate}, indent=1))
+        return 0
     with tempfile.TemporaryDirectory(prefix="syncscope-predict-") as tmp:
         work = opts.keep or Path(tmp)
         result = run_modes(work, opts.reps, opts.windows, cases, opts.mode)

@@ -48,7 +48,7 @@ from _harness import (
 from _report import render
 from bench_analyze import hta_ranks
 from bench_prediction import CASES as PREDICTION_CASES
-from bench_prediction import measure as measure_prediction
+from bench_prediction import run_modes as measure_prediction
 
 CONFIGS = [
     {"name": "sync_every_microbatch", "label": "sync every micro-batch (baseline)"},

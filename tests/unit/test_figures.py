@@ -115,6 +115,7 @@ def test_memory_not_measured_is_never_zero() -> None:
     assert figures.peak_memory(run) is None
     page = render_html(run, [])
     assert "not measured" in page and "0 B" not in page
+    assert "peak memory: not measured" in page  # the per-window chart draws no 0 MiB line
     assert "peak memory not measured" in render_text(run, [])
     assert report_dict(run, [])["figures"]["peak_memory_bytes"] is None
     diff = render_diff_text(compare(run, [], runs.clean_ddp(), []))
