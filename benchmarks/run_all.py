@@ -1,6 +1,6 @@
 """The one benchmark command: writes docs/benchmarks.md, its charts and raw results.
 
-    python benchmarks/run_all.py            # full run, about 12-15 minutes on 2 cores
+    python benchmarks/run_all.py            # full run, about 35-40 minutes on 2 cores
     python benchmarks/run_all.py --quick    # one repetition, small sets; to a temp dir
 
 Sections (each measured inside the training script, start-up excluded):
