@@ -405,7 +405,8 @@ def diagnose(run: Run) -> list[Finding]:
                     continue
                 for rule in WINDOW_RULES:
                     observations.extend(rule(rank, window))
-        _saved_across_ranks(observations, saved_ns(run))
+        if any(o.kind == "redundant-sync" for o in observations):
+            _saved_across_ranks(observations, saved_ns(run))
     for rank in run.ranks:
         observations.extend(_irregular(rank))
     findings = _group(observations, steady_windows(run))
