@@ -83,6 +83,8 @@ class Launch:
         run_id = f"bench-{uuid.uuid4().hex[:10]}"
         out = workdir / run_id
         port = free_port()
+        if self.launcher == "profile" and self.nodes > 1:
+            out.mkdir(parents=True)  # each node's run directory goes under it
         procs = [
             subprocess.Popen(
                 self.argv(script, args, out, node, run_id, port),

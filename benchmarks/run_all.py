@@ -1,6 +1,6 @@
 """The one benchmark command: writes docs/benchmarks.md, its charts and raw results.
 
-    python benchmarks/run_all.py            # full run, about 12-15 minutes on 2 cores
+    python benchmarks/run_all.py            # full run, about 35-40 minutes on 2 cores
     python benchmarks/run_all.py --quick    # one repetition, small sets; to a temp dir
 
 Sections (each measured inside the training script, start-up excluded):
@@ -11,7 +11,9 @@ Sections (each measured inside the training script, start-up excluded):
 2. capture cost: plain torchrun vs ``syncscope profile`` vs ``--trace`` vs a bare
    ``torch.profiler`` trace (window-time ratios; issue 2's limit for counting mode: 1.03);
 3. ``syncscope analyze`` vs HTA's ``TraceAnalysis`` load (benchmarks/bench_analyze.py);
-4. grad-sync bytes per window against the gradient bytes of one reduction.
+4. grad-sync bytes per window against the gradient bytes of one reduction;
+6. predicted vs measured: the projected window time after a fix against the fixed loop's
+   (benchmarks/bench_prediction.py; section 5 is the GPU note).
 """
 
 from __future__ import annotations
@@ -45,6 +47,8 @@ from _harness import (
 )
 from _report import render
 from bench_analyze import hta_ranks
+from bench_prediction import CASES as PREDICTION_CASES
+from bench_prediction import run_modes as measure_prediction
 
 CONFIGS = [
     {"name": "sync_every_microbatch", "label": "sync every micro-batch (baseline)"},
@@ -249,6 +253,9 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--skip-analyze", action="store_true", help="leave out section 3")
     parser.add_argument(
+        "--prediction-reps", type=int, help="repetitions of section 6 (default 2; --quick: 1)"
+    )
+    parser.add_argument(
         "--capture-reps", type=int, help="repetitions of section 2 (default 10; --quick: 1)"
     )
     opts = parser.parse_args(argv)
@@ -273,6 +280,13 @@ def main(argv: list[str] | None = None) -> int:
             results["capture"] = capture_cost(work, capture_reps, capture_args)
             log("section 4: grad-sync bytes per window")
             results["bytes"] = sync_bytes(work, fixed, [*table_args[:8], "--windows", "2"])
+            log("section 6: predicted vs measured (bench_prediction.py)")
+            results["prediction"] = measure_prediction(
+                work / "prediction",
+                opts.prediction_reps or (1 if opts.quick else 2),
+                2 if opts.quick else 4,
+                PREDICTION_CASES,
+            )
             if not opts.skip_analyze:
                 log("section 3: analysis speed (bench_analyze.py)")
                 try:

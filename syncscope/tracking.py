@@ -24,7 +24,7 @@ from syncscope.analysis.diagnose import diagnose
 from syncscope.capture.recorder import MemorySink
 from syncscope.capture.session import CaptureSession
 from syncscope.model import Finding, Run, RunMeta, Verdict, verdict_of
-from syncscope.render.json_report import window_dict
+from syncscope.render.json_report import figures_dict, window_dict
 
 
 class Stats:
@@ -74,6 +74,12 @@ class Stats:
         """This rank's windows, with the same fields as report.json windows."""
         rank = self.run.rank(self.rank) or (self.run.ranks[0] if self.run.ranks else None)
         return [window_dict(w) for w in rank.windows] if rank else []
+
+    @property
+    def figures(self) -> dict[str, Any]:
+        """Window time, communication time, bytes, memory and the projected gain, as
+        report.json's ``figures`` (one definition everywhere: ``syncscope.figures``)."""
+        return figures_dict(self.run, self.findings)
 
     @property
     def grad_syncs_per_window(self) -> list[int]:

@@ -59,10 +59,15 @@ optimizer.zero_grad()""",
     ),
     "hsdp": Fix(
         "hsdp",
-        "Under HSDP keep the reduce-scatter (gradients stay sharded) but skip the "
-        "cross-replica all-reduce until the last micro-batch.",
+        "Under HSDP call set_requires_all_reduce(is_last): the reduce-scatter still runs on "
+        "every micro-batch (gradients stay sharded) and only the cross-replica all-reduce "
+        "waits for the last. The alternative, set_requires_gradient_sync(is_last), skips the "
+        "reduce-scatter too and saves more bytes, but holds unsharded gradients between "
+        "micro-batches (the extra memory is in the cost).",
         """for micro, batch in enumerate(micro_batches):
-    model.set_requires_all_reduce(micro == accum_steps - 1)
+    is_last = micro == accum_steps - 1
+    model.set_requires_all_reduce(is_last)  # reduce-scatter stays; all-reduce on the last only
+    # memory for bytes instead: model.set_requires_gradient_sync(is_last)
     loss = model(batch).loss / accum_steps
     loss.backward()
 optimizer.step()

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 
 from syncscope.analysis.advice import SNIPPETS, fix_style, in_framework, mean
 from syncscope.analysis.crossrank import collective_mismatch, hang, rank_divergence, run_failed
+from syncscope.figures import Steady, early_sync_ns, saved_ns, steady_windows
 from syncscope.model import (
     FAILED_KINDS,
     Finding,
@@ -73,6 +74,10 @@ def _redundant_cause(rank: RankRun, window: Window, position: int) -> tuple[str,
         if mb.forward_sync is False and mb.backward_sync:
             return "no_sync-forward-only", "warning"
         early_ops = {c.op for c in window.grad_sync_collectives if c.micro_batch == position}
+        if {"reduce_scatter", "all_reduce"} <= early_ops:
+            # HSDP (2-D mesh): reduce-scatter in the shard group, then the cross-replica
+            # all-reduce, on every micro-batch: only the all-reduce needs to wait for the last
+            return "hsdp-all-reduce-every-micro-batch", "warning"
         if early_ops == {"reduce_scatter"}:
             # gradients reduce-scattered each micro-batch stay sharded: deliberate (HSDP
             # skipping only its cross-replica all-reduce lands here too)
@@ -98,7 +103,8 @@ def _redundant(rank: RankRun, window: Window) -> Iterator[Observation]:
         return  # a single reduction in the wrong place is a missing sync, not a redundant one
     positions = sorted({c.micro_batch for c in early})
     cause, severity = _redundant_cause(rank, window, positions[0])
-    wasted_ns = sum(c.duration_ns for c in early)
+    # exposed sync time (syncscope.figures), not a sum of overlapping collective durations
+    wasted_ns = early_sync_ns(window)
     duration = max(window.duration_ns, 1)
     cost: dict[str, float] = {
         "wasted_bytes_per_window": sum(c.bytes for c in early),
@@ -109,7 +115,21 @@ def _redundant(rank: RankRun, window: Window) -> Iterator[Observation]:
         "projected_window_ns": max(0, window.duration_ns - wasted_ns),
     }
     fix = fix_style(rank, window)
-    if cause == "fsdp-sharded-accumulation":
+    if cause == "hsdp-all-reduce-every-micro-batch":
+        # keep the reduce-scatter (sharded gradients), skip only the cross-replica all-reduce;
+        # the alternative, set_requires_gradient_sync, also skips the reduce-scatter and holds
+        # unsharded gradients between micro-batches: its memory cost, per rank
+        fsdp = [w for w in rank.wrappers if w.kind == "fsdp"]
+        unsharded = sum(w.param_bytes for w in fsdp)
+        shard = max((w.shard_world for w in fsdp), default=1)
+        cost["all_reduce_bytes_skipped_per_window"] = sum(
+            c.bytes for c in early if c.op == "all_reduce"
+        )
+        cost["extra_memory_bytes_if_gradient_sync_skipped"] = int(
+            unsharded * (1 - 1 / max(shard, 1))
+        )
+        fix = "hsdp"
+    elif cause == "fsdp-sharded-accumulation":
         fsdp = [w for w in rank.wrappers if w.kind == "fsdp"]
         unsharded = sum(w.param_bytes for w in fsdp)
         shard = max((w.shard_world for w in fsdp), default=1)
@@ -315,14 +335,40 @@ MESSAGES = {
 }
 
 
-def _group(observations: list[Observation]) -> list[Finding]:
+def _saved_across_ranks(observations: list[Observation], saved: dict[int, int]) -> None:
+    """Redundant time as the projection counts it (syncscope.figures.saved_ns): per early
+    micro-batch the least any rank waited, so skew between ranks is not priced as waste."""
+    for o in observations:
+        if o.kind != "redundant-sync" or o.window not in saved:
+            continue
+        window_ns = float(o.cost["window_ns"])
+        wasted = float(saved[o.window])
+        o.cost["redundant_time_ns_per_window"] = wasted
+        o.cost["share_of_window_time"] = min(1.0, wasted / max(window_ns, 1.0))
+        o.cost["projected_window_ns"] = max(0.0, window_ns - wasted)
+
+
+def _cost_median(values: list[float]) -> float:
+    items = sorted(values)
+    mid = len(items) // 2
+    return items[mid] if len(items) % 2 else (items[mid - 1] + items[mid]) / 2
+
+
+def _group(observations: list[Observation], steady: Steady | None = None) -> list[Finding]:
     groups: dict[tuple[str, str], list[Observation]] = {}
     for o in observations:
         groups.setdefault((o.kind, o.cause), []).append(o)
     findings: list[Finding] = []
     for (kind, cause), items in groups.items():
         first = items[0]
-        numeric = {k: mean([float(o.cost[k]) for o in items if k in o.cost]) for k in first.cost}
+        # costs: the median over the steady windows (syncscope.figures), as the headline's
+        # window time is; the warm-up windows only when no steady window is affected
+        basis = [o for o in items if steady is not None and o.window in steady] or items
+        numeric = {
+            k: _cost_median([float(o.cost[k]) for o in basis if k in o.cost])
+            for k in first.cost
+            if any(k in o.cost for o in basis)
+        }
         windows = sorted({o.window for o in items})
         ranks = sorted({o.rank for o in items})
         findings.append(
@@ -368,9 +414,11 @@ def diagnose(run: Run) -> list[Finding]:
                     continue
                 for rule in WINDOW_RULES:
                     observations.extend(rule(rank, window))
+        if any(o.kind == "redundant-sync" for o in observations):
+            _saved_across_ranks(observations, saved_ns(run))
     for rank in run.ranks:
         observations.extend(_irregular(rank))
-    findings = _group(observations)
+    findings = _group(observations, steady_windows(run))
     findings.extend(rank_divergence(run, findings))
     findings.extend(collective_mismatch(run))
     findings.extend(hang(run))

@@ -384,7 +384,13 @@ def window_metrics_figure(grid: Grid) -> Figure:
     fig = subplots(
         3,
         1,
-        ("grad sync bytes", "window time (ms)", "peak memory"),
+        (
+            "grad sync bytes",
+            "window time (ms)",
+            "peak memory"
+            if any(c.peak_memory_bytes for c in grid.cells(complete_only=False))
+            else "peak memory: not measured",
+        ),
         shared_xaxes=True,
         vertical_spacing=0.07,
     )
@@ -416,8 +422,9 @@ def window_metrics_figure(grid: Grid) -> Figure:
     per_mib = 2**20
     series: list[tuple[str, list[float | None]]]
     if grid.large or len(grid.ranks) > len(RANK_COLORS):
-        columns = [
-            [c.peak_memory_bytes / per_mib for c in grid.column(w)] for w in range(grid.windows)
+        columns = [  # 0: not measured, never drawn as 0 MiB
+            [c.peak_memory_bytes / per_mib for c in grid.column(w) if c.peak_memory_bytes]
+            for w in range(grid.windows)
         ]
         series = [
             ("max over ranks", [max(col) if col else None for col in columns]),
@@ -425,7 +432,10 @@ def window_metrics_figure(grid: Grid) -> Figure:
         ]
     else:
         series = [
-            (f"rank {r}", [c.peak_memory_bytes / per_mib if c else None for c in row])
+            (
+                f"rank {r}",
+                [c.peak_memory_bytes / per_mib if c and c.peak_memory_bytes else None for c in row],
+            )
             for r, row in zip(grid.ranks, grid.rows, strict=True)
         ]
     for n, (label, ys) in enumerate(series):

@@ -65,7 +65,7 @@ class MetricChange:
 
     def show(self, value: float | None) -> str:
         if value is None:
-            return "n/a"
+            return "not measured"
         if self.unit == "bytes":
             return human_bytes(value)
         if self.unit == "ns":
@@ -178,7 +178,8 @@ def compare(
             b.grad_sync_bytes_per_window,
             "bytes",
         ),
-        MetricChange("window time (median)", a.window_ns, b.window_ns, "ns"),
+        MetricChange("window time (median, steady windows)", a.window_ns, b.window_ns, "ns"),
+        MetricChange("comm time (collective in flight)", a.comm_ns, b.comm_ns, "ns"),
         MetricChange("peak memory", a.peak_memory_bytes, b.peak_memory_bytes, "bytes"),
         MetricChange(
             "exposed communication per window",

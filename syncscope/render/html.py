@@ -22,10 +22,13 @@ from syncscope.render.summary import (
     Headline,
     grid_of,
     headline,
+    html_text,
     human_bytes,
     human_ns,
     human_share,
     human_value,
+    label_of,
+    window_basis,
 )
 
 SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
@@ -157,22 +160,34 @@ def _tiles(head: Headline) -> str:
             _tile(
                 "wasted per window",
                 esc(human_bytes(head.wasted_bytes_per_window)),
-                f"{human_ns(head.wasted_ns_per_window)} of sync time{share}",
+                f"{human_ns(head.wasted_ns_per_window)} of exposed sync time{share}",
                 "warn",
             )
         )
-    if head.speedup is None:
-        tiles.append(
-            _tile("window time", esc(human_ns(head.window_ns)), "median over ranks and windows")
-        )
-    else:
+    tiles.append(_tile("window time", esc(human_ns(head.window_ns)), window_basis(head)))
+    p = head.projection
+    if p is not None and p.shown and p.speedup is not None:
+        s = p.speedup
+        value = f"{s.low:.2f}-{s.high:.2f}x" if s.high - s.low >= 0.005 else f"{s.median:.2f}x"
         tiles.append(
             _tile(
                 "projected speed-up",
-                f"{head.speedup:.2f}x",
-                f"window {human_ns(head.baseline_window_ns)} -> {human_ns(head.projected_window_ns)} "
-                "after the fix",
+                esc(value),
+                f"median {s.median:.2f}x: window {human_ns(head.baseline_window_ns)} -> "
+                f"{human_ns(head.projected_window_ns)}, from {p.steady_windows} steady windows "
+                f"({s.n} rank-windows); basis: {p.basis}",
                 "good",
+            )
+        )
+    elif p is not None:
+        tiles.append(_tile("projected speed-up", "not projected", p.omitted))
+    if head.comm_ns is not None:
+        tiles.append(
+            _tile(
+                "communication time",
+                esc(human_ns(head.comm_ns)),
+                "per window with a collective in flight (union, median over ranks and "
+                "steady windows)",
             )
         )
     if head.exposed_comm_share is not None:
@@ -185,6 +200,8 @@ def _tiles(head: Headline) -> str:
         )
     tiles.append(
         _tile("peak memory", esc(human_bytes(head.peak_memory_bytes)), "highest on any rank")
+        if head.peak_memory_bytes is not None
+        else _tile("peak memory", "not measured", "no memory data in this run")
     )
     return f'<div class="tiles" id="headline">{"".join(tiles)}</div>'
 
@@ -300,7 +317,7 @@ def finding_card(f: Finding, ident: str, *, folded: bool = False) -> str:
     if f.fix is not None:
         body.append(
             f'<div class="fix"><h4>Fix <span class="pill style">{esc(f.fix.style)}</span></h4>'
-            f'<p class="summary">{esc(f.fix.summary)}</p>{code_block(f.fix.snippet)}</div>'
+            f'<p class="summary">{html_text(f.fix.summary)}</p>{code_block(f.fix.snippet)}</div>'
         )
     body.append(f"</{tag}>")
     return "\n".join(body)
@@ -310,9 +327,7 @@ def _mapping(values: dict[str, object]) -> str:
     """Any evidence or cost dict, keys the renderer has never seen included."""
     if not values:
         return '<p class="where">none recorded</p>'
-    rows = "".join(
-        f"<dt>{esc(k.replace('_', ' '))}</dt><dd>{_value(k, v)}</dd>" for k, v in values.items()
-    )
+    rows = "".join(f"<dt>{esc(label_of(k))}</dt><dd>{_value(k, v)}</dd>" for k, v in values.items())
     return f'<dl class="kv">{rows}</dl>'
 
 

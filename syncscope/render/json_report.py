@@ -13,6 +13,7 @@ from typing import IO, Any
 
 import orjson
 
+from syncscope import figures
 from syncscope.model import (
     Finding,
     RankRun,
@@ -45,7 +46,8 @@ def window_dict(w: Window) -> dict[str, Any]:
         "grad_sync_bytes": w.grad_sync_bytes,
         "collectives": w.op_counts(),
         "collective_bytes": sum(c.bytes for c in w.collectives),
-        "collective_time_ns": comm,
+        "collective_time_ns": comm,  # a sum of overlapping durations: can exceed the window
+        "comm_in_flight_ns": figures.comm_ns(w),  # union: the communication time figure
         "grad_sync_time_ns": sum(c.duration_ns for c in w.grad_sync_collectives),
         "grad_resets": len([r for r in w.grad_resets if r.after_micro_batches > 0]),
         "fingerprint_match": w.fingerprint_match,
@@ -103,6 +105,38 @@ def report_dict(run: Run, findings: Sequence[Finding]) -> dict[str, Any]:
         **_head(run),
         "ranks": [rank_dict(r) for r in run.ranks],
         **_tail(findings),
+        "figures": figures_dict(run, findings),
+    }
+
+
+def _stat(stat: figures.Stat | None) -> dict[str, float] | None:
+    if stat is None:
+        return None
+    return {"median": stat.median, "low": stat.low, "high": stat.high, "n": stat.n}
+
+
+def figures_dict(run: Run, findings: Sequence[Finding]) -> dict[str, Any]:
+    """The headline figures (syncscope.figures; docs/concepts.md defines each)."""
+    steady = figures.steady_windows(run)
+    projecting = {r for f in findings if "projected_window_ns" in f.cost for r in f.ranks}
+    p = figures.projection(run, projecting, steady) if projecting else None
+    return {
+        "steady_windows": list(steady.windows),
+        "warmup_windows": [{"index": i, "why": why} for i, why in steady.warmup],
+        "window_time_ns": _stat(figures.window_time(run, steady)),
+        "warmup_window_time_ns": _stat(figures.warmup_time(run, steady)),
+        "comm_in_flight_ns": _stat(figures.comm_time(run, steady)),
+        "grad_sync_bytes": _stat(figures.sync_bytes(run, steady)),
+        "peak_memory_bytes": figures.peak_memory(run),
+        "projection": None
+        if p is None
+        else {
+            "window_ns": _stat(p.window),
+            "projected_window_ns": _stat(p.projected),
+            "speedup": _stat(p.speedup) if p.shown else None,
+            "basis": p.basis,
+            "omitted": p.omitted or None,
+        },
     }
 
 
@@ -159,7 +193,7 @@ def write_report_json(run: Run, findings: Sequence[Finding], out: IO[bytes]) -> 
         out.write(b"\n    " if i == 0 else b",\n    ")
         out.write(_dump(rank_dict(rank), 2))
     out.write(b"\n  ]" if run.ranks else b"]")
-    _members(out, _tail(findings), first=False)
+    _members(out, {**_tail(findings), "figures": figures_dict(run, findings)}, first=False)
     out.write(b"\n}\n")
 
 

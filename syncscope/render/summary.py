@@ -7,13 +7,16 @@ renderer walks raw collectives at 1,024 ranks more than once.
 
 from __future__ import annotations
 
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from syncscope import figures
+from syncscope.figures import Projection
 from syncscope.model import Finding, Run, Verdict, Window, verdict_of
 from syncscope.render import units
-from syncscope.render.units import mean, median
+from syncscope.render.units import mean
 
 LARGE_JOB_RANKS = 16  # from this many ranks on, charts aggregate (heatmaps, no per-rank bars)
 
@@ -116,7 +119,10 @@ def grid_of(run: Run) -> Grid:
 
 @dataclass(frozen=True)
 class Headline:
-    """The numbers at the top of the page and in ``diff``: what a person reads first."""
+    """The numbers at the top of the page and in ``diff``: what a person reads first.
+
+    Window time, communication time, bytes and memory are the figures ``syncscope.figures``
+    defines (median over ranks and steady windows; warm-up windows apart)."""
 
     verdict: Verdict
     world_size: int
@@ -129,19 +135,28 @@ class Headline:
     seen_syncs_max: int
     rank_windows: int  # complete (rank, window) pairs
     rank_windows_off: int  # of which synced other than expected
-    grad_sync_bytes_per_window: float
-    window_ns: float  # median complete-window time
-    peak_memory_bytes: int
+    grad_sync_bytes_per_window: float  # median over ranks and steady windows
+    window_ns: float  # median over ranks and steady windows (figures.window_time)
+    peak_memory_bytes: int | None  # None: not measured
     wasted_bytes_per_window: float | None
     wasted_ns_per_window: float | None
     wasted_share: float | None
     baseline_window_ns: float | None  # the window time the projection starts from
     projected_window_ns: float | None
     exposed_comm_share: float | None  # exposed communication / window time, where traced
+    steady_windows: int = 0
+    warmup: tuple[tuple[int, str], ...] = ()  # windows shown apart, and why
+    warmup_window_ns: float | None = None  # their median window time
+    comm_ns: float | None = None  # median time with a collective in flight per window
+    projection: Projection | None = None
 
     @property
     def speedup(self) -> float | None:
-        """Projected window-time ratio after the fix (2.0: twice as fast)."""
+        """Projected window-time ratio after the fix (2.0: twice as fast); None when the run
+        cannot support a claim (``projection.omitted`` says why)."""
+        p = self.projection
+        if p is not None:
+            return p.speedup.median if p.shown and p.speedup is not None else None
         if not self.projected_window_ns or not self.baseline_window_ns:
             return None
         return self.baseline_window_ns / self.projected_window_ns
@@ -168,14 +183,20 @@ def headline(run: Run, findings: Sequence[Finding], grid: Grid | None = None) ->
     cells = grid.cells()
     syncs = [c.syncs for c in cells]
     counts = Counter(c.micro_batches for c in cells)
-    median_ns = median(c.duration_ns for c in cells) if cells else 0.0
-    # The biggest projected gain, against the window time the finding itself measured.
-    projections = [
-        (_number(f.cost.get("window_ns")) or median_ns, p)
-        for f in findings
-        if (p := _number(f.cost.get("projected_window_ns")))
-    ]
-    baseline, projected = max(projections, key=lambda bp: bp[0] / bp[1], default=(None, None))
+    steady = figures.steady_windows(run)
+    window = figures.window_time(run, steady)
+    warm = figures.warmup_time(run, steady)
+    comm = figures.comm_time(run, steady)
+    nbytes = figures.sync_bytes(run, steady)
+    # The projected gain, from the steady windows of the ranks the findings that project it
+    # cover (syncscope.figures.projection: a range, or the reason there is none).
+    projecting = [f for f in findings if _number(f.cost.get("projected_window_ns"))]
+    projection = (
+        figures.projection(run, {r for f in projecting for r in f.ranks} or None, steady)
+        if projecting
+        else None
+    )
+    shown = projection is not None and projection.shown
     expected = _largest(findings, "evidence", "expected_syncs_per_window")
     expected = expected if expected is not None else 1.0
     durations = sum(c.duration_ns for c in cells)
@@ -193,18 +214,38 @@ def headline(run: Run, findings: Sequence[Finding], grid: Grid | None = None) ->
         seen_syncs_max=max(syncs, default=0),
         rank_windows=len(syncs),
         rank_windows_off=sum(1 for n in syncs if n != expected),
-        grad_sync_bytes_per_window=mean(c.bytes for c in cells) if cells else 0.0,
-        window_ns=median_ns,
-        peak_memory_bytes=max(
-            (c.peak_memory_bytes for c in grid.cells(complete_only=False)), default=0
-        ),
+        grad_sync_bytes_per_window=nbytes.median if nbytes else 0.0,
+        window_ns=window.median if window else 0.0,
+        peak_memory_bytes=figures.peak_memory(run),
         wasted_bytes_per_window=_largest(findings, "cost", "wasted_bytes_per_window"),
         wasted_ns_per_window=_largest(findings, "cost", "redundant_time_ns_per_window"),
         wasted_share=_largest(findings, "cost", "share_of_window_time"),
-        baseline_window_ns=baseline,
-        projected_window_ns=projected,
+        baseline_window_ns=(
+            projection.window.median if shown and projection and projection.window else None
+        ),
+        projected_window_ns=(
+            projection.projected.median if shown and projection and projection.projected else None
+        ),
         exposed_comm_share=(sum(exposed) / durations) if exposed and durations else None,
+        steady_windows=len(steady.windows),
+        warmup=steady.warmup,
+        warmup_window_ns=warm.median if warm else None,
+        comm_ns=comm.median if comm else None,
+        projection=projection,
     )
+
+
+def window_basis(head: Headline) -> str:
+    """How the window time was taken, and the windows shown apart."""
+    if not head.steady_windows:
+        return "the first window only: no steady window to measure"
+    text = f"median over ranks and {head.steady_windows} steady windows"
+    if head.warmup:
+        apart = ", ".join(f"{i} ({why})" for i, why in head.warmup[:3])
+        more = f" and {len(head.warmup) - 3} more" if len(head.warmup) > 3 else ""
+        warm = f", {human_ns(head.warmup_window_ns)}" if head.warmup_window_ns else ""
+        text += f"; apart: window {apart}{more}{warm}"
+    return text
 
 
 def window_means(grid: Grid, attr: str) -> list[float | None]:
@@ -233,18 +274,101 @@ def human_share(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 100:.0f}%"
 
 
+# Cost and evidence keys as people read them: key -> (label, unit). Units: "ns" (a duration),
+# "bytes", "share" (0-1, shown as %), "x" (a ratio), "ms" (already milliseconds), "count".
+LABELS: dict[str, tuple[str, str]] = {
+    "wasted_bytes_per_window": ("redundant bytes per window", "bytes"),
+    "redundant_collectives_per_window": ("redundant collectives per window", "count"),
+    "redundant_time_ns_per_window": ("exposed sync time before the last micro-batch", "ns"),
+    "share_of_window_time": ("share of window time", "share"),
+    "window_ns": ("window time (median, steady windows)", "ns"),
+    "projected_window_ns": ("projected window time after the fix", "ns"),
+    "extra_memory_bytes_if_skipped": ("extra gradient memory if the sync is skipped", "bytes"),
+    "extra_memory_bytes_if_gradient_sync_skipped": (
+        "extra gradient memory with set_requires_gradient_sync instead",
+        "bytes",
+    ),
+    "all_reduce_bytes_skipped_per_window": ("all-reduce bytes saved per window", "bytes"),
+    "estimated_extra_memory_bytes": ("estimated extra gradient memory", "bytes"),
+    "peak_memory_bytes": ("peak memory", "bytes"),
+    "mean_collective_ns": ("mean collective time", "ns"),
+    "estimated_latency_overhead_ns_per_window": ("estimated call overhead per window", "ns"),
+    "lost_share_of_gradient": ("share of the gradient lost", "share"),
+    "effective_batch_share": ("effective batch, share of the usual", "share"),
+    "windows_affected": ("windows affected", "count"),
+    "exposed_ns_per_window": ("exposed communication per window", "ns"),
+    "exposed_share": ("exposed share of window time", "share"),
+    "worst_share": ("worst exposed share", "share"),
+    "mean_exposed_ms": ("mean exposed communication", "ms"),
+    "mean_bytes": ("mean bytes per collective", "bytes"),
+    "micro_batches": ("micro-batches per window", "count"),
+    "expected_grad_syncs": ("expected grad syncs per window", "count"),
+    "expected_micro_batches": ("expected at micro-batch", "count"),
+    "grad_syncs": ("grad syncs per window", "count"),
+    "grad_sync_micro_batches": ("grad syncs at micro-batch", "count"),
+    "grad_sync_collectives": ("grad-sync collectives per window", "count"),
+    "unsynced_micro_batches": ("micro-batches never synced", "count"),
+    "example_rank": ("example rank", "count"),
+    "example_window": ("example window", "count"),
+}
+
+
+def label_of(key: str) -> str:
+    """A human label for a cost or evidence key; keys not in LABELS lose their unit suffix."""
+    if key in LABELS:
+        return LABELS[key][0]
+    words = [w for w in key.split("_") if w]
+    timed = "ns" in words
+    words = [w for w in words if w not in ("ns", "bytes")]
+    if timed and "time" not in words:
+        words.insert(words.index("per") if "per" in words else len(words), "time")
+    return " ".join(words) or key
+
+
+def unit_of(key: str) -> str:
+    if key in LABELS:
+        return LABELS[key][1]
+    k = key.lower()
+    if "bytes" in k:
+        return "bytes"
+    if k.endswith("_ns") or "_ns_" in k or k.startswith("ns_"):
+        return "ns"
+    if k.endswith("_ms"):
+        return "ms"
+    if "share" in k or "fraction" in k or "ratio_of" in k:
+        return "share"
+    if "speedup" in k or "speed_up" in k:
+        return "x"
+    return "count"
+
+
 def human_value(key: str, value: object) -> str:
-    """Format a cost or evidence value by what its key says it is (bytes, ns, share)."""
+    """Format a cost or evidence value by its unit (LABELS, else what its key says)."""
     number = _number(value)
     if number is None:
         return str(value)
-    k = key.lower()
-    if "bytes" in k:
+    unit = unit_of(key)
+    if unit == "bytes":
         return human_bytes(number)
-    if k.endswith("_ns") or "_ns_" in k or k.startswith("ns_"):
+    if unit == "ns":
         return human_ns(number)
-    if "share" in k or "fraction" in k or "ratio_of" in k:
+    if unit == "ms":
+        return human_ns(number * 1e6)
+    if unit == "share":
         return human_share(number)
-    if "speedup" in k or "speed_up" in k:
+    if unit == "x":
         return f"{number:.2f}x"
     return f"{number:g}" if isinstance(value, float) else f"{int(number):,}"
+
+
+def plain_text(text: str) -> str:
+    """A fix summary without its markdown marks (``*and*`` -> ``and``), for the terminal."""
+    return re.sub(r"(\*\*|\*|`)(?=\S)(.+?)(?<=\S)\1", r"\2", text)
+
+
+def html_text(text: str) -> str:
+    """A fix summary as HTML: escaped, with ``*x*``/``**x**`` as emphasis and ``x`` as code."""
+    out = units.escape_html(text)
+    out = re.sub(r"\*\*(?=\S)(.+?)(?<=\S)\*\*", r"<strong>\1</strong>", out)
+    out = re.sub(r"\*(?=\S)(.+?)(?<=\S)\*", r"<em>\1</em>", out)
+    return re.sub(r"`([^`]+)`", r"<code>\1</code>", out)

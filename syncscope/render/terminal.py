@@ -11,8 +11,10 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from syncscope import figures
 from syncscope.model import Finding, RankRun, Run, Window, compress_ranks, verdict_of
-from syncscope.render.units import human_bytes, human_ns
+from syncscope.render.summary import headline, human_value, label_of, plain_text, window_basis
+from syncscope.render.units import human_bytes, human_ns, median
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 VERDICT_STYLE = {
@@ -23,23 +25,30 @@ VERDICT_STYLE = {
 }
 
 
-def _shape(w: Window) -> tuple[object, ...]:
-    return (w.complete, len(w.micro_batches), w.grad_syncs, tuple(w.grad_sync_micro_batches))
+def _shape(w: Window, apart: frozenset[int] = frozenset()) -> tuple[object, ...]:
+    return (
+        w.complete,
+        len(w.micro_batches),
+        w.grad_syncs,
+        tuple(w.grad_sync_micro_batches),
+        w.index in apart,
+    )
 
 
-def _runs_of_windows(rank: RankRun) -> list[list[Window]]:
-    """Consecutive windows of the same shape, so 1,000 identical windows are one row."""
+def _runs_of_windows(rank: RankRun, apart: frozenset[int] = frozenset()) -> list[list[Window]]:
+    """Consecutive windows of the same shape, so 1,000 identical windows are one row
+    (warm-up windows, shown apart from the steady ones, get rows of their own)."""
     groups: list[list[Window]] = []
     for w in rank.windows:
-        if groups and _shape(groups[-1][-1]) == _shape(w):
+        if groups and _shape(groups[-1][-1], apart) == _shape(w, apart):
             groups[-1].append(w)
         else:
             groups.append([w])
     return groups
 
 
-def _rank_signature(rank: RankRun) -> tuple[tuple[object, ...], ...]:
-    return tuple(_shape(w) for w in rank.windows)
+def _rank_signature(rank: RankRun, apart: frozenset[int]) -> tuple[tuple[object, ...], ...]:
+    return tuple(_shape(w, apart) for w in rank.windows)
 
 
 def window_table(run: Run) -> Table:
@@ -59,31 +68,71 @@ def window_table(run: Run) -> Table:
         "window time",
     ):
         table.add_column(name, justify="right")
+    apart = frozenset(i for i, _ in figures.steady_windows(run).warmup)
     by_signature: dict[tuple[tuple[object, ...], ...], list[RankRun]] = {}
     for r in run.ranks:
-        by_signature.setdefault(_rank_signature(r), []).append(r)
+        by_signature.setdefault(_rank_signature(r, apart), []).append(r)
     for ranks in by_signature.values():
         label = compress_ranks([r.rank for r in ranks])
-        for group in _runs_of_windows(ranks[0]):
+        for group in _runs_of_windows(ranks[0], apart):
             first, last = group[0], group[-1]
             windows = str(first.index) if first is last else f"{first.index}-{last.index}"
             if not first.complete:
                 windows += " (incomplete)"
+            elif first.index in apart:
+                windows += " (warm-up)"
+            # the same figures as everywhere (syncscope.figures), median over this row's ranks
+            # and windows: comm time is the union of time with a collective in flight
+            indices = {w.index for w in group}
+            cells = [w for r in ranks for w in r.windows if w.index in indices]
             syncs = first.grad_syncs
             expected = 1 if first.micro_batches else 0
             style = "green" if syncs == expected or not first.complete else "red"
-            n = len(group)
             table.add_row(
                 label,
                 windows,
                 str(len(first.micro_batches)),
                 Text(str(syncs), style=style),
                 ",".join(map(str, first.grad_sync_micro_batches)) or "-",
-                human_bytes(sum(w.grad_sync_bytes for w in group) / n),
-                human_ns(sum(sum(c.duration_ns for c in w.collectives) for w in group) / n),
-                human_ns(sum(w.duration_ns for w in group) / n),
+                human_bytes(median(w.grad_sync_bytes for w in cells)),
+                human_ns(median(figures.comm_ns(w) for w in cells)),
+                human_ns(median(w.duration_ns for w in cells)),
             )
     return table
+
+
+def figures_line(run: Run, findings: Sequence[Finding]) -> Text:
+    """The headline figures, as the HTML report and ``diff`` show them."""
+    head = headline(run, findings)
+    line = Text()
+    line.append("window time ", style="bold")
+    line.append(f"{human_ns(head.window_ns)} ({window_basis(head)})")
+    if head.comm_ns is not None:
+        line.append("\ncomm time ", style="bold")
+        line.append(f"{human_ns(head.comm_ns)} (a collective in flight, union per window)")
+    line.append("\npeak memory ", style="bold")
+    line.append(
+        "not measured"
+        if head.peak_memory_bytes is None
+        else f"{human_bytes(head.peak_memory_bytes)} (highest on any rank)"
+    )
+    p = head.projection
+    if p is not None:
+        line.append("\nprojected speed-up ", style="bold")
+        if p.shown:
+            line.append(
+                f"{p.text()}: window {human_ns(head.baseline_window_ns or 0)} -> "
+                f"~{human_ns(head.projected_window_ns or 0)}; basis: {p.basis}"
+            )
+        else:
+            line.append(f"not projected: {p.omitted}")
+    return line
+
+
+def _shown(key: str, value: object) -> str:
+    if isinstance(value, list | tuple):
+        return "[" + ", ".join(human_value(key, v) for v in value) + "]"
+    return human_value(key, value)
 
 
 def _num(value: object) -> float:
@@ -98,8 +147,8 @@ def _cost_line(f: Finding) -> str:
     if "redundant_time_ns_per_window" in c:
         share = _num(c.get("share_of_window_time", 0.0))
         parts.append(
-            f"{human_ns(_num(c['redundant_time_ns_per_window']))} in redundant collectives "
-            f"({share:.0%} of window time)"
+            f"{human_ns(_num(c['redundant_time_ns_per_window']))} of exposed sync time before "
+            f"the last micro-batch ({share:.0%} of window time)"
         )
     if "projected_window_ns" in c and "window_ns" in c:
         parts.append(
@@ -108,6 +157,12 @@ def _cost_line(f: Finding) -> str:
     if "extra_memory_bytes_if_skipped" in c:
         parts.append(
             f"skipping would hold ~{human_bytes(_num(c['extra_memory_bytes_if_skipped']))} more gradient memory"
+        )
+    if "extra_memory_bytes_if_gradient_sync_skipped" in c:
+        parts.append(
+            f"set_requires_gradient_sync instead would hold ~"
+            f"{human_bytes(_num(c['extra_memory_bytes_if_gradient_sync_skipped']))} more "
+            "gradient memory per rank"
         )
     if "estimated_extra_memory_bytes" in c:
         parts.append(
@@ -131,7 +186,12 @@ def finding_panel(f: Finding) -> Panel:
         body.append(Text(where, style="dim"))
     evidence = {k: v for k, v in f.evidence.items() if not isinstance(v, dict)}
     if evidence:
-        body.append(Text("evidence: " + ", ".join(f"{k}={v}" for k, v in evidence.items())))
+        body.append(
+            Text(
+                "evidence: "
+                + ", ".join(f"{label_of(k)} {_shown(k, v)}" for k, v in evidence.items())
+            )
+        )
     for key, value in f.evidence.items():
         if isinstance(value, dict):
             body.append(Text(f"{key}:"))
@@ -143,7 +203,7 @@ def finding_panel(f: Finding) -> Panel:
     for role, site in f.sources:
         body.append(Text(f"{role}: {site}", style="dim"))
     if f.fix is not None:
-        body.append(Text("fix: " + f.fix.summary, style="green"))
+        body.append(Text("fix: " + plain_text(f.fix.summary), style="green"))
         body.append(Syntax(f.fix.snippet, "python", theme="ansi_dark", background_color="default"))
     title = f"[{SEVERITY_STYLE[f.severity]}]{f.severity}[/] {f.kind} ({f.cause})"
     return Panel(
@@ -163,6 +223,7 @@ def summary_renderables(run: Run, findings: Sequence[Finding]) -> list[Renderabl
         out.append(Text(f"note: {note}", style="yellow"))
     if run.ranks and any(r.windows for r in run.ranks):
         out.append(window_table(run))
+        out.append(figures_line(run, findings))
     else:
         out.append(Text("no optimizer step or backward pass was recorded", style="yellow"))
     for f in findings:

@@ -50,7 +50,10 @@ def timeline_figure(run: Run, ranks: Sequence[int], first_window: int = 0) -> Fi
             [row, start / 1e6, max(end - start, 1) / 1e6, w, m, nbytes / 2**20]
         )
 
-    windows = range(first_window, first_window + TIMELINE_WINDOWS)
+    total = max((len(r.windows) for r in run.ranks), default=0)
+    windows = range(
+        first_window, min(first_window + TIMELINE_WINDOWS, max(total, first_window + 1))
+    )
     for row, rank in enumerate(ranks):
         rr = run.rank(rank)
         for window in (rr.windows[w] for w in windows if rr and w < len(rr.windows)):
@@ -100,7 +103,9 @@ def timeline_figure(run: Run, ranks: Sequence[int], first_window: int = 0) -> Fi
         "other collective": ("#8a94a3", 0.28, 0.17),
     }
     fig = styled(
-        f"Timeline, windows {windows.start}-{windows.stop - 1}",
+        f"Timeline, window{'s' if len(windows) > 1 else ''} "
+        f"{windows.start}{'-' + str(windows.stop - 1) if len(windows) > 1 else ''} "
+        f"of {total}",
         120 + 46 * len(ranks),
         barmode="overlay",
         bargap=0,

@@ -10,7 +10,7 @@ landed (0-based micro-batch positions), and the diagnoses of the run with their 
       window 0: 4 micro-batches, 4 grad syncs on micro-batches [0, 1, 2, 3]; expected 1 on [3]
       ...
     finding: warning redundant-sync (no-no_sync): ...
-      fix: Put forward *and* backward inside no_sync() ...
+      fix: Put forward and backward inside no_sync() ...
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
 from syncscope.model import FAILED_KINDS
+from syncscope.render.summary import plain_text
 
 if TYPE_CHECKING:
     from syncscope.tracking import Stats
@@ -173,7 +174,7 @@ def explain(
         for role, site in f.sources:
             lines.append(f"  {role}: {site}")
         if f.fix is not None:
-            lines.append(f"  fix: {f.fix.summary}")
+            lines.append(f"  fix: {plain_text(f.fix.summary)}")
             lines.extend(("    " + line).rstrip() for line in f.fix.snippet.splitlines())
     return "\n".join(lines)
 

@@ -164,6 +164,23 @@ elif PATTERN == "fsdp2-never-reenabled":  # [14] parameters never change
     opt = torch.optim.SGD(model.parameters(), 0.1)
     model.set_requires_gradient_sync(False)
     ddp_loop(model, opt)
+elif PATTERN in ("hsdp-no-toggle", "hsdp-all-reduce-toggle"):  # 4 ranks, 2x2 mesh
+    from torch.distributed.device_mesh import init_device_mesh
+    from torch.distributed.fsdp import fully_shard
+
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("replicate", "shard"))
+    model = mlp()
+    for layer in model:
+        fully_shard(layer, mesh=mesh)
+    fully_shard(model, mesh=mesh)
+    opt = torch.optim.SGD(model.parameters(), 0.1)
+    for step in range(STEPS):
+        for micro in range(ACCUM):
+            if PATTERN == "hsdp-all-reduce-toggle":  # reduce-scatter stays, all-reduce last only
+                model.set_requires_all_reduce(micro == ACCUM - 1)
+            model(data(step, micro)).pow(2).mean().backward()
+        opt.step()
+        opt.zero_grad()
 elif PATTERN == "mismatch-hang":  # [16] rank 1 issues one more collective, then everyone waits
     model = DDP(mlp())
     opt = torch.optim.SGD(model.parameters(), 0.1)

@@ -53,7 +53,9 @@ def test_redundant_run_message_has_expected_vs_actual_positions_finding_and_fix(
     assert lines[8].startswith("finding: warning redundant-sync (other): gradients reduced")
     assert "  forward: train.py:42" in lines
     assert any(
-        line.startswith("  fix: Put forward *and* backward inside no_sync()") for line in lines
+        # the summary as text, its markdown marks stripped (issue 14)
+        line.startswith("  fix: Put forward and backward inside no_sync()")
+        for line in lines
     )
     assert "        with model.no_sync() if not is_last else contextlib.nullcontext():" in lines
 

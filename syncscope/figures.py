@@ -1,0 +1,303 @@
+"""The headline figures, defined once: every renderer, ``diff``, report.json and the test API
+read them from here (docs/concepts.md, "Figures", says the same in prose).
+
+* **Steady windows.** Complete windows (ended by an optimizer step, with at least one
+  micro-batch), minus the *warm-up* windows, which are shown apart and never averaged in:
+  the first complete window of the run (lazy initialisation, DDP's bucket rebuild,
+  ``torch.compile``'s first compilation, allocator growth all land there), and any later window
+  whose duration (median across ranks) is more than ``OUTLIER_FACTOR`` times the median of the
+  other non-first windows (a recompilation, a checkpoint, a stall). Windows are matched across
+  ranks by index.
+* **Window time.** Median over ranks and steady windows of ``Window.duration_ns`` (from the
+  window's first micro-batch to the end of its optimizer step). With no steady window (a
+  1-window run) it is the first window's, and says so.
+* **Communication time.** Per rank and window, the time with at least one collective in flight:
+  the *union* of the intervals from each collective's issue to its completion (or to the
+  return of its call when completion was not seen), clipped to the window. Never a sum of
+  overlapping intervals, so it never exceeds the window time. Traces measure the same union
+  from device kernels (``Window.comm_ns``) and that is used where present.
+* **Exposed sync time** of a micro-batch: the union of the time the training thread spent
+  inside its gradient collectives' calls, the wait from the last one issued during the
+  backward to the end of the backward (DDP and FSDP issue asynchronously from autograd hooks
+  and wait at its end), and, for collectives issued after the backward (a hand-written loop),
+  each one's issue to completion. This is what skipping the sync can save; compute that ran
+  meanwhile is not counted.
+* **Grad-sync bytes.** Per rank and window, the sum of the input sizes of its
+  gradient-reducing collectives; the figure is the median over ranks and steady windows.
+* **Peak memory.** The highest per-window peak on any rank; ``None`` (shown "not measured")
+  when no window carried a measurement, never 0.
+* **Projection.** For each (rank, steady window): window time minus the exposed sync time of
+  its micro-batches before the last, each the least over the ranks (``saved_ns``: skew between
+  ranks is moved to the last sync, not saved); the speed-up is window / projected. Shown as the median
+  with its range across steady windows, and omitted, with the reason, when there are fewer
+  than ``MIN_STEADY`` steady windows or when the steady windows' time varies (interquartile
+  range) by more than the predicted saving.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from syncscope.model import Run, Window
+
+OUTLIER_FACTOR = 3.0
+MIN_STEADY = 2
+
+
+def _median(values: Sequence[float]) -> float:
+    items = sorted(values)
+    mid = len(items) // 2
+    return float(items[mid]) if len(items) % 2 else (items[mid - 1] + items[mid]) / 2
+
+
+def _quantile(values: Sequence[float], q: float) -> float:
+    """Linear interpolation between order statistics (numpy's default)."""
+    items = sorted(values)
+    pos = (len(items) - 1) * q
+    lo = int(pos)
+    hi = min(lo + 1, len(items) - 1)
+    return items[lo] + (items[hi] - items[lo]) * (pos - lo)
+
+
+@dataclass(frozen=True)
+class Steady:
+    """Which complete windows count (``windows``) and which are shown apart (``warmup``)."""
+
+    windows: tuple[int, ...]
+    warmup: tuple[tuple[int, str], ...]  # (window index, why it is apart)
+
+    def __contains__(self, index: object) -> bool:
+        return index in self.windows
+
+
+def _complete(window: Window) -> bool:
+    return window.complete and len(window.micro_batches) > 0
+
+
+def steady_windows(run: Run) -> Steady:
+    by_index: dict[int, list[int]] = {}
+    for rank in run.ranks:
+        for w in rank.windows:
+            if _complete(w):
+                by_index.setdefault(w.index, []).append(w.duration_ns)
+    indices = sorted(by_index)
+    if len(indices) < 2:
+        return Steady((), tuple((i, "the only complete window") for i in indices))
+    first, rest = indices[0], indices[1:]
+    warmup: list[tuple[int, str]] = [(first, "first window, warm-up")]
+    durations = {i: _median(by_index[i]) for i in rest}
+    steady: list[int] = []
+    for i in rest:
+        others = [d for j, d in durations.items() if j != i]
+        typical = _median(others) if others else durations[i]
+        if others and typical > 0 and durations[i] > OUTLIER_FACTOR * typical:
+            warmup.append((i, f"{durations[i] / typical:.1f}x the median of the other windows"))
+        else:
+            steady.append(i)
+    return Steady(tuple(steady), tuple(warmup))
+
+
+@dataclass(frozen=True)
+class Stat:
+    """A figure measured over ``n`` (rank, window) pairs: median, with its range."""
+
+    median: float
+    low: float
+    high: float
+    n: int
+
+    @classmethod
+    def of(cls, values: Sequence[float]) -> Stat | None:
+        return cls(_median(values), min(values), max(values), len(values)) if values else None
+
+
+def _windows(run: Run, steady: Steady, ranks: Iterable[int] | None = None) -> list[Window]:
+    """The steady windows of every rank (or of ``ranks``); the warm-up ones if none is steady."""
+    wanted = None if ranks is None else set(ranks)
+    chosen = steady.windows or tuple(i for i, _ in steady.warmup)
+    return [
+        w
+        for r in run.ranks
+        if wanted is None or r.rank in wanted
+        for w in r.windows
+        if _complete(w) and w.index in chosen
+    ]
+
+
+def window_time(run: Run, steady: Steady | None = None) -> Stat | None:
+    steady = steady if steady is not None else steady_windows(run)
+    return Stat.of([w.duration_ns for w in _windows(run, steady)])
+
+
+def warmup_time(run: Run, steady: Steady | None = None) -> Stat | None:
+    """Window time of the windows shown apart (only when there are steady ones)."""
+    steady = steady if steady is not None else steady_windows(run)
+    if not steady.windows:
+        return None
+    apart = {i for i, _ in steady.warmup}
+    return Stat.of(
+        [w.duration_ns for r in run.ranks for w in r.windows if _complete(w) and w.index in apart]
+    )
+
+
+def union_ns(intervals: Iterable[tuple[int, int]], lo: int, hi: int) -> int:
+    """Length of the union of ``intervals`` clipped to ``[lo, hi]``."""
+    total, reach = 0, lo
+    for a, b in sorted((max(a, lo), min(b, hi)) for a, b in intervals):
+        if b <= reach:
+            continue
+        total += b - max(a, reach)
+        reach = b
+    return total
+
+
+def comm_ns(window: Window) -> int:
+    """Time with at least one collective in flight (trace: kernel union) in the window."""
+    if window.comm_ns is not None:
+        return min(window.comm_ns, window.duration_ns)
+    spans = (
+        (c.start_ns, c.done_ns if c.done_ns is not None else c.end_ns) for c in window.collectives
+    )
+    return union_ns(spans, window.start_ns, window.end_ns)
+
+
+def comm_time(run: Run, steady: Steady | None = None) -> Stat | None:
+    steady = steady if steady is not None else steady_windows(run)
+    return Stat.of([comm_ns(w) for w in _windows(run, steady)])
+
+
+def sync_bytes(run: Run, steady: Steady | None = None) -> Stat | None:
+    steady = steady if steady is not None else steady_windows(run)
+    return Stat.of([w.grad_sync_bytes for w in _windows(run, steady)])
+
+
+def peak_memory(run: Run) -> int | None:
+    """Highest per-window peak on any rank; None when nothing was measured."""
+    peak = max((w.peak_memory_bytes for r in run.ranks for w in r.windows), default=0)
+    return peak if peak > 0 else None
+
+
+def exposed_sync_ns(window: Window, micro_batch: int) -> int:
+    """Time the training thread spent in, or waiting for, one micro-batch's gradient syncs."""
+    syncs = [c for c in window.collectives if c.grad_sync and c.micro_batch == micro_batch]
+    if not syncs:
+        return 0
+    spans = [(c.start_ns, c.end_ns) for c in syncs]
+    end = (
+        window.micro_batches[micro_batch].end_ns
+        if 0 <= micro_batch < len(window.micro_batches)
+        else window.start_ns
+    )
+    during = [c for c in syncs if c.start_ns < end]
+    if during:  # issued by the backward's hooks, waited on at its end (DDP, FSDP)
+        spans.append((max(c.start_ns for c in during), end))
+    for c in syncs:  # issued after the backward (a user's loop): the thread waits for each
+        if c.start_ns >= end:
+            spans.append((c.start_ns, c.done_ns if c.done_ns is not None else c.end_ns))
+    return union_ns(spans, window.start_ns, window.end_ns)
+
+
+def early_sync_ns(window: Window) -> int:
+    """Exposed sync time of every micro-batch but the last: what a once-per-window sync saves."""
+    last = len(window.micro_batches) - 1
+    early = {c.micro_batch for c in window.collectives if c.grad_sync and c.micro_batch < last}
+    return sum(exposed_sync_ns(window, m) for m in early)
+
+
+def saved_ns(run: Run) -> dict[int, int]:
+    """Per window index: what a once-per-window sync saves, the same on every rank.
+
+    For each micro-batch but the last, the *smallest* exposed sync time over the ranks: a rank
+    that waited longer was waiting for a slower rank, and that skew is not saved by syncing
+    less, only moved to the last micro-batch's sync (the slowest rank waits least, so its
+    exposed time is the communication itself)."""
+    by_index: dict[int, list[Window]] = {}
+    for r in run.ranks:
+        for w in r.windows:
+            if _complete(w):
+                by_index.setdefault(w.index, []).append(w)
+    out: dict[int, int] = {}
+    for index, windows in by_index.items():
+        n = min(len(w.micro_batches) for w in windows)
+        early = {c.micro_batch for w in windows for c in w.collectives if c.grad_sync}
+        out[index] = sum(
+            min(exposed_sync_ns(w, m) for w in windows) for m in sorted(early) if m < n - 1
+        )
+    return out
+
+
+BASIS = (
+    "window time minus the measured time spent in, or waiting for, the gradient syncs of every "
+    "micro-batch but the last (per micro-batch, the least any rank waited: skew between ranks "
+    "is not saved)"
+)
+
+
+@dataclass(frozen=True)
+class Projection:
+    """Projected window time after a once-per-window sync, sized to the evidence."""
+
+    window: Stat | None  # measured, over the windows used
+    projected: Stat | None
+    speedup: Stat | None  # per (rank, window) ratios
+    steady_windows: int
+    basis: str
+    omitted: str = ""  # why no gain is claimed ("" when it is)
+
+    @property
+    def shown(self) -> bool:
+        return not self.omitted and self.speedup is not None
+
+    def text(self) -> str:
+        """``1.6-2.1x (median 1.8x) from 3 steady windows x 2 ranks`` or the reason it is not."""
+        if not self.shown or self.speedup is None:
+            return f"not projected: {self.omitted}"
+        s = self.speedup
+        span = f"{s.low:.2f}-{s.high:.2f}x" if s.high - s.low >= 0.005 else f"{s.median:.2f}x"
+        return f"{span} (median {s.median:.2f}x) over {s.n} steady rank-windows"
+
+
+def projection(
+    run: Run, ranks: Iterable[int] | None = None, steady: Steady | None = None
+) -> Projection:
+    steady = steady if steady is not None else steady_windows(run)
+    wanted = None if ranks is None else set(ranks)
+    windows = [
+        w
+        for r in run.ranks
+        if wanted is None or r.rank in wanted
+        for w in r.windows
+        if _complete(w) and w.index in steady.windows
+    ]
+    saved = saved_ns(run)
+    durations = [float(w.duration_ns) for w in windows]
+    projected = [float(max(1, w.duration_ns - saved.get(w.index, 0))) for w in windows]
+    ratios = [d / p for d, p in zip(durations, projected, strict=True)]
+    omitted = ""
+    if len(steady.windows) < MIN_STEADY:
+        omitted = (
+            f"too few steady windows ({len(steady.windows)}; at least {MIN_STEADY} needed, "
+            "the first window is warm-up)"
+        )
+    elif durations:
+        saving = _median(durations) - _median(projected)
+        per_window = [
+            _median([float(w.duration_ns) for w in windows if w.index == i]) for i in steady.windows
+        ]
+        spread = _quantile(per_window, 0.75) - _quantile(per_window, 0.25)
+        if saving <= 0:
+            omitted = "no sync time before the last micro-batch was measured"
+        elif spread > saving:
+            omitted = (
+                f"window time varies more than the predicted gain (interquartile range "
+                f"{spread / 1e6:.1f} ms vs {saving / 1e6:.1f} ms saved)"
+            )
+    return Projection(
+        window=Stat.of(durations),
+        projected=Stat.of(projected),
+        speedup=Stat.of(ratios),
+        steady_windows=len(steady.windows),
+        basis=BASIS,
+        omitted=omitted,
+    )

@@ -1,0 +1,181 @@
+"""One definition per figure (syncscope.figures), the same in every output (issue 14)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+
+from syncscope import figures
+from syncscope.analysis.advice import SNIPPETS
+from syncscope.analysis.diagnose import diagnose
+from syncscope.model import Collective, Finding, Run, Window
+from syncscope.render.diff import compare, render_diff_text
+from syncscope.render.html import render_html
+from syncscope.render.json_report import report_dict
+from syncscope.render.summary import headline, human_ns, label_of
+from syncscope.render.terminal import render_text
+from syncscope.render.units import escape_html
+from syncscope.tracking import Stats
+from tests.unit import runs
+
+
+def _with_windows(run: Run, change) -> Run:  # type: ignore[no-untyped-def]
+    ranks = tuple(
+        dataclasses.replace(r, windows=tuple(change(w) for w in r.windows)) for r in run.ranks
+    )
+    return dataclasses.replace(run, ranks=ranks)
+
+
+def _stretch(index: int, factor: float):  # type: ignore[no-untyped-def]
+    def change(w: Window) -> Window:
+        if w.index != index:
+            return w
+        return dataclasses.replace(w, end_ns=w.start_ns + int(w.duration_ns * factor))
+
+    return change
+
+
+def test_first_window_and_outliers_are_apart_and_not_averaged_in() -> None:
+    # GIVEN 6 windows of 4.2 ms where window 4 took 10x as long (a recompilation)
+    run = _with_windows(runs.make_run(windows=6, sync_at=runs.every), _stretch(4, 10))
+    steady = figures.steady_windows(run)
+    # THEN window 0 (first) and window 4 (outlier) are apart; the figure is the steady median
+    assert steady.windows == (1, 2, 3, 5)
+    assert [i for i, _ in steady.warmup] == [0, 4]
+    assert "10.0x the median" in dict(steady.warmup)[4]
+    time = figures.window_time(run, steady)
+    assert time is not None and time.median == 4.2e6 and time.n == 8
+    warm = figures.warmup_time(run, steady)
+    assert warm is not None and warm.high == 42e6
+    # AND the terminal shows the warm-up windows on rows of their own
+    text = render_text(run, diagnose(run))
+    assert re.search(r"│ 0 \(warm-up\)\s+│", text) and re.search(r"│ 4 \(warm-up\)\s+│", text)
+    assert "window time 4.2 ms (median over ranks and 4 steady windows; apart: window 0" in text
+
+
+def test_a_single_window_run_says_it_has_no_steady_window() -> None:
+    run = runs.make_run(windows=1)
+    steady = figures.steady_windows(run)
+    assert steady.windows == () and steady.warmup == ((0, "the only complete window"),)
+    head = headline(run, [])
+    assert head.window_ns == 4.2e6  # the first window's, said so
+    assert "first window only" in render_text(run, [])
+
+
+def test_comm_time_is_a_union_and_never_exceeds_the_window() -> None:
+    # GIVEN 4 buckets per micro-batch whose in-flight intervals overlap
+    run = runs.make_run(sync_at=runs.every, buckets=4)
+    w = run.ranks[0].windows[1]
+    summed = sum(c.duration_ns for c in w.collectives)
+    union = figures.comm_ns(w)
+    # THEN the sum of durations double-counts; the union is what is in flight
+    assert union < summed
+    assert union == 4 * 600_000  # per micro-batch: 0.5 ms + 3 x 0.1 ms .. + 0.3 ms
+    assert union <= w.duration_ns
+    # AND every output reports that one figure
+    report = report_dict(run, diagnose(run))
+    assert report["figures"]["comm_in_flight_ns"]["median"] == union
+    assert report["ranks"][0]["windows"][1]["comm_in_flight_ns"] == union
+    assert f"comm time {human_ns(union)}" in render_text(run, [])
+
+
+def test_exposed_sync_time_of_a_hand_written_loop_counts_the_wait() -> None:
+    # GIVEN a blocking all-reduce issued after the backward: the call returns at once, the
+    # thread waits until completion (dist.all_reduce with async_op=False)
+    w = runs.make_run().ranks[0].windows[0]
+    mb = w.micro_batches[0]
+    c = Collective(0, "all_reduce", "allreduce_", 4, "float32", None, "0", mb.end_ns,
+                   mb.end_ns + 10_000, mb.end_ns + 500_000, "after-backward", 0, True,
+                   "user")  # fmt: skip
+    w = dataclasses.replace(w, collectives=(c,))
+    assert figures.exposed_sync_ns(w, 0) == 500_000
+    assert figures.early_sync_ns(w) == 500_000
+
+
+def test_window_time_is_the_same_figure_in_every_output() -> None:
+    run = _with_windows(runs.make_run(windows=5, sync_at=runs.every), _stretch(0, 3))
+    findings = diagnose(run)
+    head = headline(run, findings)
+    shown = human_ns(head.window_ns)
+    assert shown == "4.2 ms"  # the steady windows, not pulled up by the 12.6 ms first window
+    report = report_dict(run, findings)
+    assert report["figures"]["window_time_ns"]["median"] == head.window_ns
+    assert Stats.from_run(run).figures["window_time_ns"] == report["figures"]["window_time_ns"]
+    assert f"window time {shown}" in render_text(run, findings)
+    assert f'<div class="value">{shown}</div>' in render_html(run, findings)
+    assert f"window time {shown} -> {shown}" in compare(run, findings, run, findings).subtitle
+    # AND the finding's window time is that figure too
+    redundant = next(f for f in findings if f.kind == "redundant-sync")
+    assert redundant.cost["window_ns"] == head.window_ns
+
+
+def test_memory_not_measured_is_never_zero() -> None:
+    run = _with_windows(runs.clean_ddp(), lambda w: dataclasses.replace(w, peak_memory_bytes=0))
+    assert figures.peak_memory(run) is None
+    page = render_html(run, [])
+    assert "not measured" in page and "0 B" not in page
+    assert "peak memory: not measured" in page  # the per-window chart draws no 0 MiB line
+    assert "peak memory not measured" in render_text(run, [])
+    assert report_dict(run, [])["figures"]["peak_memory_bytes"] is None
+    diff = render_diff_text(compare(run, [], runs.clean_ddp(), []))
+    assert re.search(r"peak memory\s+not measured\s+51\d\.0 MiB", diff)
+
+
+def test_projection_is_a_range_with_its_basis() -> None:
+    run = runs.redundant()
+    findings = diagnose(run)
+    p = headline(run, findings).projection
+    assert p is not None and p.shown and p.speedup is not None
+    assert p.steady_windows == 3 and p.speedup.n == 6
+    page = render_html(run, findings)
+    assert "projected speed-up" in page and "from 3 steady windows" in page
+    assert escape_html(figures.BASIS) in page
+
+
+def test_projection_is_omitted_with_the_reason_when_the_run_cannot_support_it() -> None:
+    # too few steady windows: a 2-window run has one, after the warm-up window
+    short = runs.make_run(windows=2, sync_at=runs.every)
+    page = render_html(short, diagnose(short))
+    assert "not projected" in page and "too few steady windows (1" in page
+    assert "projected speed-up" in render_text(short, diagnose(short))
+    # window time varying more than the gain: steady windows of 4.2, 8.4, 12.6 and 16.8 ms
+    noisy = runs.make_run(windows=5, sync_at=runs.every)
+    for i, factor in ((2, 2), (3, 3), (4, 4)):
+        noisy = _with_windows(noisy, _stretch(i, factor))
+    findings = diagnose(noisy)
+    p = headline(noisy, findings).projection
+    assert p is not None and not p.shown
+    assert p.omitted.startswith("window time varies more than the predicted gain")
+    assert headline(noisy, findings).speedup is None
+    assert "window time varies more than the predicted gain" in render_html(noisy, findings)
+
+
+def test_cost_and_evidence_show_labels_with_units_not_key_names() -> None:
+    run = runs.redundant()
+    page = render_html(run, diagnose(run))
+    for key in ("window ns", "projected window ns", "redundant time ns per window"):
+        assert f"<dt>{key}</dt>" not in page
+    assert "<dt>projected window time after the fix</dt>" in page
+    assert "<dt>window time (median, steady windows)</dt>" in page
+    assert label_of("some_new_ns_per_window") == "some new time per window"
+
+
+def test_fix_summaries_are_text_not_markdown() -> None:
+    fix = SNIPPETS["ddp-no_sync"]
+    assert "*and*" in fix.summary  # written with emphasis ...
+    finding = Finding("redundant-sync", "warning", "other", "m", (0,), (0,), fix=fix)
+    page = render_html(runs.redundant(), [finding])
+    assert "forward <em>and</em> backward" in page and "*and*" not in page  # ... shown as such
+    text = render_text(runs.redundant(), [finding])
+    assert "forward and backward" in text and "*and*" not in text
+
+
+def test_timeline_title_matches_the_windows_drawn() -> None:
+    def title(run: Run) -> str:
+        page = render_html(run, [])
+        return json.dumps(page[page.index('id="fig-timeline"') :][:20000])
+
+    assert "Timeline, windows 0-2 of 4" in title(runs.make_run(windows=4))
+    assert "Timeline, windows 0-1 of 2" in title(runs.make_run(windows=2))
+    assert "Timeline, window 0 of 1" in title(runs.make_run(windows=1))
