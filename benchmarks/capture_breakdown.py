@@ -18,6 +18,7 @@ import cProfile
 import os
 import pstats
 import statistics
+import sys
 import tempfile
 import time
 from collections.abc import Callable
@@ -83,28 +84,51 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=12)
     parser.add_argument("--layers", type=int, default=6)
     parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--batch", type=int, default=32)
+    parser.add_argument("--batch", type=int, help="default 32 (mlp), the workload's (transformer)")
     parser.add_argument("--accum", type=int, default=4)
     parser.add_argument("--sync-every", action="store_true", help="no no_sync: N syncs/window")
     parser.add_argument("--cprofile", action="store_true")
+    parser.add_argument(
+        "--model",
+        choices=("mlp", "transformer"),
+        default="mlp",
+        help="transformer: workloads/small_transformer.py's TinyGPT (small steps)",
+    )
+    parser.add_argument("--compile", action="store_true", help="torch.compile (aot_eager)")
     args = parser.parse_args()
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    layers: list[torch.nn.Module] = []
-    for _ in range(args.layers):
-        layers += [torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU()]
-    model = DDP(torch.nn.Sequential(*layers))
-    optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
-    data = [torch.randn(args.batch, args.hidden) for _ in range(args.accum)]
+    if args.model == "transformer":
+        sys.path.insert(0, str(Path(__file__).resolve().parent / "workloads"))
+        import small_transformer as st
+
+        sys.argv[1:] = []
+        targs = st.parse_args()  # the workload's own defaults
+        targs.accum = args.accum
+        targs.batch = args.batch or targs.batch
+        ddp = DDP(st.TinyGPT(targs))
+        tokens = st.make_data(targs, rank)
+        data = [(t[:, :-1], t[:, 1:]) for t in tokens]
+    else:
+        layers: list[torch.nn.Module] = []
+        for _ in range(args.layers):
+            layers += [torch.nn.Linear(args.hidden, args.hidden), torch.nn.ReLU()]
+        ddp = DDP(torch.nn.Sequential(*layers))
+        data = [(torch.randn(args.batch or 32, args.hidden),) for _ in range(args.accum)]
+    model: Any = torch.compile(ddp, backend="aot_eager") if args.compile else ddp
+    optimizer = torch.optim.SGD(ddp.parameters(), lr=0.01)
+
+    def loss_of(out: torch.Tensor) -> torch.Tensor:
+        return out if out.dim() == 0 else out.pow(2).mean()
 
     def window() -> tuple[float, float]:
         t0, c0 = time.perf_counter(), time.process_time()
         for micro in range(args.accum):
             last = micro == args.accum - 1
-            ctx = contextlib.nullcontext() if last or args.sync_every else model.no_sync()
+            ctx = contextlib.nullcontext() if last or args.sync_every else ddp.no_sync()
             with ctx:
-                loss = model(data[micro]).pow(2).mean() / args.accum
+                loss = loss_of(model(*data[micro])) / args.accum
                 loss.backward()
         optimizer.step()
         optimizer.zero_grad()
@@ -115,7 +139,7 @@ def main() -> None:
         name: Recorder(EventWriter(tmp / f"{i}-rank{rank}.jsonl"), rank=rank, world_size=2)
         for i, name in enumerate(VARIANTS)
     }
-    for _ in range(2):
+    for _ in range(5):  # compilation, if any, happens here
         window()
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}

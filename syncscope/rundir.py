@@ -107,6 +107,9 @@ def _faulty_write(after: int) -> Any:
     return write
 
 
+_LINE = orjson.OPT_SERIALIZE_NUMPY | orjson.OPT_APPEND_NEWLINE
+
+
 class EventWriter:
     """Appends one JSON line per event to a rank's event file (thread-safe, unbuffered).
 
@@ -130,18 +133,42 @@ class EventWriter:
         import weakref
 
         self._lock = threading.Lock()
+        self._held: list[dict[str, Any]] = []  # events buffered until the next write
         ref = weakref.ref(self)
         os.register_at_fork(after_in_child=lambda: _forget_in_child(ref))
 
     def write(self, event: dict[str, Any]) -> None:
-        line = orjson.dumps(event, option=orjson.OPT_SERIALIZE_NUMPY) + b"\n"
+        """Write ``event``, after any held by ``buffer``, in one system call."""
         with self._lock:
-            if self._fd is None or os.getpid() != self._pid:
-                return
-            try:
-                (self._write or _os_write)(self._fd, line)
-            except OSError as exc:
-                self._stop(exc)
+            if self._held:
+                self._held.append(event)
+                held, self._held = self._held, []
+                self._put(b"".join([orjson.dumps(e, option=_LINE) for e in held]))
+            else:
+                self._put(orjson.dumps(event, option=_LINE))
+
+    def buffer(self, event: dict[str, Any]) -> None:
+        """Hold ``event`` (not copied: the caller lets go of it) until the next ``write``
+        or ``flush``: fewer system calls and no serialization on the training thread's
+        hook path. The recorder holds only events that a written one soon follows (see
+        ``syncscope.capture.recorder._HELD``)."""
+        with self._lock:
+            self._held.append(event)
+
+    def flush(self) -> None:
+        with self._lock:
+            if self._held:
+                held, self._held = self._held, []
+                self._put(b"".join([orjson.dumps(e, option=_LINE) for e in held]))
+
+    def _put(self, data: bytes) -> None:
+        """Write ``data`` (the lock is held)."""
+        if self._fd is None or os.getpid() != self._pid:
+            return
+        try:
+            (self._write or _os_write)(self._fd, data)
+        except OSError as exc:
+            self._stop(exc)
 
     def _stop(self, exc: OSError) -> None:
         """Stop for good after a failed write (the lock is held)."""
@@ -164,6 +191,7 @@ class EventWriter:
             )
 
     def close(self) -> None:
+        self.flush()
         with self._lock:
             if self._fd is not None:
                 os.close(self._fd)
@@ -177,6 +205,7 @@ def _forget_in_child(ref: Any) -> None:
         import threading
 
         writer._fd = None
+        writer._held = []
         writer._lock = threading.Lock()  # one held by another thread at fork stays held
 
 

@@ -90,29 +90,38 @@ class TinyGPT(nn.Module):
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
 
 
-args = parse_args()
-rank = init(args)
-torch.manual_seed(0)
-model: nn.Module = DDP(TinyGPT(args))
-ddp = model
-if args.compile:
-    model = torch.compile(model, backend=args.backend)
-optimizer = torch.optim.AdamW(ddp.parameters(), lr=3e-4)
-g = torch.Generator().manual_seed(1000 + rank)
-data = [
-    torch.randint(0, args.vocab, (args.batch, args.seq + 1), generator=g) for _ in range(args.accum)
-]
-clock = Clock(args, rank, "small_transformer" + ("_compiled" if args.compile else ""))
+def main() -> None:
+    args = parse_args()
+    rank = init(args)
+    torch.manual_seed(0)
+    model: nn.Module = DDP(TinyGPT(args))
+    ddp = model
+    if args.compile:
+        model = torch.compile(model, backend=args.backend)
+    optimizer = torch.optim.AdamW(ddp.parameters(), lr=3e-4)
+    data = make_data(args, rank)
+    clock = Clock(args, rank, "small_transformer" + ("_compiled" if args.compile else ""))
 
-for step in range(args.steps):  # noqa: B007 (the shape users write)
-    for micro in range(args.accum):
-        is_last = micro == args.accum - 1
-        tokens = data[micro]
-        with ddp.no_sync() if not is_last else contextlib.nullcontext():
-            loss = model(tokens[:, :-1], tokens[:, 1:]) / args.accum
-            loss.backward()
-    optimizer.step()
-    optimizer.zero_grad(set_to_none=True)
-    clock.tick()
-clock.report()
-finish(args, rank)
+    for step in range(args.steps):  # noqa: B007 (the shape users write)
+        for micro in range(args.accum):
+            is_last = micro == args.accum - 1
+            tokens = data[micro]
+            with ddp.no_sync() if not is_last else contextlib.nullcontext():
+                loss = model(tokens[:, :-1], tokens[:, 1:]) / args.accum
+                loss.backward()
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        clock.tick()
+    clock.report()
+    finish(args, rank)
+
+
+def make_data(args: argparse.Namespace, rank: int) -> list[torch.Tensor]:
+    """One batch of tokens per micro-batch, different on every rank."""
+    g = torch.Generator().manual_seed(1000 + rank)
+    shape = (args.batch, args.seq + 1)
+    return [torch.randint(0, args.vocab, shape, generator=g) for _ in range(args.accum)]
+
+
+if __name__ == "__main__":
+    main()

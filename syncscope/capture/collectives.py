@@ -132,6 +132,8 @@ def _functional_kernel(name: str, op: Any) -> Callable[..., Any]:
         if not recorders or not inputs or not all(_real(t) for t in inputs):
             with torch._C._AutoDispatchBelowADInplaceOrView():
                 return op(*args, **kwargs)
+        for rec in recorders:
+            rec.flush()  # held events on disk before a collective that might hang
         starts = [r.now() for r in recorders]
         with torch._C._AutoDispatchBelowADInplaceOrView():
             out = op(*args, **kwargs)

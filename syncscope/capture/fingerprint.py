@@ -18,11 +18,18 @@ import torch
 _PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 
 
+_statm: tuple[int, int] | None = None  # (pid, descriptor of its /proc/PID/statm)
+
+
 def rss_bytes() -> int:
-    """Resident set size of this process, from /proc (0 where unavailable)."""
+    """Resident set size of this process, from /proc (0 where unavailable): one ``pread``
+    of a descriptor kept open (reopened in a forked child, whose /proc entry differs)."""
+    global _statm
     try:
-        with open("/proc/self/statm", "rb") as fh:
-            return int(fh.read().split()[1]) * _PAGE
+        pid = os.getpid()
+        if _statm is None or _statm[0] != pid:
+            _statm = (pid, os.open(f"/proc/{pid}/statm", os.O_RDONLY | os.O_CLOEXEC))
+        return int(os.pread(_statm[1], 128, 0).split()[1]) * _PAGE
     except (OSError, ValueError, IndexError):
         return 0
 
@@ -54,7 +61,9 @@ def _local(grad: torch.Tensor) -> tuple[torch.Tensor, bool]:
 class PendingFingerprint:
     """A fingerprint whose device-side value may not be ready yet."""
 
-    def __init__(self, values: torch.Tensor, event: Any | None, sharded: bool, count: int) -> None:
+    def __init__(
+        self, values: torch.Tensor | list[float], event: Any | None, sharded: bool, count: int
+    ) -> None:
         self._values = values
         self._event = event
         self.sharded = sharded
@@ -66,10 +75,17 @@ class PendingFingerprint:
     def result(self) -> list[float]:
         if self._event is not None:
             self._event.synchronize()
-        return [float(v) for v in self._values.tolist()]
+        values = self._values if isinstance(self._values, list) else self._values.tolist()
+        return [float(v) for v in values]
 
 
 def fingerprint(optimizer: torch.optim.Optimizer) -> PendingFingerprint | None:
+    """Start a fingerprint of the gradients ``optimizer`` is about to step (None: none).
+
+    A handful of tensor ops per step whatever the parameter count: gradients smaller than
+    twice the sample are read whole (the norm of the whole tensor is the norm of its
+    step-1 sample), larger ones through a strided view, and the norms are reduced in one
+    ``torch._foreach_norm`` per device."""
     grads: list[torch.Tensor] = []
     sharded = False
     for group in optimizer.param_groups:
@@ -77,29 +93,32 @@ def fingerprint(optimizer: torch.optim.Optimizer) -> PendingFingerprint | None:
             grad = param.grad
             if grad is None or grad.is_sparse:
                 continue
-            local, is_shard = _local(grad)
-            sharded = sharded or is_shard
-            grads.append(_sample(local.detach()))
+            if type(grad) is not torch.Tensor:  # a DTensor (FSDP2, tensor parallelism)
+                grad, is_shard = _local(grad)
+                sharded = sharded or is_shard
+            grads.append(grad if grad.numel() < 2 * SAMPLE else _sample(grad))
     if not grads:
         return None
+    count = len(grads)
     with torch.no_grad():
-        by_device: dict[torch.device, list[torch.Tensor]] = {}
-        for g in grads:
-            by_device.setdefault(g.device, []).append(g)
-        norms: list[torch.Tensor] = []
-        for device_grads in by_device.values():
-            norms.extend(n.to(torch.float64) for n in torch._foreach_norm(device_grads))
-        device = norms[0].device
-        stacked = torch.stack([n.to(device) for n in norms])
-        weights = torch.arange(1, len(norms) + 1, device=device, dtype=torch.float64)
-        values = torch.stack([stacked.sum(), (stacked * weights).sum() / len(norms)])
-        if device.type == "cuda":
-            host = torch.empty(2, dtype=torch.float64, pin_memory=True)
-            host.copy_(values, non_blocking=True)
-            event = torch.cuda.Event()
-            event.record()
-            return PendingFingerprint(host, event, sharded, len(grads))
-        return PendingFingerprint(values, None, sharded, len(grads))
+        devices = {g.device for g in grads}
+        if len(devices) == 1:
+            stacked = torch.stack(torch._foreach_norm(grads))
+        else:  # norms in parameter order, gathered on the first gradient's device
+            device = grads[0].device
+            stacked = torch.stack([torch.linalg.vector_norm(g).to(device) for g in grads])
+        if stacked.device.type != "cuda":  # two sums of a few floats: Python is quickest
+            norms = stacked.tolist()
+            weighted = sum(i * v for i, v in enumerate(norms, 1))
+            return PendingFingerprint([sum(norms), weighted / count], None, sharded, count)
+        stacked = stacked.to(torch.float64)
+        weights = torch.arange(1, count + 1, device=stacked.device, dtype=torch.float64)
+        values = torch.stack([stacked.sum(), (stacked * weights).sum() / count])
+        host = torch.empty(2, dtype=torch.float64, pin_memory=True)
+        host.copy_(values, non_blocking=True)
+        event = torch.cuda.Event()
+        event.record()
+        return PendingFingerprint(host, event, sharded, count)
 
 
 def cuda_peak_and_reset() -> int:

@@ -34,6 +34,10 @@ from syncscope.rundir import EVENTS_FORMAT, EVENTS_FORMAT_VERSION
 class Sink(Protocol):
     def write(self, event: dict[str, Any]) -> None: ...
 
+    def buffer(self, event: dict[str, Any]) -> None: ...
+
+    def flush(self) -> None: ...
+
     def close(self) -> None: ...
 
 
@@ -47,6 +51,11 @@ class MemorySink:
     def write(self, event: dict[str, Any]) -> None:
         with self._lock:
             self.events.append(event)
+
+    buffer = write
+
+    def flush(self) -> None:
+        pass
 
     def close(self) -> None:
         pass
@@ -90,6 +99,17 @@ _WINDOW_EVENTS = frozenset(
         "fp",
     )
 )
+
+# Events held in memory and written with the next one that is not (``EventWriter.buffer``).
+# Written at once: ``bwd`` (so every micro-batch's backward is on disk as it begins),
+# ``coll`` (a rank that hangs in a collective has it on disk), ``step_end`` (every window),
+# the exit record and the rare ones (header, wrapper, warning, ...); held events also go to
+# disk before every collective is issued. A rank stopped by a signal or an exception writes
+# everything; one killed outright (SIGKILL, a segfault) loses at most what followed its last
+# backward, collective or window: a bwd_end, a forward, sync toggles, a reset.
+_HELD = frozenset(("fwd", "fwd_end", "bwd_end", "toggle", "reset", "step", "fp", "done", "closure"))
+
+_GRAD_SAMPLE = 8  # parameters whose .grad is looked at before and after each backward
 
 _INPUT_SECOND = ("allgather", "reduce_scatter", "alltoall", "gather", "scatter")
 
@@ -174,6 +194,8 @@ class Recorder:
         self.ddp_modules: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self.fsdp_roots: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self.fsdp1_modules: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        # (kind, weak reference, label) of every wrapper: what sync_state reads per backward
+        self._wrappers: list[tuple[str, weakref.ref[Any], str]] = []
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._labels = 0
         self._pending_fp: list[tuple[int, PendingFingerprint]] = []
@@ -193,6 +215,9 @@ class Recorder:
         self._works: list[tuple[int, Any]] = []
         self._params_key: tuple[object, ...] = ()
         self._params_cache: list[torch.Tensor] = []
+        self._grad_sample: list[torch.Tensor] = []  # what _count_grads looks at
+        self._params_dirty = True  # a wrapper or optimizer step since _params last ran
+        self._group_counts: dict[int, int] = {}  # id(optimizer) -> its param groups
         self._window_activity = False  # a backward, collective or reset since the last step
         # bounded capture: skip the first windows, stop after max_windows captured ones
         self.skip_windows = skip_windows
@@ -222,9 +247,18 @@ class Recorder:
         if self._closed or (self.muted and event["type"] in _WINDOW_EVENTS):
             return
         self.events += 1
-        if self._works and event.get("type") != "coll":
+        kind = event["type"]
+        if self._works and kind != "coll":
             self.poll_works()
-        self.sink.write(event)
+        if kind in _HELD:
+            self.sink.buffer(event)
+        else:
+            self.sink.write(event)
+
+    def flush(self) -> None:
+        """Put held events on disk (before a collective: a rank that hangs in it has told
+        everything up to it)."""
+        self.sink.flush()
 
     @property
     def listening(self) -> bool:
@@ -291,6 +325,7 @@ class Recorder:
         self._closed = True
         # hold nothing of the job's once closed: its tensors and works must be free to go
         self._params_key, self._params_cache, self._pending_fp = (), [], []
+        self._grad_sample = []
         self._grad_ptrs, self._grad_list = None, []
         self._content_hits, self._bucket_ptrs = set(), set()
 
@@ -309,10 +344,14 @@ class Recorder:
         label = self.new_label(kind, module)
         if kind == "ddp":
             self.ddp_modules[module] = label
+            self._wrappers.append(("ddp", weakref.ref(module), label))
         elif key is None:
             self.fsdp1_modules[module] = label  # FSDP1: the module holds the sync flag
+            self._wrappers.append(("fsdp1", weakref.ref(module), label))
         else:
             self.fsdp_roots[key] = label  # FSDP2: keyed by the root's FSDPState
+            self._wrappers.append(("fsdp2", weakref.ref(key), label))
+        self._params_dirty = True
         self.emit({"type": "wrapper", "kind": kind, "label": label, "t": self.now(), **info})
         return label
 
@@ -369,13 +408,19 @@ class Recorder:
             self.emit({"type": "fwd_end", "t": self.now(), "depth": self.fwd_depth})
 
     def sync_state(self) -> dict[str, bool]:
+        """Each live wrapper's sync intent now: DDP modules, FSDP2 roots, FSDP1 modules."""
         state: dict[str, bool] = {}
-        for module, label in list(self.ddp_modules.items()):
-            state[label] = bool(module.require_backward_grad_sync)
-        for fsdp_state, label in list(self.fsdp_roots.items()):
-            state[label] = _fsdp_reduce_grads(fsdp_state)
-        for module, label in list(self.fsdp1_modules.items()):
-            state[label] = bool(getattr(module, "_sync_gradients", True))
+        for kind in ("ddp", "fsdp2", "fsdp1"):
+            for has, ref, label in self._wrappers:
+                obj = ref() if has == kind else None
+                if obj is None:
+                    continue
+                if kind == "ddp":
+                    state[label] = bool(obj.require_backward_grad_sync)
+                elif kind == "fsdp2":
+                    state[label] = _fsdp_reduce_grads(obj)
+                else:
+                    state[label] = bool(getattr(obj, "_sync_gradients", True))
         return state
 
     # -- backward -------------------------------------------------------------------------
@@ -427,6 +472,7 @@ class Recorder:
 
     def _params(self) -> list[torch.Tensor]:
         """Parameters of the known optimizers (else of the wrapped models), cached."""
+        self._params_dirty = False
         optimizers = [(id(opt), len(opt.param_groups)) for opt in list(self.optimizers)]
         wrappers = (len(self.ddp_modules), len(self.fsdp_roots), len(self.fsdp1_modules))
         key = (*optimizers, *wrappers)
@@ -443,15 +489,19 @@ class Recorder:
             for module in modules:
                 for p in module.parameters():
                     seen[id(p)] = p
-        self._params_key, self._params_cache = key, list(seen.values())
+        params = list(seen.values())
+        self._params_key, self._params_cache = key, params
+        self._grad_sample = params[:: max(1, -(-len(params) // _GRAD_SAMPLE))]
         return self._params_cache
 
     def _count_grads(self) -> int:
-        """Parameters holding a gradient, among a spread sample of at most 64 of them
-        (a reset wipes them all, so a sample sees it at a cost independent of model size)."""
-        params = self._params()
-        sample = params[:: max(1, len(params) // 64)]
-        return sum(1 for p in sample if p.grad is not None)
+        """Parameters holding a gradient, among a spread sample of at most _GRAD_SAMPLE of
+        them (a reset wipes them all, so a sample sees it at a cost independent of model
+        size; each parameter read right after a backward is a cold memory access)."""
+        if self._params_dirty:
+            self._params()
+        sample = self._grad_sample
+        return [p.grad is not None for p in sample].count(True)
 
     def on_grad_reset(self, how: str, set_to_none: bool | None) -> None:
         self._reset_since_backward = True
@@ -491,7 +541,11 @@ class Recorder:
         self.step_depth += 1
         if self.step_depth > 1:
             return None
-        self.optimizers.add(optimizer)
+        groups = len(optimizer.param_groups)
+        if self._group_counts.get(id(optimizer)) != groups:  # new, or a param group added
+            self._group_counts[id(optimizer)] = groups
+            self.optimizers.add(optimizer)
+            self._params_dirty = True
         if not self._framework_final:
             self.note_framework(2)
             self._framework_final = True
@@ -676,7 +730,9 @@ class Recorder:
     def before_collective(self, opname: str, args: tuple[Any, ...]) -> None:
         """Called before a collective runs (its input is still the rank's own): notes whether
         a user all-reduce/reduce-scatter outside backward holds the gradients' values, such
-        as a flattened copy of them (``_flatten_dense_tensors``), which shares no storage."""
+        as a flattened copy of them (``_flatten_dense_tensors``), which shares no storage.
+        Held events go to disk first."""
+        self.sink.flush()
         self._content_hits = set()
         if self.bwd_depth or normalize_op(opname) not in ("all_reduce", "reduce_scatter"):
             return
@@ -792,7 +848,7 @@ class Recorder:
             except Exception:
                 completed = True
             if completed:
-                self.sink.write({"type": "done", "seq": seq, "t": now})
+                self.sink.buffer({"type": "done", "seq": seq, "t": now})
             else:
                 still.append((seq, work))
         with self._lock:

@@ -49,13 +49,32 @@ def _is_library(code: CodeType) -> bool:
     return cached
 
 
+_user_files: dict[CodeType, str] = {}  # code of the user's -> its absolute file name
+_LIBRARY = ""  # the mark of library code in _user_files
+
+
+def _user_file(code: CodeType) -> str:
+    """The absolute file name of the user's code object, or "" for library code (cached)."""
+    name = _user_files.get(code)
+    if name is None:
+        name = _LIBRARY if _is_library(code) else os.path.abspath(code.co_filename)
+        _user_files[code] = name
+    return name
+
+
 def user_site(skip: int = 1) -> Site | None:
-    """The innermost frame of the user's own code above the caller, as (file, line, function)."""
+    """The innermost frame of the user's own code above the caller, as (file, line, function).
+
+    Called on every micro-batch: a dictionary lookup per frame walked, nothing else."""
     frame: FrameType | None = sys._getframe(skip + 1)
+    files = _user_files
     while frame is not None:
         code = frame.f_code
-        if not _is_library(code):
-            return (os.path.abspath(code.co_filename), frame.f_lineno, code.co_name)
+        name = files.get(code)
+        if name is None:
+            name = _user_file(code)
+        if name:
+            return (name, frame.f_lineno, code.co_name)
         frame = frame.f_back
     return None
 
@@ -93,7 +112,7 @@ def issuer_of_collective(skip: int = 1) -> tuple[str, Site | None, str]:
         filename = code.co_filename.replace("\\", "/")
         if not _is_library(code):
             if via_c10d_python:
-                site = (os.path.abspath(code.co_filename), frame.f_lineno, code.co_name)
+                site = (_user_file(code), frame.f_lineno, code.co_name)
                 return ("user", site, "")
             break
         for marker, kind in _TORCH_MARKERS:
