@@ -202,7 +202,41 @@ def _capture(results: dict[str, Any]) -> list[str]:
             f"| {m['label']} | {ms(cap['window'][n])} | {cap['ratio'][n]:.3f} | "
             f"{ratio_text(cap['paired'][n])} | {ms(cap['cpu'][n])} | {cap['cpu_ratio'][n]:.3f} |"
         )
-    return [*lines, "", "![capture](benchmarks/capture.svg)", ""]
+    return [*lines, "", "![capture](benchmarks/capture.svg)", "", *_small_steps(results)]
+
+
+def _small_steps(results: dict[str, Any]) -> list[str]:
+    small = results.get("small_steps")
+    if not small:
+        return []
+    lines = [
+        "### Small steps",
+        "",
+        "`benchmarks/small_steps.py`: a nanoGPT-shaped DDP loop "
+        "(`workloads/small_transformer.py`: 2 blocks, 64 wide, 4 micro-batches under "
+        f"`no_sync()`), eager and `torch.compile`d (backend {small['backend']}), plain "
+        "torchrun against `syncscope profile`, interleaved. Medians over repetitions, "
+        "min-max in parentheses; *paired*: each profiled run over the plain run of its "
+        "repetition. `benchmarks/hook_time.py` gives the time inside the recorder per window, "
+        "which noise does not blur.",
+        "",
+        "| launch | window ms | CPU ms |",
+        "|---|---:|---:|",
+    ]
+    for name, figures in small["configs"].items():
+        w, c = figures["window"], figures["cpu"]
+        lines.append(
+            f"| {name} | {w['median'] * 1e3:.2f} ({w['low'] * 1e3:.2f}-{w['high'] * 1e3:.2f}) "
+            f"| {c['median'] * 1e3:.2f} |"
+        )
+    lines.append("")
+    for mode in ("eager", "compiled"):
+        r, p = small[mode], small[mode]["paired"]
+        lines.append(
+            f"- {mode}: x{r['ratio']:.3f} of plain (medians), paired x{p['median']:.3f} "
+            f"({p['low']:.3f}-{p['high']:.3f}); CPU time x{r['cpu_ratio']:.3f}"
+        )
+    return [*lines, ""]
 
 
 def _analyze(results: dict[str, Any]) -> list[str]:

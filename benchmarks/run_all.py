@@ -9,7 +9,8 @@ Sections (each measured inside the training script, start-up excluded):
    and the baseline after ``syncscope fix``, on 1 node x 2 gloo ranks and on 2 "nodes" x 1
    rank (torchrun multi-node rendezvous on loopback); configurations interleaved;
 2. capture cost: plain torchrun vs ``syncscope profile`` vs ``--trace`` vs a bare
-   ``torch.profiler`` trace (window-time ratios; issue 2's limit for counting mode: 1.03);
+   ``torch.profiler`` trace (window-time ratios; issue 2's limit for counting mode: 1.03),
+   and on small steps, eager and compiled (benchmarks/small_steps.py);
 3. ``syncscope analyze`` vs HTA's ``TraceAnalysis`` load (benchmarks/bench_analyze.py);
 4. grad-sync bytes per window against the gradient bytes of one reduction;
 6. predicted vs measured: the projected window time after a fix against the fixed loop's
@@ -49,6 +50,7 @@ from _report import render
 from bench_analyze import hta_ranks
 from bench_prediction import CASES as PREDICTION_CASES
 from bench_prediction import run_modes as measure_prediction
+from small_steps import measure as measure_small_steps
 
 CONFIGS = [
     {"name": "sync_every_microbatch", "label": "sync every micro-batch (baseline)"},
@@ -278,6 +280,10 @@ def main(argv: list[str] | None = None) -> int:
             results["accelerate"] = accelerate_table(work, fixed, reps, table_args)
             log("section 2: capture cost")
             results["capture"] = capture_cost(work, capture_reps, capture_args)
+            log("section 2, small steps (small_steps.py)")
+            results["small_steps"] = measure_small_steps(
+                1 if opts.quick else 6, 10 if opts.quick else 40, "aot_eager", work
+            )
             log("section 4: grad-sync bytes per window")
             results["bytes"] = sync_bytes(work, fixed, [*table_args[:8], "--windows", "2"])
             log("section 6: predicted vs measured (bench_prediction.py)")

@@ -55,3 +55,35 @@ def test_apply_writes_through_a_symlink_and_keeps_every_backup(
     assert (tmp_path / "real.py.bak").read_text() == "the user's own backup\n"
     assert (tmp_path / "real.py.bak.1").read_text() == FIXABLE.read_text()
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".real.py.")]
+
+
+LOOP = """
+def train_{i}(model, optimizer, batches):
+    for step, group in enumerate(batches):
+        for micro, x in enumerate(group):
+            loss = model(x).sum() / len(group)
+            if micro < len(group) - 1:
+                with model.no_sync():
+                    loss.backward()
+            else:
+                loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+
+
+def test_every_one_of_many_loops_is_fixed_in_one_run() -> None:
+    """30 accumulation loops in one file (each no_sync around backward only): every one is
+    rewritten (before the fix-per-pass batching, no more than 24 ever were, and the time grew
+    quadratically; the timing is in CHANGELOG, not asserted here)."""
+    from syncscope.fixes.codemod import fix_source
+
+    source = "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+    source += "".join(LOOP.format(i=i) for i in range(30))
+    source += "\nmodel = DDP(torch.nn.Linear(2, 2))\n"
+    result = fix_source(source, path="many.py")
+    assert len(result.problems) == 30
+    assert all(p.fixed for p in result.problems), [p for p in result.problems if not p.fixed]
+    # each loop now enters no_sync before the forward, for every micro-batch but the last
+    assert result.fixed.count("with (model.no_sync() if not is_last else") == 30
+    compile(result.fixed, "many.py", "exec")
