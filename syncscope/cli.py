@@ -17,6 +17,7 @@ import sys
 from collections.abc import Sequence
 from typing import Any, NoReturn
 
+from syncscope import __version__
 from syncscope.errors import SyncscopeError
 
 DESCRIPTION = "Find redundant, missing and misplaced gradient synchronizations in PyTorch training."
@@ -162,6 +163,7 @@ def build_parser(command: str | None = None) -> Parser:
     """The whole parser, or with ``command`` only that command's subparser: a command's
     module (``profile``'s is large) is imported only when it runs or ``--help`` lists it."""
     parser = Parser(prog="syncscope", description=DESCRIPTION, allow_abbrev=False)
+    parser.add_argument("--version", action="version", version=f"syncscope {__version__}")
     subparsers = parser.add_subparsers(
         title="commands", dest="command", metavar="COMMAND", required=True, parser_class=Parser
     )
@@ -183,7 +185,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.print_help(sys.stderr)
         return 2
     try:
-        if args[0].startswith("-") and args[0] not in ("-h", "--help"):
+        if args[0].startswith("-") and args[0] not in ("-h", "--help", "--version"):
             raise UsageError(f"unknown option {args[0]} (a command comes first)", "syncscope")
         try:
             namespace, extras = parser.parse_known_args(args)

@@ -112,3 +112,19 @@ def test_unknown_option_or_command_before_any_command(capsys: pytest.CaptureFixt
         assert cli.main(argv) == 2
         err = capsys.readouterr().err
         assert err.count("\n") == 1 and needle in err and "(see 'syncscope --help')" in err
+
+
+def test_version(capsys: pytest.CaptureFixture[str]) -> None:
+    import syncscope
+    from syncscope import cli
+
+    assert cli.main(["--version"]) == 0
+    assert capsys.readouterr().out.strip() == f"syncscope {syncscope.__version__}"
+
+
+def test_package_is_marked_typed() -> None:
+    from pathlib import Path
+
+    import syncscope
+
+    assert (Path(syncscope.__file__).parent / "py.typed").is_file()
