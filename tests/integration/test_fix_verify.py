@@ -5,8 +5,10 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -88,11 +90,13 @@ def test_fixed_ddp_optional_script_runs_single_process_and_on_two_ranks(tmp_path
 
 
 def test_fix_verify_passes_script_arguments_after_script(tmp_path: Path) -> None:
-    # GIVEN the unfixed script, which takes --steps
-    script = tmp_path / "train.py"
+    # GIVEN the unfixed script, which takes --steps, in a project directory
+    (tmp_path / "proj").mkdir()
+    script = tmp_path / "proj" / "train.py"
     script.write_text((FIXTURES / f"{NANOGPT}.in.py").read_text())
-    # WHEN fix --verify is given the script's own option after SCRIPT, without --
-    done = run_syncscope("fix", "--verify", "train.py", "--steps", "1", cwd=tmp_path)
+    # WHEN fix --verify is run from the parent directory and given the script's own option
+    # after SCRIPT, without --
+    done = run_syncscope("fix", "--verify", "proj/train.py", "--steps", "1", cwd=tmp_path)
     # THEN both profiles ran one window (--steps 1 reached the script), the fix reached the
     # minimum, and nothing was written (a dry run with a problem: exit 1)
     assert done.returncode == 1, done.stderr[-2000:]
@@ -101,3 +105,77 @@ def test_fix_verify_passes_script_arguments_after_script(tmp_path: Path) -> None
     assert "minimum reached: one grad sync per window" in done.stdout
     assert "losses match within floating-point tolerance" in done.stdout
     assert script.read_text() == (FIXTURES / f"{NANOGPT}.in.py").read_text()
+
+
+SLOW_WHEN_FIXED = """
+import os, sys, time
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+model = DDP(torch.nn.Linear(4, 4))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+slow = "_syncscope_fixed_" in os.path.basename(__file__)  # the verify copy takes its time
+for step in range(1000 if slow else 2):
+    for micro in range(2):
+        loss = model(torch.randn(2, 4)).sum() / 2
+        loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    if slow:
+        time.sleep(0.1)
+dist.destroy_process_group()
+"""
+
+
+def test_sigterm_during_verify_leaves_nothing_behind(tmp_path: Path) -> None:
+    # GIVEN fix --verify on a script whose fixed copy trains for a long time
+    (tmp_path / "proj").mkdir()
+    (tmp_path / "tmp").mkdir()
+    script = tmp_path / "proj" / "train.py"
+    script.write_text(SLOW_WHEN_FIXED)
+    env = dict(os.environ, OMP_NUM_THREADS="1", TMPDIR=str(tmp_path / "tmp"))
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "syncscope", "fix", "--verify", "proj/train.py"],
+        cwd=tmp_path,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    copy = tmp_path / "proj" / "_syncscope_fixed_train.py"
+    try:
+        # WHEN it gets SIGTERM while the fixed copy is being profiled
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline and not copy.exists() and proc.poll() is None:
+            time.sleep(0.1)
+        assert copy.exists(), "the fixed copy was never profiled"
+        time.sleep(2)
+        proc.send_signal(signal.SIGTERM)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    # THEN it stops, the copy and the temporary run directories are gone, the script is intact
+    assert proc.returncode != 0
+    assert "Traceback" not in err, err[-2000:]
+    assert not copy.exists()
+    assert list((tmp_path / "tmp").glob("syncscope-verify-*")) == []
+    assert script.read_text() == SLOW_WHEN_FIXED
+    # and no rank of the interrupted profile outlives it
+    deadline = time.monotonic() + 15
+    while time.monotonic() < deadline and _processes_running(str(copy)):
+        time.sleep(0.2)
+    assert not _processes_running(str(copy))
+
+
+def _processes_running(needle: str) -> list[int]:
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in (entry / "cmdline").read_bytes().decode(errors="replace"):
+                    found.append(int(entry.name))
+            except OSError:
+                continue
+    return found
