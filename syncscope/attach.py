@@ -211,8 +211,14 @@ def main(argv: list[str] | None = None) -> int:
         then=then,
     )
 
+    rank_pid = os.getpid()
+
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        session.close(128 + signum, f"killed by signal {signal.Signals(signum).name}")
+        # a process the script forked (a multiprocessing pool worker) inherits this handler:
+        # it is not the rank and has nothing to record, and closing the session there could
+        # block on state copied mid-use from the rank (the profiler's), so it just ends
+        if os.getpid() == rank_pid:
+            session.close(128 + signum, f"killed by signal {signal.Signals(signum).name}")
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
