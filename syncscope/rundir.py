@@ -140,12 +140,8 @@ class EventWriter:
     def write(self, event: dict[str, Any]) -> None:
         """Write ``event``, after any held by ``buffer``, in one system call."""
         with self._lock:
-            if self._held:
-                self._held.append(event)
-                held, self._held = self._held, []
-                self._put(b"".join([orjson.dumps(e, option=_LINE) for e in held]))
-            else:
-                self._put(orjson.dumps(event, option=_LINE))
+            self._held.append(event)
+            self._drain()
 
     def buffer(self, event: dict[str, Any]) -> None:
         """Hold ``event`` (not copied: the caller lets go of it) until the next ``write``
@@ -158,8 +154,12 @@ class EventWriter:
     def flush(self) -> None:
         with self._lock:
             if self._held:
-                held, self._held = self._held, []
-                self._put(b"".join([orjson.dumps(e, option=_LINE) for e in held]))
+                self._drain()
+
+    def _drain(self) -> None:
+        """Write every held event in one system call (the lock is held)."""
+        held, self._held = self._held, []
+        self._put(b"".join([orjson.dumps(e, option=_LINE) for e in held]))
 
     def _put(self, data: bytes) -> None:
         """Write ``data`` (the lock is held)."""

@@ -66,6 +66,7 @@ def _kernel(name: str, op: Any) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
         recorders = [r for r in _ACTIVE if r.listening and not r.internal()]
         for rec in recorders:
+            rec.flush()  # held events on disk before a collective that might hang
             with contextlib.suppress(Exception):
                 rec.before_collective(name, args)  # the input is still the rank's own
         starts = [r.now() for r in recorders]

@@ -213,7 +213,6 @@ class Recorder:
         self._closed = False
         self.dist_info: dict[str, Any] = {}
         self._works: list[tuple[int, Any]] = []
-        self._params_key: tuple[object, ...] = ()
         self._params_cache: list[torch.Tensor] = []
         self._grad_sample: list[torch.Tensor] = []  # what _count_grads looks at
         self._params_dirty = True  # a wrapper or optimizer step since _params last ran
@@ -324,7 +323,7 @@ class Recorder:
             self.trace.close()
         self._closed = True
         # hold nothing of the job's once closed: its tensors and works must be free to go
-        self._params_key, self._params_cache, self._pending_fp = (), [], []
+        self._params_cache, self._pending_fp = [], []
         self._grad_sample = []
         self._grad_ptrs, self._grad_list = None, []
         self._content_hits, self._bucket_ptrs = set(), set()
@@ -472,12 +471,9 @@ class Recorder:
 
     def _params(self) -> list[torch.Tensor]:
         """Parameters of the known optimizers (else of the wrapped models), cached."""
-        self._params_dirty = False
-        optimizers = [(id(opt), len(opt.param_groups)) for opt in list(self.optimizers)]
-        wrappers = (len(self.ddp_modules), len(self.fsdp_roots), len(self.fsdp1_modules))
-        key = (*optimizers, *wrappers)
-        if key == self._params_key:
+        if not self._params_dirty:
             return self._params_cache
+        self._params_dirty = False
         seen: dict[int, torch.Tensor] = {}
         for opt in list(self.optimizers):
             for group in opt.param_groups:
@@ -490,7 +486,7 @@ class Recorder:
                 for p in module.parameters():
                     seen[id(p)] = p
         params = list(seen.values())
-        self._params_key, self._params_cache = key, params
+        self._params_cache = params
         self._grad_sample = params[:: max(1, -(-len(params) // _GRAD_SAMPLE))]
         return self._params_cache
 
@@ -498,8 +494,7 @@ class Recorder:
         """Parameters holding a gradient, among a spread sample of at most _GRAD_SAMPLE of
         them (a reset wipes them all, so a sample sees it at a cost independent of model
         size; each parameter read right after a backward is a cold memory access)."""
-        if self._params_dirty:
-            self._params()
+        self._params()
         sample = self._grad_sample
         return [p.grad is not None for p in sample].count(True)
 
@@ -730,9 +725,7 @@ class Recorder:
     def before_collective(self, opname: str, args: tuple[Any, ...]) -> None:
         """Called before a collective runs (its input is still the rank's own): notes whether
         a user all-reduce/reduce-scatter outside backward holds the gradients' values, such
-        as a flattened copy of them (``_flatten_dense_tensors``), which shares no storage.
-        Held events go to disk first."""
-        self.sink.flush()
+        as a flattened copy of them (``_flatten_dense_tensors``), which shares no storage."""
         self._content_hits = set()
         if self.bwd_depth or normalize_op(opname) not in ("all_reduce", "reduce_scatter"):
             return

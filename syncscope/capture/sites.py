@@ -28,38 +28,34 @@ _LIBRARY_PREFIXES: tuple[str, ...] = tuple(
         if p
     }
 )
-_library_cache: dict[CodeType, bool] = {}
 
 Site = tuple[str, int, str]
 # torch's own call plumbing, never the issuer of a collective
 _PLUMBING = ("/_python_dispatch.py", "/_ops.py", "/torch/_compile.py")
 
 
-def _is_library(code: CodeType) -> bool:
-    cached = _library_cache.get(code)
-    if cached is None:
-        filename = code.co_filename
-        cached = (
-            filename.startswith("<")
-            or "site-packages" in filename
-            or "dist-packages" in filename
-            or os.path.abspath(filename).startswith(_LIBRARY_PREFIXES)
-        )
-        _library_cache[code] = cached
-    return cached
-
-
-_user_files: dict[CodeType, str] = {}  # code of the user's -> its absolute file name
-_LIBRARY = ""  # the mark of library code in _user_files
+_user_files: dict[CodeType, str] = {}  # code object -> its absolute file name, "" if library
 
 
 def _user_file(code: CodeType) -> str:
     """The absolute file name of the user's code object, or "" for library code (cached)."""
     name = _user_files.get(code)
     if name is None:
-        name = _LIBRARY if _is_library(code) else os.path.abspath(code.co_filename)
+        filename = code.co_filename
+        path = "" if filename.startswith("<") else os.path.abspath(filename)
+        library = (
+            not path
+            or "site-packages" in filename
+            or "dist-packages" in filename
+            or path.startswith(_LIBRARY_PREFIXES)
+        )
+        name = "" if library else path
         _user_files[code] = name
     return name
+
+
+def _is_library(code: CodeType) -> bool:
+    return not _user_file(code)
 
 
 def user_site(skip: int = 1) -> Site | None:
