@@ -87,7 +87,6 @@ def _tensors(value: Any) -> list[torch.Tensor]:
 _WINDOW_EVENTS = frozenset(
     (
         "fwd",
-        "fwd_end",
         "bwd",
         "bwd_end",
         "reset",
@@ -101,13 +100,13 @@ _WINDOW_EVENTS = frozenset(
 )
 
 # Events held in memory and written with the next one that is not (``EventWriter.buffer``).
-# Written at once: ``bwd`` (so every micro-batch's backward is on disk as it begins),
-# ``coll`` (a rank that hangs in a collective has it on disk), ``step_end`` (every window),
-# the exit record and the rare ones (header, wrapper, warning, ...); held events also go to
-# disk before every collective is issued. A rank stopped by a signal or an exception writes
-# everything; one killed outright (SIGKILL, a segfault) loses at most what followed its last
-# backward, collective or window: a bwd_end, a forward, sync toggles, a reset.
-_HELD = frozenset(("fwd", "fwd_end", "bwd_end", "toggle", "reset", "step", "fp", "done", "closure"))
+# Written at once: ``coll`` (a rank that hangs in a collective has it on disk), ``step_end``
+# (every window), the exit record and the rare ones (header, wrapper, warning, ...); held
+# events also go to disk before every collective is issued. A rank stopped by a signal or an
+# exception writes everything; one killed outright (SIGKILL, a segfault) loses at most what
+# followed its last collective or window end: the micro-batches' forward and backward
+# records since, sync toggles, a reset.
+_HELD = frozenset(("fwd", "bwd", "bwd_end", "toggle", "reset", "step", "fp", "done", "closure"))
 
 _GRAD_SAMPLE = 8  # parameters whose .grad is looked at before and after each backward
 
@@ -402,9 +401,9 @@ class Recorder:
         self.emit(event)
 
     def on_forward_end(self) -> None:
+        """A wrapper forward returned: only the phase changes. No event is written (earlier
+        versions wrote ``fwd_end``, which nothing derived from a run reads)."""
         self.fwd_depth = max(0, self.fwd_depth - 1)
-        if torch.is_grad_enabled():
-            self.emit({"type": "fwd_end", "t": self.now(), "depth": self.fwd_depth})
 
     def sync_state(self) -> dict[str, bool]:
         """Each live wrapper's sync intent now: DDP modules, FSDP2 roots, FSDP1 modules."""

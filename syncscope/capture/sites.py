@@ -92,45 +92,63 @@ _TORCH_MARKERS = (
 )
 
 
+# what a frame's code says about who issues a collective, cached per code object:
+# (wrapper kind from _TORCH_MARKERS or "", through torch.distributed's Python API,
+#  a torch frame that is not call plumbing)
+_Role = tuple[str, bool, bool]
+_roles: dict[CodeType, _Role] = {}
+
+
+def _role(code: CodeType) -> _Role:
+    role = _roles.get(code)
+    if role is None:
+        filename = code.co_filename.replace("\\", "/")
+        kind = next((k for marker, k in _TORCH_MARKERS if marker in filename), "")
+        c10d = (
+            "/torch/distributed/distributed_c10d.py" in filename
+            or "/torch/distributed/c10d" in filename
+            or "/torch/distributed/_functional_collectives.py" in filename
+        )
+        torch_frame = (
+            "/torch/" in filename
+            and not filename.endswith(_PLUMBING)
+            and "/torch/_dynamo/" not in filename
+        )
+        role = _roles[code] = (kind, c10d, torch_frame)
+    return role
+
+
 def issuer_of_collective(skip: int = 1) -> tuple[str, Site | None, str]:
     """Classify who issued the collective being dispatched.
 
     Returns (issuer, user call site, detail). ``issuer`` is "fsdp" or "ddp" when a frame of
     those wrappers is on the stack, "user" when the innermost non-library frame called it
     through ``torch.distributed``, "autograd" when the stack enters it straight from the
-    autograd engine (DDP's C++ reducer), and "torch" otherwise.
+    autograd engine (DDP's C++ reducer), and "torch" otherwise. What each frame's code says
+    is cached per code object: a collective costs a short walk of dictionary lookups.
     """
     frame: FrameType | None = sys._getframe(skip + 1)
-    innermost_torch: str | None = None
+    innermost_torch: CodeType | None = None
     via_c10d_python = False
     while frame is not None:
         code = frame.f_code
-        filename = code.co_filename.replace("\\", "/")
-        if not _is_library(code):
+        user_file = _user_file(code)
+        if user_file:
             if via_c10d_python:
-                site = (_user_file(code), frame.f_lineno, code.co_name)
-                return ("user", site, "")
+                return ("user", (user_file, frame.f_lineno, code.co_name), "")
             break
-        for marker, kind in _TORCH_MARKERS:
-            if marker in filename:
-                return (kind, None, _fsdp_module(frame) if kind == "fsdp" else code.co_name)
-        if (
-            "/torch/distributed/distributed_c10d.py" in filename
-            or "/torch/distributed/c10d" in filename
-            or "/torch/distributed/_functional_collectives.py" in filename
-        ):
-            via_c10d_python = True
-        if (
-            innermost_torch is None
-            and "/torch/" in filename
-            and not filename.endswith(_PLUMBING)
-            and "/torch/_dynamo/" not in filename
-        ):
-            innermost_torch = filename
+        kind, c10d, torch_frame = _role(code)
+        if kind:
+            return (kind, None, _fsdp_module(frame) if kind == "fsdp" else code.co_name)
+        via_c10d_python = via_c10d_python or c10d
+        if innermost_torch is None and torch_frame:
+            innermost_torch = code
         frame = frame.f_back
     if via_c10d_python:
         return ("torch", None, "")
-    if innermost_torch is None or "/torch/autograd/" in innermost_torch:
+    if innermost_torch is None or "/torch/autograd/" in innermost_torch.co_filename.replace(
+        "\\", "/"
+    ):
         return ("autograd", None, "")
     return ("torch", None, "")
 
