@@ -29,7 +29,10 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
-from typing import NoReturn
+from typing import TYPE_CHECKING, NoReturn
+
+if TYPE_CHECKING:
+    from syncscope.capture.session import CaptureSession
 
 ENV_OUT = "SYNCSCOPE_OUT"
 ENV_TRACE = "SYNCSCOPE_TRACE_WINDOWS"  # "A:B" or "" for all windows; unset: no trace
@@ -211,6 +214,15 @@ def main(argv: list[str] | None = None) -> int:
         then=then,
     )
 
+    _close_on_signals(session)
+    _watch_profile(session, rank)
+    sys.argv = [target, *script_args]
+    return _run(session, is_module, target)
+
+
+def _close_on_signals(session: CaptureSession) -> None:
+    """SIGTERM, SIGINT, SIGHUP: the rank's record is closed with the signal, then it dies of
+    it as it would have without syncscope."""
     rank_pid = os.getpid()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
@@ -226,8 +238,10 @@ def main(argv: list[str] | None = None) -> int:
         with contextlib.suppress(ValueError, OSError):
             signal.signal(sig, on_signal)
 
-    _watch_profile(session, rank)
-    sys.argv = [target, *script_args]
+
+def _run(session: CaptureSession, is_module: bool, target: str) -> int:
+    """The script (or module) as ``__main__`` under the started session; its exit status,
+    recorded with the reason in the rank's footer whatever way it ends."""
     status = 0
     reason = "finished"
     session.start()

@@ -116,12 +116,15 @@ def _process_group() -> tuple[int, int]:
 def _gather(events: list[dict[str, Any]], world_size: int) -> dict[int, list[dict[str, Any]]]:
     import torch.distributed as dist
 
-    group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=120))
-    try:
-        gathered: list[Any] = [None] * world_size
-        dist.all_gather_object(gathered, events, group=group)
-    finally:
-        dist.destroy_process_group(group)
+    from syncscope.capture.collectives import unrecorded
+
+    with unrecorded():  # syncscope's own collectives: a capture around this one skips them
+        group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=120))
+        try:
+            gathered: list[Any] = [None] * world_size
+            dist.all_gather_object(gathered, events, group=group)
+        finally:
+            dist.destroy_process_group(group)
     return {rank: list(ev or []) for rank, ev in enumerate(gathered)}
 
 

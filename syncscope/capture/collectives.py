@@ -17,6 +17,10 @@ and are ignored. A functional collective returns a tensor instead of a work: its
 eager mode the wait happens inside torch's C++ wrapper, so completion is noticed at the
 rank's next event once torch's registry of in-flight functional collectives is empty.
 
+Collectives syncscope issues itself (``track()``'s gather of every rank's events at its
+exit) run inside ``unrecorded()``: no recorder counts them, so a capture around a
+``track()`` (``syncscope profile``, an outer ``track()``) sees only the job's.
+
 Not seen: collectives issued under ``torch.inference_mode()`` (inference tensors skip the
 autograd keys), and the differentiable ``_c10d_functional_autograd`` variants (they call the
 functional ops below autograd).
@@ -26,7 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from typing import Any
 
 import torch
@@ -37,6 +41,27 @@ _ACTIVE: list[Recorder] = []
 _lock = threading.Lock()
 _library: Any = None
 _functional_library: Any = None
+_unrecorded = threading.local()  # .active: the thread is inside ``unrecorded()``
+
+
+@contextlib.contextmanager
+def unrecorded() -> Iterator[None]:
+    """Collectives this thread issues in the block are syncscope's own, not the job's: no
+    recorder sees them (``track()``'s gather of every rank's events, which a capture around
+    it, ``syncscope profile`` or an outer ``track()``, would otherwise count as the user's)."""
+    was = getattr(_unrecorded, "active", False)
+    _unrecorded.active = True
+    try:
+        yield
+    finally:
+        _unrecorded.active = was
+
+
+def _listening() -> list[Recorder]:
+    """The recorders a collective issued now goes to."""
+    if not _ACTIVE or getattr(_unrecorded, "active", False):
+        return []
+    return [r for r in _ACTIVE if r.listening]
 
 
 def _unbox(args: tuple[Any, ...], out: Any) -> tuple[Any, Any]:
@@ -64,7 +89,7 @@ def _unbox(args: tuple[Any, ...], out: Any) -> tuple[Any, Any]:
 
 def _kernel(name: str, op: Any) -> Callable[..., Any]:
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        recorders = [r for r in _ACTIVE if r.listening and not r.internal()]
+        recorders = _listening()
         for rec in recorders:
             rec.flush()  # held events on disk before a collective that might hang
             with contextlib.suppress(Exception):
@@ -127,7 +152,7 @@ def _functional_kernel(name: str, op: Any) -> Callable[..., Any]:
     }.get("group_name")
 
     def kernel(*args: Any, **kwargs: Any) -> Any:
-        recorders = [r for r in _ACTIVE if r.listening and not r.internal()]
+        recorders = _listening()
         first = args[0] if args else None
         inputs = first if isinstance(first, (list, tuple)) else [first]
         if not recorders or not inputs or not all(_real(t) for t in inputs):
@@ -251,7 +276,3 @@ def attach(rec: Recorder) -> Callable[[], None]:
                 _in_flight.clear()
 
     return detach
-
-
-def active_recorder() -> Recorder | None:
-    return _ACTIVE[-1] if _ACTIVE else None

@@ -149,7 +149,15 @@ def _accelerate_state() -> dict[str, Any] | None:
 def _install_ddp(rec: Recorder, undo: list[Undo]) -> None:
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    init = DDP.__init__
+    _patch_ddp_init(rec, undo, DDP)
+    _patch_ddp_forward(rec, undo, DDP)
+    _patch_ddp_comm_hook(rec, undo, DDP)
+    _patch_ddp_sync_flag(rec, undo, DDP)
+
+
+def _patch_ddp_init(rec: Recorder, undo: list[Undo], ddp: Any) -> None:
+    """A DDP built is a wrapper of the run, with its parameters and bucket size."""
+    init = ddp.__init__
 
     @functools.wraps(init)
     def ddp_init(self: Any, *args: Any, **kwargs: Any) -> None:
@@ -168,12 +176,16 @@ def _install_ddp(rec: Recorder, undo: list[Undo]) -> None:
             },
         )
 
-    _patch(DDP, "__init__", ddp_init, undo)
+    _patch(ddp, "__init__", ddp_init, undo)
 
-    forward = DDP.forward
-    # Traced by Dynamo (a compiled DDP model), the wrapper is the bare forward: the graph and
-    # its breaks are the ones the model has without syncscope, and no forward mark is written
-    # (windows, micro-batches and collectives come from hooks outside the compiled region).
+
+def _patch_ddp_forward(rec: Recorder, undo: list[Undo], ddp: Any) -> None:
+    """DDP's forward marks the micro-batch's forward and whether it arms a sync.
+
+    Traced by Dynamo (a compiled DDP model), the wrapper is the bare forward: the graph and
+    its breaks are the ones the model has without syncscope, and no forward mark is written
+    (windows, micro-batches and collectives come from hooks outside the compiled region)."""
+    forward = ddp.forward
 
     @_opaque
     def forward_begin(self: Any) -> None:
@@ -197,9 +209,12 @@ def _install_ddp(rec: Recorder, undo: list[Undo]) -> None:
         finally:
             forward_end()
 
-    _patch(DDP, "forward", ddp_forward, undo)
+    _patch(ddp, "forward", ddp_forward, undo)
 
-    register_comm_hook = DDP.register_comm_hook
+
+def _patch_ddp_comm_hook(rec: Recorder, undo: list[Undo], ddp: Any) -> None:
+    """A Python comm hook's bucket is noted as a gradient bucket before the hook reduces it."""
+    register_comm_hook = ddp.register_comm_hook
 
     @functools.wraps(register_comm_hook)
     def ddp_register_comm_hook(self: Any, state: object, hook: Callable[..., Any]) -> None:
@@ -210,7 +225,12 @@ def _install_ddp(rec: Recorder, undo: list[Undo]) -> None:
 
         register_comm_hook(self, state, noting_hook)
 
-    _patch(DDP, "register_comm_hook", ddp_register_comm_hook, undo)
+    _patch(ddp, "register_comm_hook", ddp_register_comm_hook, undo)
+
+
+def _patch_ddp_sync_flag(rec: Recorder, undo: list[Undo], ddp: Any) -> None:
+    """``require_backward_grad_sync`` as a property: each set is a toggle (``no_sync`` or a
+    direct assignment), except DDP's own during ``__init__``."""
 
     def get_flag(self: Any) -> bool:
         d = self.__dict__
@@ -238,7 +258,7 @@ def _install_ddp(rec: Recorder, undo: list[Undo]) -> None:
     # Dynamo inlines the getter where it traces DDP's forward (as it reads the plain
     # attribute) but never compiles it as a frame of its own where DDP's eager code reads it
     _no_frame(get_flag)
-    _patch(DDP, "require_backward_grad_sync", property(get_flag, _opaque(set_flag)), undo)
+    _patch(ddp, "require_backward_grad_sync", property(get_flag, _opaque(set_flag)), undo)
 
 
 FSDP2_MODULE = "torch.distributed.fsdp._fully_shard._fully_shard"

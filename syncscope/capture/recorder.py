@@ -180,7 +180,6 @@ class Recorder:
         self._wall0 = time.time_ns()
         self._perf0 = time.perf_counter_ns()
         self._lock = threading.RLock()
-        self._internal = threading.local()
         self.window = 0
         self.micro_batch = 0  # backward passes completed in the current window
         self.fwd_depth = 0
@@ -269,13 +268,6 @@ class Recorder:
         undo, self.uninstall = self.uninstall, None
         if undo is not None:
             undo()
-
-    def internal(self) -> bool:
-        """True while syncscope itself runs collectives (they are not the job's)."""
-        return bool(getattr(self._internal, "active", False))
-
-    def set_internal(self, active: bool) -> None:
-        self._internal.active = active
 
     def new_label(self, kind: str, module: Any) -> str:
         self._labels += 1

@@ -220,7 +220,7 @@ def test_pytorch_lightning_callback_counts_fails_over_the_limit_and_survives_exc
     assert crashed.stats.run.ranks[0].exit_reason == "exception"
     assert crashed.stats.grad_syncs_per_window == [1]
     assert not crashed.tracking
-    assert collectives.active_recorder() is None
+    assert collectives._library is None  # no recorder left: the c10d kernels are unregistered
 
 
 @pytest.mark.parametrize("example", [LIGHTNING, HF_TRAINER], ids=["lightning", "hf_trainer"])

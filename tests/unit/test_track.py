@@ -118,8 +118,7 @@ def test_an_exception_propagates_and_every_hook_is_removed() -> None:
     )
     assert after == before
     assert "require_backward_grad_sync" not in vars(torch.nn.parallel.DistributedDataParallel)
-    assert collectives.active_recorder() is None
-    assert collectives._library is None  # the c10d kernels are unregistered
+    assert collectives._library is None  # no recorder left: the c10d kernels are unregistered
     # what was seen before the exception is still there
     assert [w["micro_batches"] for w in stats.windows] == [1]
     assert stats.run.ranks[0].exit_reason == "exception"
