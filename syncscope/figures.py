@@ -36,6 +36,7 @@ read them from here (docs/concepts.md, "Figures", says the same in prose).
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
@@ -45,7 +46,16 @@ OUTLIER_FACTOR = 3.0
 MIN_STEADY = 2
 
 
-def _median(values: Sequence[float]) -> float:
+def mean(values: Iterable[float]) -> float:
+    """``statistics.fmean`` of ``values``, 0.0 for none (without importing ``statistics``:
+    it brings ``decimal`` and ``fractions``, to analyze a trace that may be 9 MiB)."""
+    items = list(values)
+    return math.fsum(items) / len(items) if items else 0.0
+
+
+def median(values: Iterable[float]) -> float:
+    """``statistics.median`` of a non-empty iterable (the mean of the middle two when even),
+    as a float."""
     items = sorted(values)
     mid = len(items) // 2
     return float(items[mid]) if len(items) % 2 else (items[mid - 1] + items[mid]) / 2
@@ -86,11 +96,11 @@ def steady_windows(run: Run) -> Steady:
         return Steady((), tuple((i, "the only complete window") for i in indices))
     first, rest = indices[0], indices[1:]
     warmup: list[tuple[int, str]] = [(first, "first window, warm-up")]
-    durations = {i: _median(by_index[i]) for i in rest}
+    durations = {i: median(by_index[i]) for i in rest}
     steady: list[int] = []
     for i in rest:
         others = [d for j, d in durations.items() if j != i]
-        typical = _median(others) if others else durations[i]
+        typical = median(others) if others else durations[i]
         if others and typical > 0 and durations[i] > OUTLIER_FACTOR * typical:
             warmup.append((i, f"{durations[i] / typical:.1f}x the median of the other windows"))
         else:
@@ -109,7 +119,7 @@ class Stat:
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Stat | None:
-        return cls(_median(values), min(values), max(values), len(values)) if values else None
+        return cls(median(values), min(values), max(values), len(values)) if values else None
 
 
 def _windows(run: Run, steady: Steady, ranks: Iterable[int] | None = None) -> list[Window]:
@@ -281,9 +291,9 @@ def projection(
             "the first window is warm-up)"
         )
     elif durations:
-        saving = _median(durations) - _median(projected)
+        saving = median(durations) - median(projected)
         per_window = [
-            _median([float(w.duration_ns) for w in windows if w.index == i]) for i in steady.windows
+            median([float(w.duration_ns) for w in windows if w.index == i]) for i in steady.windows
         ]
         spread = _quantile(per_window, 0.75) - _quantile(per_window, 0.25)
         if saving <= 0:

@@ -18,21 +18,13 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
-Op = Literal[
-    "all_reduce",
-    "reduce_scatter",
-    "all_gather",
-    "broadcast",
-    "all_to_all",
-    "send",
-    "recv",
-    "barrier",
-    "other",
-]
 Phase = Literal["forward", "backward", "after-backward", "optimizer", "other"]
 Wrapper = Literal["ddp", "fsdp", "none"]
 Issuer = Literal["ddp", "fsdp", "user", "torch"]
 Severity = Literal["info", "warning", "error"]
+# Most severe first: the order findings are listed and counted in.
+SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
+_SEVERITY_RANK: dict[str, int] = {s: i for i, s in enumerate(SEVERITIES)}
 Verdict = Literal["clean", "warnings", "errors", "failed"]
 Source = Literal["live", "trace"]
 
@@ -48,6 +40,33 @@ OPS: tuple[str, ...] = (
     "other",
 )
 GRAD_REDUCING_OPS = frozenset({"all_reduce", "reduce_scatter"})
+# c10d ops that take their output first and read their second argument: gathers, scatters,
+# all-to-all (``allgather_(outputs, inputs)``, ``c10d::_reduce_scatter_base_(out, in)``)
+_INPUT_SECOND = (
+    "allgather",
+    "all_gather",
+    "reduce_scatter",
+    "alltoall",
+    "all_to_all",
+    "gather",
+    "scatter",
+)
+
+
+def severity_rank(severity: str) -> int:
+    """Sort key, most severe first: 0 for ``error``, 1 ``warning``, 2 ``info`` (3: unknown)."""
+    return _SEVERITY_RANK.get(severity, len(SEVERITIES))
+
+
+@functools.lru_cache(maxsize=256)
+def input_argument(op_name: str) -> int:
+    """Which argument of a c10d op holds the tensor(s) it reads: 1 for gathers, scatters and
+    all-to-all (output first), else 0. ``op_name`` as dispatched (``allgather_``) or as a
+    trace names it (``c10d::allgather_``)."""
+    name = op_name.lower()
+    if "allreduce" in name or "all_reduce" in name:
+        return 0
+    return 1 if any(k in name for k in _INPUT_SECOND) else 0
 
 
 @functools.lru_cache(maxsize=256)
@@ -260,9 +279,6 @@ class RankRun:
     pending: tuple[PendingCollective, ...] = ()
     dist_initialized: bool = True
     backend: str = ""
-    collective_sequence: tuple[tuple[str, int, tuple[int, ...] | None], ...] = field(
-        default=(), repr=False
-    )  # (op, bytes, group) per collective, in issue order, for cross-rank matching
     framework: str = ""  # "lightning", "transformers" (HF Trainer), "accelerate" or ""
     framework_version: str = ""
 
@@ -319,8 +335,13 @@ class Finding:
     windows: tuple[int, ...]
     evidence: dict[str, object] = field(default_factory=dict)
     cost: dict[str, object] = field(default_factory=dict)
-    sources: tuple[tuple[str, SourceLocation], ...] = ()  # (role, location)
+    sites: tuple[tuple[str, SourceLocation], ...] = ()  # (role, code location involved)
     fix: Fix | None = None
+
+    @property
+    def sources(self) -> tuple[tuple[str, SourceLocation], ...]:
+        """``sites`` under its former name, which report.json keeps (``"sources"``)."""
+        return self.sites
 
 
 # Findings that say the job itself did not run to its end: the verdict is "failed", above

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-
 from syncscope.model import Fix, RankRun, Window
 
 SNIPPETS: dict[str, Fix] = {
@@ -286,7 +284,3 @@ def fix_style(rank: RankRun, window: Window) -> str:
     if any(t.how == "require_backward_grad_sync" for t in window.toggles):
         return "ddp-flag"
     return "ddp-no_sync"
-
-
-def mean(values: Sequence[float]) -> float:
-    return sum(values) / len(values) if values else 0.0

@@ -1,6 +1,6 @@
 """Build the run model from captured events: the one place where windows are cut.
 
-``load_run(RUN_DIR)`` reads a run directory; ``build_rank(events)`` turns one rank's event
+``load_run(RUN_DIR)`` reads a run directory; ``rank_from_events(events)`` turns one rank's event
 list into a ``RankRun`` and ``assemble(meta, ranks)`` compares ranks (gradient fingerprints)
 and makes the ``Run``. All of it is pure apart from reading the files.
 """
@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -129,205 +129,271 @@ class _WindowBuilder:
         )
 
 
-def build_rank(events: Sequence[dict[str, Any]], rank: int | None = None) -> RankRun:
-    """One rank's events, in the order written, to its windows."""
-    done = {e["seq"]: int(e["t"]) for e in events if e.get("type") == "done"}
-    # fingerprints written after their step began (CUDA, or after a step's closure ran):
-    # the last one of a window is what the update used (an LBFGS step runs its closure often)
-    late_fp = {e["window"]: e for e in events if e.get("type") == "fp"}
-    header: dict[str, Any] = {}
-    footer: dict[str, Any] | None = None
-    wrappers: list[WrapperInfo] = []
-    windows: list[Window] = []
-    sequence: list[tuple[str, int, tuple[int, ...] | None]] = []
-    pending_ops: dict[int, PendingCollective] = {}
-    last_completed: PendingCollective | None = None
-    first_window = 0  # optimizer steps skipped before capture (``--skip-windows``)
-    current = _WindowBuilder(0)
-    pending_fwd: dict[str, Any] | None = None
-    backward: dict[str, Any] | None = None
-    no_sync_active = False
-    no_sync_at_forward = False
-    dist_seen = False
-    backward_failed = False
-    framework: dict[str, Any] = {}
-    closure_start: int | None = None
-    closure_ns = 0
-    last_t = 0
+class _RankReader:
+    """One rank's state while its events stream by, in the order written: ``feed`` hands
+    each event to the handler of its kind (``_HANDLERS``), ``finish`` makes the RankRun."""
 
-    for ev in events:
+    def __init__(self, events: Sequence[dict[str, Any]]) -> None:
+        self.done = {e["seq"]: int(e["t"]) for e in events if e.get("type") == "done"}
+        # fingerprints written after their step began (CUDA, or after a step's closure ran):
+        # the last one of a window is what the update used (an LBFGS step runs its closure often)
+        self.late_fp = {e["window"]: e for e in events if e.get("type") == "fp"}
+        self.cuda = any(e.get("type") == "step" and e.get("cuda_peak") for e in events)
+        self.header: dict[str, Any] = {}
+        self.footer: dict[str, Any] | None = None
+        self.framework: dict[str, Any] = {}
+        self.wrappers: list[WrapperInfo] = []
+        self.windows: list[Window] = []
+        self.pending_ops: dict[int, PendingCollective] = {}
+        self.last_completed: PendingCollective | None = None
+        self.first_window = 0  # optimizer steps skipped before capture (``--skip-windows``)
+        self.current = _WindowBuilder(0)
+        self.pending_fwd: dict[str, Any] | None = None
+        self.backward: dict[str, Any] | None = None
+        self.no_sync_active = False
+        self.no_sync_at_forward = False
+        self.dist_seen = False
+        self.backward_failed = False
+        self.closure_start: int | None = None
+        self.closure_ns = 0
+        self.last_t = 0
+
+    def feed(self, ev: dict[str, Any]) -> None:
         kind = ev.get("type")
-        t = int(ev.get("t", last_t) or last_t)
-        last_t = max(last_t, t)
-        if kind == "header":
-            header = ev
-        elif kind == "dist":
-            dist_seen = True
-        elif kind == "framework":
-            framework = ev
-        elif kind == "closure":
-            closure_start = t
-        elif kind == "closure_end" and closure_start is not None:
-            closure_ns += max(0, t - closure_start)  # micro-batch work, not optimizer time
-            closure_start = None
-        elif kind == "skipped":
-            first_window = int(ev.get("windows", 0) or 0)
-            current = _WindowBuilder(first_window + len(windows))
-        elif kind == "exit":
-            footer = ev
-        elif kind == "wrapper":
-            wrappers.append(
-                WrapperInfo(
-                    kind=ev.get("kind", "none"),
-                    label=str(ev.get("label", "")),
-                    param_count=int(ev.get("params", 0) or 0),
-                    param_bytes=int(ev.get("param_bytes", 0) or 0),
-                    shard_world=int(ev.get("shard_world", 1) or 1),
-                    bucket_cap_bytes=ev.get("bucket_cap_bytes"),
-                    site=_site(ev.get("site")),
-                )
+        t = int(ev.get("t", self.last_t) or self.last_t)
+        self.last_t = max(self.last_t, t)
+        handler = _HANDLERS.get(kind) if isinstance(kind, str) else None
+        if handler is not None:
+            handler(self, ev, t)
+
+    def _on_header(self, ev: dict[str, Any], t: int) -> None:
+        self.header = ev
+
+    def _on_dist(self, ev: dict[str, Any], t: int) -> None:
+        self.dist_seen = True
+
+    def _on_framework(self, ev: dict[str, Any], t: int) -> None:
+        self.framework = ev
+
+    def _on_exit(self, ev: dict[str, Any], t: int) -> None:
+        self.footer = ev
+
+    def _on_closure(self, ev: dict[str, Any], t: int) -> None:
+        self.closure_start = t
+
+    def _on_closure_end(self, ev: dict[str, Any], t: int) -> None:
+        if self.closure_start is not None:
+            self.closure_ns += max(0, t - self.closure_start)  # micro-batch work, not the step's
+            self.closure_start = None
+
+    def _on_skipped(self, ev: dict[str, Any], t: int) -> None:
+        self.first_window = int(ev.get("windows", 0) or 0)
+        self.current = _WindowBuilder(self.first_window + len(self.windows))
+
+    def _on_wrapper(self, ev: dict[str, Any], t: int) -> None:
+        self.wrappers.append(
+            WrapperInfo(
+                kind=ev.get("kind", "none"),
+                label=str(ev.get("label", "")),
+                param_count=int(ev.get("params", 0) or 0),
+                param_bytes=int(ev.get("param_bytes", 0) or 0),
+                shard_world=int(ev.get("shard_world", 1) or 1),
+                bucket_cap_bytes=ev.get("bucket_cap_bytes"),
+                site=_site(ev.get("site")),
             )
-        elif kind == "fwd":
-            if int(ev.get("depth", 0)) == 0:
-                current.touch(t)
-                pending_fwd = ev
-                no_sync_at_forward = no_sync_active
-        elif kind == "toggle":
-            if ev.get("how") == "no_sync":
-                no_sync_active = not ev.get("value", True)
-            current.toggles.append(
-                SyncToggle(
+        )
+
+    def _on_forward(self, ev: dict[str, Any], t: int) -> None:
+        if int(ev.get("depth", 0)) == 0:
+            self.current.touch(t)
+            self.pending_fwd = ev
+            self.no_sync_at_forward = self.no_sync_active
+
+    def _on_toggle(self, ev: dict[str, Any], t: int) -> None:
+        if ev.get("how") == "no_sync":
+            self.no_sync_active = not ev.get("value", True)
+        self.current.toggles.append(
+            SyncToggle(
+                how=str(ev.get("how", "")),
+                value=bool(ev.get("value")),
+                micro_batch=len(self.current.micro_batches),
+                before_forward=self.pending_fwd is None and self.backward is None,
+                site=_site(ev.get("site")),
+            )
+        )
+
+    def _on_backward(self, ev: dict[str, Any], t: int) -> None:
+        self.current.touch(t)
+        self.backward = ev
+
+    def _on_backward_error(self, ev: dict[str, Any], t: int) -> None:
+        self.backward_failed = True
+
+    def _on_backward_end(self, ev: dict[str, Any], t: int) -> None:
+        if self.backward_failed:
+            self.backward_failed = False  # raised: still "in backward", no micro-batch done
+        elif self.backward is not None:
+            self.current.micro_batches.append(self._micro_batch(self.backward, t))
+            memory = int(ev.get("mem", 0) or 0)
+            self.current.peak_memory = max(self.current.peak_memory, memory)
+            self.pending_fwd = None
+            self.backward = None
+
+    def _micro_batch(self, backward: dict[str, Any], end_ns: int) -> MicroBatch:
+        """The micro-batch a backward pass that just ended completes."""
+        fwd = self.pending_fwd or {}
+        sync_states = list((backward.get("sync") or {}).values())
+        accel = fwd.get("accelerate") or {}
+        return MicroBatch(
+            index=len(self.current.micro_batches),
+            start_ns=int(fwd.get("t", backward["t"])),
+            end_ns=end_ns,
+            wrapper=_wrapper(fwd.get("wrapper") if fwd else _default_wrapper(self.wrappers)),
+            forward_sync=fwd.get("sync") if fwd else None,
+            backward_sync=all(sync_states) if sync_states else None,
+            in_no_sync_at_forward=self.no_sync_at_forward if fwd else False,
+            in_no_sync_at_backward=self.no_sync_active,
+            forward_site=_site(fwd.get("site")),
+            backward_site=_site(backward.get("site")),
+            sync_each_batch=accel.get("sync_each_batch") if accel else None,
+            backward_start_ns=int(backward["t"]),
+        )
+
+    def _on_reset(self, ev: dict[str, Any], t: int) -> None:
+        if self.current.micro_batches or self.backward is not None:
+            self.current.resets.append(
+                GradReset(
+                    after_micro_batches=len(self.current.micro_batches),
                     how=str(ev.get("how", "")),
-                    value=bool(ev.get("value")),
-                    micro_batch=len(current.micro_batches),
-                    before_forward=pending_fwd is None and backward is None,
                     site=_site(ev.get("site")),
                 )
             )
-        elif kind == "bwd":
-            current.touch(t)
-            backward = ev
-        elif kind == "bwd_error":
-            backward_failed = True
-        elif kind == "bwd_end" and backward_failed:
-            backward_failed = False  # raised: still "in backward", no micro-batch completed
-        elif kind == "bwd_end" and backward is not None:
-            fwd = pending_fwd or {}
-            sync_states = list((backward.get("sync") or {}).values())
-            accel = fwd.get("accelerate") or {}
-            current.micro_batches.append(
-                MicroBatch(
-                    index=len(current.micro_batches),
-                    start_ns=int(fwd.get("t", backward["t"])),
-                    end_ns=t,
-                    wrapper=_wrapper(fwd.get("wrapper") if fwd else _default_wrapper(wrappers)),
-                    forward_sync=fwd.get("sync") if fwd else None,
-                    backward_sync=all(sync_states) if sync_states else None,
-                    in_no_sync_at_forward=no_sync_at_forward if fwd else False,
-                    in_no_sync_at_backward=no_sync_active,
-                    forward_site=_site(fwd.get("site")),
-                    backward_site=_site(backward.get("site")),
-                    sync_each_batch=accel.get("sync_each_batch") if accel else None,
-                    backward_start_ns=int(backward["t"]),
-                )
+
+    def _on_collective(self, ev: dict[str, Any], t: int) -> None:
+        current = self.current
+        if self.windows or current.micro_batches or self.pending_fwd or self.backward:
+            current.touch(t)  # set-up collectives (DDP's init broadcasts) start no window
+        position = _position(str(ev.get("phase", "other")), len(current.micro_batches))
+        coll = _collective(ev, position, self.done.get(ev["seq"]))
+        current.collectives.append(coll)
+        summary = PendingCollective(
+            seq=coll.seq,
+            op=coll.op,
+            bytes=coll.bytes,
+            group_ranks=coll.group_ranks,
+            start_ns=coll.start_ns,
+            window=current.index,
+            micro_batch=position,
+            phase=coll.phase,
+        )
+        last = self.last_completed
+        if coll.done_ns is None:
+            self.pending_ops[coll.seq] = summary
+        elif last is None or coll.done_ns >= self.done.get(last.seq, 0):
+            self.last_completed = summary
+
+    def _on_step(self, ev: dict[str, Any], t: int) -> None:
+        current = self.current
+        current.touch(t)
+        current.step_site = _site(ev.get("site"))
+        current.step_start = t
+        memory = int(ev.get("cuda_peak", 0) or 0) or int(ev.get("mem", 0) or 0)
+        current.peak_memory = max(current.peak_memory, memory)
+        if ev.get("fp") is not None:
+            current.fingerprint = tuple(float(v) for v in ev["fp"])
+        current.fp_sharded = bool(ev.get("fp_sharded", False))
+
+    def _on_step_end(self, ev: dict[str, Any], t: int) -> None:
+        current = self.current
+        late = self.late_fp.get(current.index)
+        if current.fingerprint is None and late is not None:
+            current.fingerprint = tuple(float(v) for v in late["fp"])
+            current.fp_sharded = bool(late.get("fp_sharded", current.fp_sharded))
+        step_ns = 0
+        if current.step_start:
+            step_ns = max(0, t - current.step_start - self.closure_ns)
+        self.closure_ns = 0
+        windows = self.windows
+        if current.empty() and windows:  # another optimizer's step closes the same window
+            previous = windows[-1]
+            windows[-1] = dataclasses.replace(
+                previous, steps=previous.steps + 1, end_ns=t, step_ns=previous.step_ns + step_ns
             )
-            current.peak_memory = max(current.peak_memory, int(ev.get("mem", 0) or 0))
-            pending_fwd = None
-            backward = None
-        elif kind == "reset":
-            if current.micro_batches or backward is not None:
-                current.resets.append(
-                    GradReset(
-                        after_micro_batches=len(current.micro_batches),
-                        how=str(ev.get("how", "")),
-                        site=_site(ev.get("site")),
-                    )
-                )
-        elif kind == "coll":
-            if windows or current.micro_batches or pending_fwd or backward:
-                current.touch(t)  # set-up collectives (DDP's init broadcasts) start no window
-            position = _position(str(ev.get("phase", "other")), len(current.micro_batches))
-            coll = _collective(ev, position, done.get(ev["seq"]))
-            current.collectives.append(coll)
-            sequence.append((coll.op, coll.bytes, coll.group_ranks))
-            summary = PendingCollective(
-                seq=coll.seq,
-                op=coll.op,
-                bytes=coll.bytes,
-                group_ranks=coll.group_ranks,
-                start_ns=coll.start_ns,
-                window=current.index,
-                micro_batch=position,
-                phase=coll.phase,
-            )
-            if coll.done_ns is None:
-                pending_ops[coll.seq] = summary
-            elif last_completed is None or coll.done_ns >= done.get(last_completed.seq, 0):
-                last_completed = summary
-        elif kind == "step":
-            current.touch(t)
-            current.step_site = _site(ev.get("site"))
-            current.step_start = t
-            memory = int(ev.get("cuda_peak", 0) or 0) or int(ev.get("mem", 0) or 0)
-            current.peak_memory = max(current.peak_memory, memory)
-            if ev.get("fp") is not None:
-                current.fingerprint = tuple(float(v) for v in ev["fp"])
-            current.fp_sharded = bool(ev.get("fp_sharded", False))
-        elif kind == "step_end":
-            late = late_fp.get(current.index)
-            if current.fingerprint is None and late is not None:
-                current.fingerprint = tuple(float(v) for v in late["fp"])
-                current.fp_sharded = bool(late.get("fp_sharded", current.fp_sharded))
-            step_ns = max(0, t - current.step_start - closure_ns) if current.step_start else 0
-            closure_ns = 0
-            if current.empty() and windows:
-                previous = windows[-1]
-                windows[-1] = dataclasses.replace(
-                    previous, steps=previous.steps + 1, end_ns=t, step_ns=previous.step_ns + step_ns
-                )
-            else:
-                windows.append(current.build(t, True, step_ns))
-            current = _WindowBuilder(first_window + len(windows))
-            no_sync_at_forward = False
-    if not current.empty():
-        windows.append(current.build(last_t, False))
+        else:
+            windows.append(current.build(t, True, step_ns))
+        self.current = _WindowBuilder(self.first_window + len(windows))
+        self.no_sync_at_forward = False
 
-    status = footer.get("status") if footer else None
-    in_progress = (
-        "backward"
-        if backward is not None
-        else "forward"
-        if pending_fwd is not None
-        else "optimizer.step"
-        if current.step_start
-        else ""
-    )
-    dist_initialized = dist_seen or (bool(footer.get("dist_initialized")) if footer else True)
-    return RankRun(
-        rank=int(header.get("rank", rank if rank is not None else 0)),
-        windows=tuple(windows),
-        local_rank=int(header.get("local_rank", 0)),
-        host=str(header.get("host", "")),
-        pid=int(header.get("pid", 0)),
-        device="cuda" if _cuda(events) else "cpu",
-        wrappers=tuple(wrappers),
-        finished=footer is not None,
-        exit_status=int(status) if isinstance(status, int) else None,
-        exit_reason=str(footer.get("reason", "")) if footer else "no exit record (killed or hung)",
-        last_event_ns=last_t,
-        in_progress=in_progress,
-        last_completed=last_completed,
-        pending=tuple(pending_ops.values()),
-        dist_initialized=dist_initialized,
-        backend=str(footer.get("backend", "")) if footer else "",
-        collective_sequence=tuple(sequence),
-        framework=str(framework.get("name", "")),
-        framework_version=str(framework.get("version", "")),
-    )
+    def _in_progress(self) -> str:
+        """What the rank was inside at its last event ("" between micro-batches)."""
+        if self.backward is not None:
+            return "backward"
+        if self.pending_fwd is not None:
+            return "forward"
+        return "optimizer.step" if self.current.step_start else ""
+
+    def finish(self, rank: int | None) -> RankRun:
+        windows = list(self.windows)
+        if not self.current.empty():
+            windows.append(self.current.build(self.last_t, False))
+        footer, header = self.footer, self.header
+        status = footer.get("status") if footer else None
+        dist_initialized = self.dist_seen or (
+            bool(footer.get("dist_initialized")) if footer else True
+        )
+        return RankRun(
+            rank=int(header.get("rank", rank if rank is not None else 0)),
+            windows=tuple(windows),
+            local_rank=int(header.get("local_rank", 0)),
+            host=str(header.get("host", "")),
+            pid=int(header.get("pid", 0)),
+            device="cuda" if self.cuda else "cpu",
+            wrappers=tuple(self.wrappers),
+            finished=footer is not None,
+            exit_status=int(status) if isinstance(status, int) else None,
+            exit_reason=str(footer.get("reason", ""))
+            if footer
+            else "no exit record (killed or hung)",
+            last_event_ns=self.last_t,
+            in_progress=self._in_progress(),
+            last_completed=self.last_completed,
+            pending=tuple(self.pending_ops.values()),
+            dist_initialized=dist_initialized,
+            backend=str(footer.get("backend", "")) if footer else "",
+            framework=str(self.framework.get("name", "")),
+            framework_version=str(self.framework.get("version", "")),
+        )
 
 
-def _cuda(events: Sequence[dict[str, Any]]) -> bool:
-    return any(e.get("type") == "step" and e.get("cuda_peak") for e in events)
+_Handler = Callable[[_RankReader, dict[str, Any], int], None]
+_HANDLERS: dict[str, _Handler] = {
+    "header": _RankReader._on_header,
+    "dist": _RankReader._on_dist,
+    "framework": _RankReader._on_framework,
+    "exit": _RankReader._on_exit,
+    "closure": _RankReader._on_closure,
+    "closure_end": _RankReader._on_closure_end,
+    "skipped": _RankReader._on_skipped,
+    "wrapper": _RankReader._on_wrapper,
+    "fwd": _RankReader._on_forward,
+    "toggle": _RankReader._on_toggle,
+    "bwd": _RankReader._on_backward,
+    "bwd_error": _RankReader._on_backward_error,
+    "bwd_end": _RankReader._on_backward_end,
+    "reset": _RankReader._on_reset,
+    "coll": _RankReader._on_collective,
+    "step": _RankReader._on_step,
+    "step_end": _RankReader._on_step_end,
+}
+
+
+def rank_from_events(events: Sequence[dict[str, Any]], rank: int | None = None) -> RankRun:
+    """One rank's events, in the order written, to its windows (``rank``: when no header
+    says which rank wrote them)."""
+    reader = _RankReader(events)
+    for ev in events:
+        reader.feed(ev)
+    return reader.finish(rank)
 
 
 def _wrapper(value: object) -> Wrapper:
@@ -492,7 +558,7 @@ def load_run(path: Path | Sequence[Path]) -> Run:
                         f"syncscope reads ({EVENTS_FORMAT_VERSION}); upgrade syncscope"
                     )
                 headers.append(events[0])
-            rank_run = build_rank(events)
+            rank_run = rank_from_events(events)
             stopped = stopped_reason(file)
             if stopped:
                 rank_run = dataclasses.replace(rank_run, exit_reason=f"capture stopped: {stopped}")
@@ -515,4 +581,6 @@ def load_run(path: Path | Sequence[Path]) -> Run:
 
 def build_run(meta: RunMeta, events_by_rank: dict[int, list[dict[str, Any]]]) -> Run:
     """Build a run from in-memory events (the ``track()`` API)."""
-    return assemble(meta, (build_rank(events, rank) for rank, events in events_by_rank.items()))
+    return assemble(
+        meta, (rank_from_events(events, rank) for rank, events in events_by_rank.items())
+    )

@@ -1,9 +1,12 @@
-"""Diagnoses that compare ranks: diverged gradients, mismatched collectives, hangs."""
+"""Diagnoses that compare ranks: diverged gradients, mismatched collectives, hangs, failures.
+
+Pure functions of the ``Run``, for live runs and traces alike."""
 
 from __future__ import annotations
 
 from collections import defaultdict
 from collections.abc import Sequence
+from dataclasses import dataclass
 
 from syncscope.analysis.advice import SNIPPETS
 from syncscope.model import (
@@ -45,80 +48,146 @@ def rank_divergence(run: Run, findings: Sequence[Finding]) -> list[Finding]:
             windows=tuple(windows),
             evidence={"first_window": first, "fingerprints": values},
             cost={"windows_affected": len(windows)},
-            sources=missing[0].sources if missing else (),
+            sites=missing[0].sites if missing else (),
             fix=missing[0].fix if missing else None,
         )
     ]
 
 
-def _describe(entry: tuple[str, int, tuple[int, ...] | None] | None) -> str:
+# What the members of a group must agree on at one position: (op, bytes).
+Entry = tuple[str, int]
+# A group: its global ranks when known, else its name (traces without record_param_comms
+# name none: their collectives form one group, "default").
+GroupKey = tuple[int, ...] | str
+
+
+def _describe(entry: Entry | None) -> str:
     if entry is None:
         return "nothing (sequence ended)"
-    op, nbytes, _ = entry
+    op, nbytes = entry
     return f"{op} of {nbytes} bytes"
 
 
-def collective_mismatch(run: Run) -> list[Finding]:
-    """Members of a process group must issue the same collectives in the same order."""
-    by_group: dict[tuple[int, ...], dict[int, list[tuple[str, int, tuple[int, ...] | None]]]] = (
-        defaultdict(dict)
-    )
-    present = {r.rank for r in run.ranks}
-    # A rank that crashed or was killed stopped early: its sequence ends where it died, and
-    # that truncated tail is the run-failed finding's business, not a mismatch. (In a hang,
-    # every rank is killed by the launcher and the mismatch is the cause: keep it.)
-    stopped = set() if run.meta.hung else {r.rank for r in run.ranks if rank_failed(r)}
+def _agreed(entry: Entry | None) -> tuple[str, int] | None:
+    """What must be equal across members: the op, and its bytes for SIZED_OPS."""
+    return None if entry is None else (entry[0], entry[1] if entry[0] in SIZED_OPS else 0)
+
+
+def _streams(run: Run, per_window: bool) -> dict[GroupKey, dict[int, dict[int, list[Entry]]]]:
+    """group -> rank -> segment -> entries in issue order; a segment is a window's index
+    (``per_window``) or 0, the whole run. Point-to-point and unknown ops are left out: ranks
+    legitimately differ there. Equal entries are one shared tuple (a pointer a collective)."""
+    out: dict[GroupKey, dict[int, dict[int, list[Entry]]]] = defaultdict(dict)
+    shared: dict[Entry, Entry] = {}
     for r in run.ranks:
-        for entry in r.collective_sequence:
-            group = entry[2]
-            if group is None or entry[0] in ("send", "recv", "other"):
-                continue
-            by_group[group].setdefault(r.rank, []).append(entry)
+        for w in r.windows:
+            segment = w.index if per_window else 0
+            for c in w.collectives:
+                if c.op in ("send", "recv", "other"):
+                    continue
+                key = c.group_ranks if c.group_ranks is not None else c.group_name or "default"
+                entry = (c.op, c.bytes)
+                by_segment = out[key].setdefault(r.rank, {})
+                by_segment.setdefault(segment, []).append(shared.setdefault(entry, entry))
+    return out
+
+
+def _first_difference(
+    seqs: dict[int, list[Entry]], stopped: set[int]
+) -> tuple[int, dict[int, Entry | None]] | None:
+    """(position, what each member issued there) where members first differ.
+
+    A member that stopped (crashed, killed) and whose sequence ended is left out from there:
+    its truncated tail is the run-failed finding's business, not a mismatch.
+    """
+    longest = max((len(s) for s in seqs.values()), default=0)
+    for i in range(longest):
+        at = {
+            m: (s[i] if i < len(s) else None)
+            for m, s in seqs.items()
+            if i < len(s) or m not in stopped
+        }
+        if len(at) >= 2 and len({_agreed(e) for e in at.values()}) > 1:
+            return i, at
+    return None
+
+
+@dataclass(frozen=True)
+class _Mismatch:
+    group: str  # shown: compressed ranks ("0-1") or the group's name
+    window: int | None  # None: matched over the whole run
+    position: int
+    at: dict[int, Entry | None]
+    seqs: dict[int, list[Entry]]
+
+
+def _mismatch_finding(m: _Mismatch, windows_compared: int) -> Finding:
+    ref = min(m.at)
+    odd = [r for r in sorted(m.at) if _agreed(m.at[r]) != _agreed(m.at[ref])]
+    entries = list(m.at.values())
+    if any(e is None for e in entries):
+        cause = "count"
+    elif len({e[0] for e in entries if e}) > 1:
+        cause = "op"
+    else:
+        cause = "size"
+    where = f" in window {m.window}" if m.window is not None else ""
+    evidence: dict[str, object] = {"group": m.group}
+    if m.window is not None:
+        evidence["window"] = m.window
+    evidence["position"] = m.position
+    evidence["per_rank"] = {str(r): _describe(e) for r, e in list(m.at.items())[:16]}
+    evidence["counts"] = {str(r): len(s) for r, s in list(m.seqs.items())[:16]}
+    if m.window is not None:
+        evidence["windows_compared"] = windows_compared
+    return Finding(
+        kind="collective-mismatch",
+        severity="error",
+        cause=cause,
+        message=f"ranks issued different collectives on group [{m.group}]{where} at position "
+        f"{m.position}: rank {ref} issued {_describe(m.at[ref])}, rank(s) "
+        f"{compress_ranks(odd)} issued {_describe(m.at[odd[0]])}; the precursor of a hang",
+        ranks=(ref, *odd),
+        windows=() if m.window is None else (m.window,),
+        evidence=evidence,
+        cost={},
+        fix=SNIPPETS["same-sequence"],
+    )
+
+
+def collective_mismatch(run: Run) -> list[Finding]:
+    """Members of a process group must issue the same collectives in the same order.
+
+    Live runs are matched over the whole run (capture sees every collective from the
+    start). Traces are matched window by window, over the windows in which every member
+    issued on the group: a profiler covers a span of the job, not all of it, so the
+    first and last windows it saw may be cut at different collectives on different ranks.
+    The first divergence of each group is reported; later ones follow from it.
+    """
+    per_window = run.meta.source == "trace"
+    present = {r.rank for r in run.ranks}
+    # In a hang every rank is stopped by the launcher and the mismatch is the cause: keep it.
+    stopped = set() if run.meta.hung else {r.rank for r in run.ranks if rank_failed(r)}
     findings: list[Finding] = []
-    for group, sequences in by_group.items():
-        members = [m for m in group if m in present]
+    for key, by_rank in _streams(run, per_window).items():
+        if isinstance(key, tuple) and not per_window:
+            members = [m for m in key if m in present]  # one that issued nothing: "count"
+        else:
+            members = sorted(by_rank)
         if len(members) < 2:
             continue
-        seqs = {m: sequences.get(m, []) for m in members}
-        longest = max(len(s) for s in seqs.values())
-        for i in range(longest):
-            at = {
-                m: (s[i] if i < len(s) else None)
-                for m, s in seqs.items()
-                if i < len(s) or m not in stopped
-            }
-            if len(at) < 2:
-                continue
-            kinds = {(e[0], e[1] if e[0] in SIZED_OPS else 0) if e else None for e in at.values()}
-            if len(kinds) == 1:
-                continue
-            if any(e is None for e in at.values()):
-                cause = "count"
-            elif len({e[0] for e in at.values() if e}) > 1:
-                cause = "op"
-            else:
-                cause = "size"
-            shown = dict(list(at.items())[:16])
-            findings.append(
-                Finding(
-                    kind="collective-mismatch",
-                    severity="error",
-                    cause=cause,
-                    message=f"ranks issued different collectives on group "
-                    f"[{compress_ranks(group)}] at position {i}: the precursor of a hang",
-                    ranks=tuple(members),
-                    windows=(),
-                    evidence={
-                        "group": compress_ranks(group),
-                        "position": i,
-                        "per_rank": {str(m): _describe(e) for m, e in shown.items()},
-                        "counts": {str(m): len(s) for m, s in list(seqs.items())[:16]},
-                    },
-                    cost={},
-                    fix=SNIPPETS["same-sequence"],
-                )
-            )
-            break
+        segments = [0]
+        if per_window:
+            segments = sorted(set.intersection(*(set(by_rank[m]) for m in members)))
+        group = compress_ranks(key) if isinstance(key, tuple) else key
+        for segment in segments:
+            seqs = {m: by_rank.get(m, {}).get(segment, []) for m in members}
+            found = _first_difference(seqs, stopped)
+            if found is not None:
+                window = segment if per_window else None
+                mismatch = _Mismatch(group, window, found[0], found[1], seqs)
+                findings.append(_mismatch_finding(mismatch, len(segments)))
+                break
     return findings
 
 

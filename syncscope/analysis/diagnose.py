@@ -16,9 +16,9 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
-from syncscope.analysis.advice import SNIPPETS, fix_style, in_framework, mean
+from syncscope.analysis.advice import SNIPPETS, fix_style, in_framework
 from syncscope.analysis.crossrank import collective_mismatch, hang, rank_divergence, run_failed
-from syncscope.figures import Steady, early_sync_ns, saved_ns, steady_windows
+from syncscope.figures import Steady, early_sync_ns, mean, median, saved_ns, steady_windows
 from syncscope.model import (
     FAILED_KINDS,
     Finding,
@@ -27,6 +27,7 @@ from syncscope.model import (
     Severity,
     SourceLocation,
     Window,
+    severity_rank,
 )
 
 FRAGMENT_MIN_COLLECTIVES = 16
@@ -44,11 +45,11 @@ class Observation:
     window: int
     evidence: dict[str, object]
     cost: dict[str, float]
-    sources: list[tuple[str, SourceLocation]] = field(default_factory=list)
+    sites: list[tuple[str, SourceLocation]] = field(default_factory=list)
     fix: str | None = None
 
 
-def _sources(window: Window, micro_batch: int) -> list[tuple[str, SourceLocation]]:
+def _sites(window: Window, micro_batch: int) -> list[tuple[str, SourceLocation]]:
     out: list[tuple[str, SourceLocation]] = []
     if 0 <= micro_batch < len(window.micro_batches):
         mb = window.micro_batches[micro_batch]
@@ -154,7 +155,7 @@ def _redundant(rank: RankRun, window: Window) -> Iterator[Observation]:
             "grad_sync_collectives": len(window.grad_sync_collectives),
         },
         cost,
-        _sources(window, positions[0]),
+        _sites(window, positions[0]),
         fix,
     )
 
@@ -201,7 +202,7 @@ def _missing(rank: RankRun, window: Window) -> Iterator[Observation]:
             ],
         },
         {"window_ns": window.duration_ns},
-        _sources(window, n - 1),
+        _sites(window, n - 1),
         fix,
     )
 
@@ -212,7 +213,7 @@ def _grad_reset(rank: RankRun, window: Window) -> Iterator[Observation]:
     if not wiped:
         return
     lost = max(r.after_micro_batches for r in wiped)
-    sources = [(r.how, r.site) for r in wiped if r.site is not None][:1]
+    sites = [(r.how, r.site) for r in wiped if r.site is not None][:1]
     yield Observation(
         "grad-reset-mid-window",
         "error",
@@ -225,7 +226,7 @@ def _grad_reset(rank: RankRun, window: Window) -> Iterator[Observation]:
             "micro_batches_lost": lost,
         },
         {"lost_share_of_gradient": lost / n if n else 1.0},
-        sources + _sources(window, n - 1)[-1:],
+        sites + _sites(window, n - 1)[-1:],
         in_framework(rank, "zero-grad"),
     )
 
@@ -288,7 +289,7 @@ def _unsharded_memory(rank: RankRun, window: Window) -> Iterator[Observation]:
             "estimated_extra_memory_bytes": int(unsharded * (1 - 1 / max(shard, 1))),
             "peak_memory_bytes": window.peak_memory_bytes,
         },
-        _sources(window, 0),
+        _sites(window, 0),
         "fsdp-sharded",
     )
 
@@ -348,12 +349,6 @@ def _saved_across_ranks(observations: list[Observation], saved: dict[int, int]) 
         o.cost["projected_window_ns"] = max(0.0, window_ns - wasted)
 
 
-def _cost_median(values: list[float]) -> float:
-    items = sorted(values)
-    mid = len(items) // 2
-    return items[mid] if len(items) % 2 else (items[mid - 1] + items[mid]) / 2
-
-
 def _group(observations: list[Observation], steady: Steady | None = None) -> list[Finding]:
     groups: dict[tuple[str, str], list[Observation]] = {}
     for o in observations:
@@ -365,7 +360,7 @@ def _group(observations: list[Observation], steady: Steady | None = None) -> lis
         # window time is; the warm-up windows only when no steady window is affected
         basis = [o for o in items if steady is not None and o.window in steady] or items
         numeric = {
-            k: _cost_median([float(o.cost[k]) for o in basis if k in o.cost])
+            k: median([float(o.cost[k]) for o in basis if k in o.cost])
             for k in first.cost
             if any(k in o.cost for o in basis)
         }
@@ -374,7 +369,7 @@ def _group(observations: list[Observation], steady: Steady | None = None) -> lis
         findings.append(
             Finding(
                 kind=kind,
-                severity=max((o.severity for o in items), key=_SEVERITY_ORDER.index),
+                severity=min((o.severity for o in items), key=severity_rank),
                 cause=cause,
                 message=f"{MESSAGES.get(kind, kind)} ({cause})",
                 ranks=tuple(ranks),
@@ -385,14 +380,11 @@ def _group(observations: list[Observation], steady: Steady | None = None) -> lis
                     "example_window": first.window,
                 },
                 cost={**numeric, "windows_affected": len(windows)},
-                sources=tuple(first.sources),
+                sites=tuple(first.sites),
                 fix=SNIPPETS.get(first.fix) if first.fix else None,
             )
         )
     return findings
-
-
-_SEVERITY_ORDER: list[Severity] = ["info", "warning", "error"]
 
 
 def sync_applies(run: Run) -> bool:
@@ -423,7 +415,8 @@ def diagnose(run: Run) -> list[Finding]:
     findings.extend(collective_mismatch(run))
     findings.extend(hang(run))
     findings.extend(run_failed(run))
-    order = {"error": 0, "warning": 1, "info": 2}
     # a run that did not finish says so first; what its complete windows show follows
-    findings.sort(key=lambda f: (f.kind not in FAILED_KINDS, order[f.severity], f.kind, f.cause))
+    findings.sort(
+        key=lambda f: (f.kind not in FAILED_KINDS, severity_rank(f.severity), f.kind, f.cause)
+    )
     return findings

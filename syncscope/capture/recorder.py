@@ -27,7 +27,7 @@ from syncscope.capture.fingerprint import (
     fingerprint,
     rss_bytes,
 )
-from syncscope.model import normalize_op
+from syncscope.model import input_argument, normalize_op
 from syncscope.rundir import EVENTS_FORMAT, EVENTS_FORMAT_VERSION
 
 
@@ -110,13 +110,10 @@ _HELD = frozenset(("fwd", "bwd", "bwd_end", "toggle", "reset", "step", "fp", "do
 
 _GRAD_SAMPLE = 8  # parameters whose .grad is looked at before and after each backward
 
-_INPUT_SECOND = ("allgather", "reduce_scatter", "alltoall", "gather", "scatter")
-
 
 def _op_tensors(opname: str, args: tuple[Any, ...]) -> list[torch.Tensor]:
     """The tensors a c10d op reads (its input: the second argument for gathers/scatters)."""
-    lname = opname.lower()
-    index = 1 if any(k in lname for k in _INPUT_SECOND) and "allreduce" not in lname else 0
+    index = input_argument(opname)
     return _tensors(args[index]) if len(args) > index else []
 
 

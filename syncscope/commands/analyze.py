@@ -32,7 +32,7 @@ def analyze(
     quiet: bool = False,
 ) -> int:
     """Report on a saved run, or on torch.profiler (Kineto) traces of a training job."""
-    from syncscope.analysis.sources import findings_for, load
+    from syncscope.analysis.inputs import findings_for, load
     from syncscope.render.outputs import exit_status, write_reports
 
     if fail_on not in ("never", "warning", "error"):

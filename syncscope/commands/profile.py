@@ -273,7 +273,7 @@ def profile(
 
 
 def _report(run_dir: Path, status: int, failed: int | None, fail_on: str, quiet: bool) -> int:
-    from syncscope.analysis.sources import findings_for, load
+    from syncscope.analysis.inputs import findings_for, load
     from syncscope.render.outputs import exit_status, write_reports
     from syncscope.render.terminal import print_summary
 

@@ -56,7 +56,7 @@ def load_and_diagnose(run_dir: Path) -> tuple[Run, list[Finding]]:
     """Read a saved run and diagnose it: the one path every re-rendering command takes."""
     if not run_dir.exists():
         raise BadRunDirectory(f"{run_dir}: no such run directory")
-    from syncscope.analysis.sources import findings_for, load
+    from syncscope.analysis.inputs import findings_for, load
 
     run, _files = load([run_dir], skip_bad=False, progress=False)
     return run, findings_for(run)

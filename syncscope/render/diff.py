@@ -34,10 +34,9 @@ from syncscope.render.summary import (
     Headline,
     grid_of,
     headline,
-    human_bytes,
-    human_ns,
     window_means,
 )
+from syncscope.render.units import human_bytes, human_ns
 
 Unit = Literal["count", "bytes", "ns"]
 Change = Literal["better", "worse", "same", "n/a"]

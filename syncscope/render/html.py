@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from typing import IO
 
 from syncscope import __version__
-from syncscope.model import FAILED_KINDS, Finding, Run, compress_ranks
+from syncscope.model import FAILED_KINDS, Finding, Run, compress_ranks, severity_rank
 from syncscope.render import charts, timeline
 from syncscope.render.page import code_block, esc, figure_block, page, section, write_page
 from syncscope.render.summary import (
@@ -23,15 +23,13 @@ from syncscope.render.summary import (
     grid_of,
     headline,
     html_text,
-    human_bytes,
-    human_ns,
     human_share,
     human_value,
     label_of,
     window_basis,
 )
+from syncscope.render.units import human_bytes, human_ns
 
-SEVERITY_ORDER = {"error": 0, "warning": 1, "info": 2}
 VERDICT_TITLES = {
     "clean": "No gradient synchronization problems found",
     "warnings": "Training is correct, but wastes communication or memory",
@@ -54,7 +52,7 @@ def write_html(run: Run, findings: Sequence[Finding], out: IO[bytes]) -> None:
 def _title_and_body(run: Run, findings: Sequence[Finding]) -> tuple[str, str]:
     grid = grid_of(run)
     head = headline(run, findings, grid)
-    ordered = sorted(findings, key=lambda f: SEVERITY_ORDER.get(f.severity, 3))
+    ordered = sorted(findings, key=lambda f: severity_rank(f.severity))
     parts = [
         _header(run, head),
         _verdict(head, ordered, len(grid.ranks)),
@@ -307,11 +305,11 @@ def finding_card(f: Finding, ident: str, *, folded: bool = False) -> str:
         f"<div><h4>Cost</h4>{_mapping(f.cost)}</div>",
         "</div>",
     ]
-    if f.sources:
+    if f.sites:
         items = "".join(
             f"<li>{esc(role)}: <code>{esc(loc)}</code>"
             f"{' in <code>' + esc(loc.function) + '</code>' if loc.function else ''}</li>"
-            for role, loc in f.sources
+            for role, loc in f.sites
         )
         body.append(f'<h4>Source</h4><ul class="sources">{items}</ul>')
     if f.fix is not None:

@@ -95,7 +95,7 @@ def finding_dict(f: Finding) -> dict[str, Any]:
         "windows": list(f.windows),
         "evidence": f.evidence,
         "cost": f.cost,
-        "sources": [{"role": role, **(_site(site) or {})} for role, site in f.sources],
+        "sources": [{"role": role, **(_site(site) or {})} for role, site in f.sites],
         "fix": dataclasses.asdict(f.fix) if f.fix else None,
     }
 

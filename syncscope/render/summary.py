@@ -13,10 +13,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from syncscope import figures
-from syncscope.figures import Projection
+from syncscope.figures import Projection, mean
 from syncscope.model import Finding, Run, Verdict, Window, verdict_of
-from syncscope.render import units
-from syncscope.render.units import mean
+from syncscope.render.units import escape_html, human_bytes, human_ns
 
 LARGE_JOB_RANKS = 16  # from this many ranks on, charts aggregate (heatmaps, no per-rank bars)
 
@@ -46,11 +45,6 @@ class Cell:
     def missing(self) -> bool:
         expected = self.expected_micro_batch
         return expected is not None and expected not in self.sync_micro_batches
-
-    @property
-    def extra_micro_batches(self) -> tuple[int, ...]:
-        expected = self.expected_micro_batch
-        return tuple(m for m in self.sync_micro_batches if m != expected)
 
 
 def cell_of(window: Window) -> Cell:
@@ -260,16 +254,6 @@ def window_means(grid: Grid, attr: str) -> list[float | None]:
 # Formatting shared by every renderer -------------------------------------------------------
 
 
-def human_bytes(n: float | None) -> str:
-    return "n/a" if n is None else units.human_bytes(n)
-
-
-def human_ns(ns: float | None) -> str:
-    if ns is None:
-        return "n/a"
-    return f"{ns:.0f} ns" if abs(ns) < 1e3 else units.human_ns(ns)
-
-
 def human_share(x: float | None) -> str:
     return "n/a" if x is None else f"{x * 100:.0f}%"
 
@@ -368,7 +352,7 @@ def plain_text(text: str) -> str:
 
 def html_text(text: str) -> str:
     """A fix summary as HTML: escaped, with ``*x*``/``**x**`` as emphasis and ``x`` as code."""
-    out = units.escape_html(text)
+    out = escape_html(text)
     out = re.sub(r"\*\*(?=\S)(.+?)(?<=\S)\*\*", r"<strong>\1</strong>", out)
     out = re.sub(r"\*(?=\S)(.+?)(?<=\S)\*", r"<em>\1</em>", out)
     return re.sub(r"`([^`]+)`", r"<code>\1</code>", out)

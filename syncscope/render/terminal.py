@@ -12,9 +12,17 @@ from rich.table import Table
 from rich.text import Text
 
 from syncscope import figures
-from syncscope.model import Finding, RankRun, Run, Window, compress_ranks, verdict_of
+from syncscope.figures import median
+from syncscope.model import SEVERITIES, Finding, RankRun, Run, Window, compress_ranks, verdict_of
+from syncscope.render import units
 from syncscope.render.summary import headline, human_value, label_of, plain_text, window_basis
-from syncscope.render.units import human_bytes, human_ns, median
+from syncscope.render.units import human_bytes
+
+
+def human_ns(ns: float | None) -> str:
+    """A duration as the terminal shows it: below a millisecond, in whole µs."""
+    return units.human_ns(ns, whole_us=True)
+
 
 SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 VERDICT_STYLE = {
@@ -200,7 +208,7 @@ def finding_panel(f: Finding) -> Panel:
     cost = _cost_line(f)
     if cost:
         body.append(Text("cost: " + cost, style="bold"))
-    for role, site in f.sources:
+    for role, site in f.sites:
         body.append(Text(f"{role}: {site}", style="dim"))
     if f.fix is not None:
         body.append(Text("fix: " + plain_text(f.fix.summary), style="green"))
@@ -229,7 +237,7 @@ def summary_renderables(run: Run, findings: Sequence[Finding]) -> list[Renderabl
     for f in findings:
         out.append(finding_panel(f))
     verdict = verdict_of(list(findings))
-    counts = {s: sum(f.severity == s for f in findings) for s in ("error", "warning", "info")}
+    counts = {s: sum(f.severity == s for f in findings) for s in SEVERITIES}
     line = Text(f" verdict: {verdict} ", style=VERDICT_STYLE[verdict])
     line.append("  " + ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items()))
     if verdict == "failed":

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from syncscope.model import Run
+from syncscope.model import Run, Window
 from syncscope.render.charts import (
     EXTRA,
     INK,
@@ -35,73 +35,35 @@ def timeline_ranks(run: Run, preferred: Sequence[int] = ()) -> list[int]:
     return sorted(picked)
 
 
+# (kind of bar, hover label) -> bars: [row, start ms, length ms, window, micro-batch, MiB]
+_Bars = dict[tuple[str, str], list[list[float]]]
+# bar kind -> colour, width, offset; in drawing (and legend) order
+_STYLES = {
+    "forward + backward": (MUTED, 0.55, -0.4),
+    "forward": ("#dde3ea", 0.55, -0.4),
+    "backward": (MUTED, 0.55, -0.4),
+    "optimizer step": (INK, 0.55, -0.4),
+    "grad sync": (OK, 0.28, 0.17),
+    "extra grad sync": (EXTRA, 0.28, 0.17),
+    "other collective": ("#8a94a3", 0.28, 0.17),
+}
+
+
 def timeline_figure(run: Run, ranks: Sequence[int], first_window: int = 0) -> Figure:
     """Forward/backward, optimizer step and collectives per rank over a few windows.
 
     One trace per kind of bar (and per collective op and module, named in the hover), with
     numeric per-bar data (row, start, length, window, micro-batch, MiB) so the page stays small.
     """
-    bars: dict[tuple[str, str], list[list[float]]] = {}
-
-    def add(
-        kind: str, label: str, row: int, start: int, end: int, w: int, m: int, nbytes: int = 0
-    ) -> None:
-        bars.setdefault((kind, label), []).append(
-            [row, start / 1e6, max(end - start, 1) / 1e6, w, m, nbytes / 2**20]
-        )
-
     total = max((len(r.windows) for r in run.ranks), default=0)
     windows = range(
         first_window, min(first_window + TIMELINE_WINDOWS, max(total, first_window + 1))
     )
+    bars: _Bars = {}
     for row, rank in enumerate(ranks):
         rr = run.rank(rank)
         for window in (rr.windows[w] for w in windows if rr and w < len(rr.windows)):
-            w = window.index
-            last = len(window.micro_batches) - 1 if window.complete else None
-            for mb in window.micro_batches:
-                split = getattr(mb, "backward_start_ns", None)  # present once capture records it
-                if isinstance(split, int) and mb.start_ns <= split <= mb.end_ns:
-                    add("forward", "", row, mb.start_ns, split, w, mb.index)
-                    add("backward", "", row, split, mb.end_ns, w, mb.index)
-                else:
-                    add("forward + backward", "", row, mb.start_ns, mb.end_ns, w, mb.index)
-            if window.step_ns:
-                add(
-                    "optimizer step",
-                    "",
-                    row,
-                    window.end_ns - window.step_ns,
-                    window.end_ns,
-                    w,
-                    last or 0,
-                )
-            for c in window.collectives:
-                kind = "other collective"
-                if c.grad_sync:
-                    kind = "grad sync" if c.micro_batch == last else "extra grad sync"
-                label = escape_html(f"{c.op} ({c.raw_op}), {c.phase}")
-                label += f"<br>{escape_html(c.module)}" if c.module else ""
-                add(
-                    kind,
-                    label,
-                    row,
-                    c.start_ns,
-                    c.start_ns + c.duration_ns,
-                    w,
-                    c.micro_batch,
-                    c.bytes,
-                )
-    origin = min((b[1] for rows in bars.values() for b in rows), default=0.0)
-    styles = {
-        "forward + backward": (MUTED, 0.55, -0.4),
-        "forward": ("#dde3ea", 0.55, -0.4),
-        "backward": (MUTED, 0.55, -0.4),
-        "optimizer step": (INK, 0.55, -0.4),
-        "grad sync": (OK, 0.28, 0.17),
-        "extra grad sync": (EXTRA, 0.28, 0.17),
-        "other collective": ("#8a94a3", 0.28, 0.17),
-    }
+            _window_bars(bars, row, window)
     fig = styled(
         f"Timeline, window{'s' if len(windows) > 1 else ''} "
         f"{windows.start}{'-' + str(windows.stop - 1) if len(windows) > 1 else ''} "
@@ -110,8 +72,52 @@ def timeline_figure(run: Run, ranks: Sequence[int], first_window: int = 0) -> Fi
         barmode="overlay",
         bargap=0,
     )
+    _draw_bars(fig, bars)
+    update_axes(fig, "x", title={"text": "ms since the first window shown"})
+    update_axes(
+        fig,
+        "y",
+        autorange="reversed",
+        tickvals=list(range(len(ranks))),
+        ticktext=[f"rank {r}" for r in ranks],
+        range=[len(ranks) - 0.5, -0.5],
+    )
+    return fig
+
+
+def _window_bars(bars: _Bars, row: int, window: Window) -> None:
+    """The bars of one rank's window, on row ``row``."""
+
+    def add(kind: str, label: str, start: int, end: int, m: int, nbytes: int = 0) -> None:
+        bars.setdefault((kind, label), []).append(
+            [row, start / 1e6, max(end - start, 1) / 1e6, w, m, nbytes / 2**20]
+        )
+
+    w = window.index
+    last = len(window.micro_batches) - 1 if window.complete else None
+    for mb in window.micro_batches:
+        split = getattr(mb, "backward_start_ns", None)  # present once capture records it
+        if isinstance(split, int) and mb.start_ns <= split <= mb.end_ns:
+            add("forward", "", mb.start_ns, split, mb.index)
+            add("backward", "", split, mb.end_ns, mb.index)
+        else:
+            add("forward + backward", "", mb.start_ns, mb.end_ns, mb.index)
+    if window.step_ns:
+        add("optimizer step", "", window.end_ns - window.step_ns, window.end_ns, last or 0)
+    for c in window.collectives:
+        kind = "other collective"
+        if c.grad_sync:
+            kind = "grad sync" if c.micro_batch == last else "extra grad sync"
+        label = escape_html(f"{c.op} ({c.raw_op}), {c.phase}")
+        label += f"<br>{escape_html(c.module)}" if c.module else ""
+        add(kind, label, c.start_ns, c.start_ns + c.duration_ns, c.micro_batch, c.bytes)
+
+
+def _draw_bars(fig: Figure, bars: _Bars) -> None:
+    """One bar trace per (kind, label), kinds in ``_STYLES`` order, each kind once in the legend."""
+    origin = min((b[1] for rows in bars.values() for b in rows), default=0.0)
     shown: set[str] = set()
-    for kind, (color, width, offset) in styles.items():
+    for kind, (color, width, offset) in _STYLES.items():
         for (k, label), rows in bars.items():
             if k != kind:
                 continue
@@ -138,16 +144,6 @@ def timeline_figure(run: Run, ranks: Sequence[int], first_window: int = 0) -> Fi
                 + "</extra>",
             )
             shown.add(kind)
-    update_axes(fig, "x", title={"text": "ms since the first window shown"})
-    update_axes(
-        fig,
-        "y",
-        autorange="reversed",
-        tickvals=list(range(len(ranks))),
-        ticktext=[f"rank {r}" for r in ranks],
-        range=[len(ranks) - 0.5, -0.5],
-    )
-    return fig
 
 
 def overlap_figure(grid: Grid) -> Figure:

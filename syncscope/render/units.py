@@ -1,12 +1,10 @@
 """Bytes and durations as people read them, shared by the terminal, HTML and diff renderers
-(a module of its own so the HTML report does not import rich), and the few helpers the
-renderers would otherwise take from ``html`` and ``statistics``: those import ``html.entities``
-and ``decimal``/``fractions``, 1 MiB between them, to analyze a trace that may be 9 MiB."""
+(a module of its own so the HTML report does not import rich), and ``escape_html``, which the
+renderers would otherwise take from ``html``: it imports ``html.entities``, to analyze a trace
+that may be 9 MiB. (``mean`` and ``median``, kept from ``statistics`` for the same reason, are
+in ``syncscope.figures``.)"""
 
 from __future__ import annotations
-
-import math
-from collections.abc import Iterable
 
 
 def escape_html(text: str) -> str:
@@ -15,20 +13,10 @@ def escape_html(text: str) -> str:
     return text.replace('"', "&quot;").replace("'", "&#x27;")
 
 
-def mean(values: Iterable[float]) -> float:
-    """``statistics.fmean`` of a non-empty iterable."""
-    items = list(values)
-    return math.fsum(items) / len(items)
-
-
-def median(values: Iterable[float]) -> float:
-    """``statistics.median`` of a non-empty iterable (the mean of the middle two when even)."""
-    items = sorted(values)
-    mid = len(items) // 2
-    return items[mid] if len(items) % 2 else (items[mid - 1] + items[mid]) / 2
-
-
-def human_bytes(n: float) -> str:
+def human_bytes(n: float | None) -> str:
+    """``1.5 MiB``; ``n/a`` for None (not measured)."""
+    if n is None:
+        return "n/a"
     value = float(n)
     for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
         if abs(value) < 1024 or unit == "TiB":
@@ -37,9 +25,16 @@ def human_bytes(n: float) -> str:
     return f"{value:.1f} TiB"
 
 
-def human_ns(ns: float) -> str:
+def human_ns(ns: float | None, *, whole_us: bool = False) -> str:
+    """``2.50 s``, ``12.3 ms``, ``640 µs``; below 1 µs in nanoseconds (``800 ns``), or, with
+    ``whole_us`` (the terminal's tables and findings), rounded to whole µs (``1 µs``);
+    ``n/a`` for None (not measured)."""
+    if ns is None:
+        return "n/a"
     if ns >= 1e9:
         return f"{ns / 1e9:.2f} s"
     if ns >= 1e6:
         return f"{ns / 1e6:.1f} ms"
+    if abs(ns) < 1e3 and not whole_us:
+        return f"{ns:.0f} ns"
     return f"{ns / 1e3:.0f} µs"

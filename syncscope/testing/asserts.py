@@ -171,7 +171,7 @@ def explain(
             lines.append(f"  ... {len(windows) - MAX_WINDOWS_SHOWN} more windows")
     for f in stats.findings:
         lines.append(f"finding: {f.severity} {f.kind} ({f.cause}): {f.message}")
-        for role, site in f.sources:
+        for role, site in f.sites:
             lines.append(f"  {role}: {site}")
         if f.fix is not None:
             lines.append(f"  fix: {plain_text(f.fix.summary)}")

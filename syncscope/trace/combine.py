@@ -1,4 +1,4 @@
-"""Both sources in one report: a live run, with the overlap its trace measured.
+"""A live capture and its trace in one report: the live run, with the overlap the trace measured.
 
 ``syncscope profile --trace`` leaves ``RUN/traces/rank-R.json.gz`` next to the live capture.
 The live capture is the authority on windows and collectives; the trace adds what only it

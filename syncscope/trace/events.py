@@ -15,6 +15,8 @@ from typing import Any
 
 import orjson
 
+from syncscope.model import input_argument
+
 # Forward markers: DDP and FSDP1 wrap forward in a record_function; FSDP2 marks the root's
 # pre-forward; syncscope marks micro-batches itself.
 FORWARD_MARKERS = frozenset(
@@ -36,15 +38,6 @@ _DTYPE_BYTES = {
 }  # fmt: skip
 _COMM_NAMES = ("c10d::", "record_param_comms", "gloo:", "nccl:", "syncscope.grad_sync#")
 _MAX_NS = 1 << 62  # a timestamp beyond this (ns; year 2116) is corrupt, not a time
-_INPUT_SECOND = (
-    "allgather",
-    "all_gather",
-    "reduce_scatter",
-    "alltoall",
-    "all_to_all",
-    "gather",
-    "scatter",
-)
 
 
 def dtype_bytes(dtype: str) -> int | None:
@@ -71,9 +64,7 @@ class RawCollective:
     dtype: str = ""
     group_ranks: tuple[int, ...] | None = None
     group_name: str = ""
-    pg_seq: int | None = None
     done: int | None = None
-    external_id: int | None = None
 
 
 def _parse_ranks(value: Any) -> tuple[int, ...] | None:
@@ -256,8 +247,8 @@ class RankEvents:
     @staticmethod
     def _c10d(e: dict[str, Any], start: int, end: int, tid: int, name: str) -> RawCollective:
         args = e.get("args") or {}
-        raw = RawCollective(start, end, tid, name, external_id=args.get("External id"))
-        index = 1 if any(k in name for k in _INPUT_SECOND) else 0
+        raw = RawCollective(start, end, tid, name)
+        index = input_argument(name)
         raw.nelems = _first_tensor(args.get("Input Dims"), index)
         types = args.get("Input type")
         if isinstance(types, list) and len(types) > index and isinstance(types[index], str):
@@ -273,6 +264,4 @@ class RankEvents:
         raw.dtype = str(args.get("dtype", ""))
         raw.group_ranks = _parse_ranks(args.get("Process Group Ranks"))
         raw.group_name = str(args.get("Process Group Name", ""))
-        seq = args.get("Seq")
-        raw.pg_seq = int(seq) if isinstance(seq, (int, float)) else None
         return raw

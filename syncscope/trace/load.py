@@ -8,25 +8,21 @@ memory follows the largest single file, not the job. Each problem names the file
 from __future__ import annotations
 
 import os
-import re
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
-from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
 
-from syncscope.errors import BadTrace, SyncscopeError
+from syncscope.errors import BadTrace
 from syncscope.model import RankRun, Run, RunMeta, compress_ranks
-from syncscope.trace.events import RankEvents
-from syncscope.trace.read import is_trace_file, read_trace
-from syncscope.trace.windows import RankNotes, build_rank
-from syncscope.validate import field_int, field_of, field_str, missing_ranks
+from syncscope.trace.rankfile import Job, RankResult, read_rank
+from syncscope.trace.read import is_trace_file
+from syncscope.trace.windows import RankNotes
+from syncscope.validate import missing_ranks
 
 PROGRESS_MIN_BYTES = 64 << 20
 PARALLEL_MIN_BYTES = 32 << 20  # below this (on disk), worker start-up costs more than it saves
 MAX_WORKERS = 2
 WORKERS_ENV = "SYNCSCOPE_TRACE_WORKERS"  # force a worker count (0: read in this process)
-_RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)")
 
 
 def trace_files(paths: Sequence[Path]) -> list[Path]:
@@ -47,51 +43,10 @@ def trace_files(paths: Sequence[Path]) -> list[Path]:
     return files
 
 
-@dataclass(frozen=True)
-class _Job:
-    world_size: int
-    backend: str
-    groups: tuple[tuple[str, int], ...]
-
-    def describe(self) -> str:
-        return f"world size {self.world_size}, backend {self.backend or '?'}"
-
-
-def _job(info: dict[str, Any], path: Path | str = "trace") -> _Job:
-    where = path
-    configs = field_of(
-        info, "pg_config", where, list, default=[], label="distributedInfo.pg_config"
-    )
-    groups: list[tuple[str, int]] = []
-    for i, g in enumerate(configs):
-        label = f"distributedInfo.pg_config[{i}]"
-        field_of({label: g}, label, where, dict)
-        size = field_int(g, "pg_size", where, default=0, label=f"{label}.pg_size")
-        groups.append((str(g.get("pg_name", "")), size))
-    world = field_int(
-        info, "world_size", where, min=1, default=1, label="distributedInfo.world_size"
-    )
-    backend = field_str(info, "backend", where, default="", label="distributedInfo.backend")
-    return _Job(world, backend, tuple(sorted(groups)))
-
-
-def _compatible(a: _Job, b: _Job) -> bool:
+def _compatible(a: Job, b: Job) -> bool:
     if a.world_size != b.world_size or a.backend != b.backend:
         return False
     return not (a.groups and b.groups and a.groups != b.groups)
-
-
-def _rank_of(path: Path, info: dict[str, Any], notes: list[str]) -> int:
-    rank = field_int(info, "rank", path, default=None, label="distributedInfo.rank")
-    if rank is not None:
-        return int(rank)
-    m = _RANK_IN_NAME.search(path.name)
-    if m is None:
-        raise BadTrace(f"{path}: no 'distributedInfo' rank and none in the file name")
-    notes.append(
-        f"{path.name}: no 'distributedInfo' in the trace; rank {m.group(1)} taken from the file name"
-    )
-    return int(m.group(1))
 
 
 @contextmanager
@@ -111,60 +66,6 @@ def _progress(files: list[Path], enabled: bool) -> Iterator[Callable[[int], None
     with Progress(*columns, console=console, transient=True) as bar:
         task = bar.add_task("traces", total=size)
         yield lambda n: bar.advance(task, n)
-
-
-@dataclass
-class RankResult:
-    """What reading one file gives, checked against the other files by ``load_traces``.
-
-    Small enough to send from a worker process: the events themselves stay in the worker.
-    """
-
-    path: Path
-    job: _Job | None = None
-    has_info: bool = False
-    rank: int | None = None
-    rank_notes: list[str] = field(default_factory=list)
-    rank_run: RankRun | None = None
-    flags: RankNotes = field(default_factory=RankNotes)
-    error: str = ""  # a BadTrace met while reading (corrupt file, no rank)
-
-
-def read_rank(path: Path, advance: Callable[[int], None] | None = None) -> RankResult:
-    """Read one trace file and reduce it to its ``RankRun`` (in this process)."""
-    result = RankResult(path)
-    try:
-        events = RankEvents()
-        meta = read_trace(path, events, advance)
-        info = field_of(meta, "distributedInfo", path, dict, default={}, error=BadTrace)
-        field_int(meta, "baseTimeNanoseconds", path, default=0, error=BadTrace)
-        _check_events(path, events, result.rank_notes)
-        result.job, result.has_info = _job(info, path), bool(info)
-        result.rank = _rank_of(path, info, result.rank_notes)
-    except SyncscopeError as exc:
-        result.error = str(exc)
-        return result
-    if events.steps and (result.rank < result.job.world_size or not info):
-        result.rank_run = build_rank(events, meta, result.rank, result.flags)
-    return result
-
-
-def _check_events(path: Path, events: RankEvents, notes: list[str]) -> None:
-    """Entries that could not be placed: an error where they hide collectives, else a note."""
-    if events.not_objects:
-        raise BadTrace(
-            f"{path}: traceEvents holds {events.not_objects} entries that are not objects"
-        )
-    if events.unplaced_comms:
-        raise BadTrace(
-            f"{path}: {events.unplaced_comms} collective event(s) without a usable time (ts "
-            "missing or not a finite time, or dur negative): this rank's syncs cannot be counted"
-        )
-    if events.unplaced:
-        notes.append(
-            f"{path.name}: {events.unplaced} event(s) without a usable time (ts missing or not "
-            "a finite time, or dur negative) were skipped"
-        )
 
 
 def _merge_flags(into: RankNotes, rank: RankNotes) -> None:
@@ -217,7 +118,7 @@ def load_traces(paths: Sequence[Path], skip_bad: bool = False, progress: bool = 
     notes: list[str] = []
     skipped: list[str] = []
     ranks: dict[int, tuple[RankRun, Path]] = {}
-    job: tuple[_Job, Path] | None = None
+    job: tuple[Job, Path] | None = None
     flags = RankNotes()
     hosts: set[str] = set()
     with _progress(files, progress) as advance:
@@ -255,9 +156,9 @@ def load_traces(paths: Sequence[Path], skip_bad: bool = False, progress: bool = 
 def _check(
     result: RankResult,
     ranks: dict[int, tuple[RankRun, Path]],
-    job: tuple[_Job, Path] | None,
+    job: tuple[Job, Path] | None,
     notes: list[str],
-) -> tuple[RankRun, _Job]:
+) -> tuple[RankRun, Job]:
     """The checks against the files before this one, in the order a sequential read made them."""
     path = result.path
     if result.job is None:

@@ -32,7 +32,7 @@ from syncscope.model import (
 )
 from syncscope.packed import Packed
 from syncscope.trace.events import RankEvents, RawCollective, Span, dtype_bytes
-from syncscope.trace.overlap import Interval, measure_windows, merge_pairs
+from syncscope.trace.overlap import Interval, Measure, measure_windows, merge_pairs
 
 SCALAR_BYTES = 16  # an all-reduce this small after backward is a metric (loss), not gradients
 _SKIP_PARAM_COMMS = frozenset({"wait", "barrier", ""})
@@ -44,6 +44,10 @@ class _Step:
     end: int
     count: int = 1
     busy_ns: int = 0
+
+
+# A window's start, end and the step that closed it (None: the trailing window).
+_Bound = tuple[int, int, _Step | None]
 
 
 @dataclass
@@ -108,7 +112,7 @@ def _resolve(ev: RankEvents, notes: RankNotes) -> list[RawCollective]:
             p = by_tid[c.tid][i]
             c.nelems = p.nelems if p.nelems is not None else c.nelems
             c.dtype = p.dtype or c.dtype
-            c.group_ranks, c.group_name, c.pg_seq = p.group_ranks, p.group_name, p.pg_seq
+            c.group_ranks, c.group_name = p.group_ranks, p.group_name
     return comms
 
 
@@ -206,88 +210,18 @@ def _within(t: int, spans: Sequence[Span]) -> bool:
     return any(s.start <= t <= s.end for s in spans)
 
 
-def build_rank(ev: RankEvents, meta: dict[str, Any], rank: int, notes: RankNotes) -> RankRun:
+def rank_from_trace(ev: RankEvents, meta: dict[str, Any], rank: int, notes: RankNotes) -> RankRun:
     """The RankRun of one trace; ``ev`` must hold at least one optimizer step."""
     base = int(meta.get("baseTimeNanoseconds") or 0)
     backward = merge_pairs(ev.backward)
     steps = _steps(ev.steps, backward)
-    wrapper: Wrapper = "none"
-    names = {f.name for f in ev.forwards}
-    if "DistributedDataParallel.forward" in names:
-        wrapper = "ddp"
-    elif names or ev.fsdp_reduces:
-        wrapper = "fsdp"
+    wrapper = _wrapper_of(ev)
     notes.no_markers = notes.no_markers or (not ev.micro_marks and not ev.forwards)
     notes.own_markers = notes.own_markers or bool(ev.window_marks)
     comms = _resolve(ev, notes)
     _attach_done(comms, ev)
-    extent = ev.extent() or (steps[0].start, steps[-1].end)
-    first = min([extent[0], *(c.start for c in comms[:1])])
-    bounds: list[tuple[int, int, _Step | None]] = []
-    lo = first
-    for s in steps:
-        bounds.append((lo, s.end, s))
-        lo = s.end
-    tail_end = max(extent[1], lo)
-    if any(c.start >= lo for c in comms) or any(b[0] >= lo for b in backward):
-        bounds.append((lo, tail_end, None))
-        notes.trailing = True
-    measures = measure_windows(ev, [(a, b) for a, b, _ in bounds])
-    idx = _Sorted(ev, backward)
-    sequence: list[tuple[str, int, tuple[int, ...] | None]] = []
-    all_collectives: list[Collective] = []
-    all_micro: list[MicroBatch] = []
-    spans: list[tuple[int, int, int, int, dict[str, Any]]] = []  # collectives, micro-batches
-    ci = 0
-    # Equal values share one object (names, sizes, groups, sequence entries): a rank's
-    # thousands of collectives repeat a handful of them, and the Run holds every rank's.
-    shared: dict[Any, Any] = {}
-    for index, (lo, hi, step) in enumerate(bounds):
-        micro = _micro_batches(idx, lo, hi, wrapper)
-        first_collective, first_micro = len(all_collectives), len(all_micro)
-        while (ci < len(comms) and comms[ci].start < hi) or (step is None and ci < len(comms)):
-            raw = comms[ci]
-            col = _collective(raw, ci, micro, step, wrapper, ev, notes, base, shared)
-            all_collectives.append(col)
-            entry = (col.op, col.bytes, col.group_ranks)
-            sequence.append(shared.setdefault(entry, entry))
-            ci += 1
-        all_micro.extend(
-            MicroBatch(k, mb.start + base, mb.end + base, mb.wrapper, None, None)
-            for k, mb in enumerate(micro)
-        )
-        resets = tuple(
-            GradReset(sum(1 for m in micro if m.end <= z.start), "optimizer.zero_grad")
-            for z in idx.zero[bisect_left(idx.zero_starts, lo) : bisect_left(idx.zero_starts, hi)]
-            if not (step and step.start <= z.start <= step.end)
-        )
-        resets = shared.setdefault(("resets", resets), resets)
-        m = measures[index] if measures else None
-        mark = idx.window_mark(lo, hi)
-        fields: dict[str, Any] = dict(
-            index=int(mark.name.rsplit("#", 1)[1]) if mark else index,
-            complete=step is not None,
-            start_ns=lo + base,
-            end_ns=hi + base,
-            grad_resets=resets,
-            steps=step.count if step else 0,
-            step_ns=step.busy_ns if step else 0,
-            comm_ns=m.comm if m else None,
-            exposed_comm_ns=m.exposed if m else None,
-            compute_ns=m.compute if m else None,
-        )
-        spans.append((first_collective, len(all_collectives), first_micro, len(all_micro), fields))
-    # Packed into columns: a few dozen bytes a collective instead of a few hundred.
-    collectives = Packed.of(Collective, all_collectives)
-    micro_batches = Packed.of(MicroBatch, all_micro)
-    windows = [
-        Window(
-            collectives=collectives.view(c0, c1),
-            micro_batches=micro_batches.view(m0, m1),
-            **fields,
-        )
-        for c0, c1, m0, m1, fields in spans
-    ]
+    bounds, tail_end = _bounds(ev, steps, backward, comms, notes)
+    windows = _windows(ev, bounds, _Sorted(ev, backward), comms, wrapper, notes, base)
     return RankRun(
         rank=rank,
         windows=tuple(windows),
@@ -297,7 +231,117 @@ def build_rank(ev: RankEvents, meta: dict[str, Any], rank: int, notes: RankNotes
         wrappers=(WrapperInfo(kind=wrapper, label=_label(wrapper)),) if wrapper != "none" else (),
         last_event_ns=tail_end + base,
         backend=str((meta.get("distributedInfo") or {}).get("backend", "")),
-        collective_sequence=tuple(sequence),
+    )
+
+
+def _wrapper_of(ev: RankEvents) -> Wrapper:
+    """DDP or FSDP, from the forward markers (FSDP2 also from its reduce markers)."""
+    names = {f.name for f in ev.forwards}
+    if "DistributedDataParallel.forward" in names:
+        return "ddp"
+    if names or ev.fsdp_reduces:
+        return "fsdp"
+    return "none"
+
+
+def _bounds(
+    ev: RankEvents,
+    steps: list[_Step],
+    backward: Sequence[Interval],
+    comms: list[RawCollective],
+    notes: RankNotes,
+) -> tuple[list[_Bound], int]:
+    """Each window's (start, end, step): from the trace's start (or first collective) to the
+    end of each step, and a trailing window for activity after the last; and the trace's end."""
+    extent = ev.extent() or (steps[0].start, steps[-1].end)
+    first = min([extent[0], *(c.start for c in comms[:1])])
+    bounds: list[_Bound] = []
+    lo = first
+    for s in steps:
+        bounds.append((lo, s.end, s))
+        lo = s.end
+    tail_end = max(extent[1], lo)
+    if any(c.start >= lo for c in comms) or any(b[0] >= lo for b in backward):
+        bounds.append((lo, tail_end, None))
+        notes.trailing = True
+    return bounds, tail_end
+
+
+def _windows(
+    ev: RankEvents,
+    bounds: list[_Bound],
+    idx: _Sorted,
+    comms: list[RawCollective],
+    wrapper: Wrapper,
+    notes: RankNotes,
+    base: int,
+) -> list[Window]:
+    """The windows of ``bounds``, their collectives and micro-batches packed into columns
+    (a few dozen bytes a collective instead of a few hundred)."""
+    measures = measure_windows(ev, [(a, b) for a, b, _ in bounds])
+    all_collectives: list[Collective] = []
+    all_micro: list[MicroBatch] = []
+    spans: list[tuple[int, int, int, int, dict[str, Any]]] = []  # collectives, micro-batches
+    ci = 0
+    # Equal values share one object (names, sizes, groups): a rank's thousands of
+    # collectives repeat a handful of them, and the Run holds every rank's.
+    shared: dict[Any, Any] = {}
+    for index, (lo, hi, step) in enumerate(bounds):
+        micro = _micro_batches(idx, lo, hi, wrapper)
+        first_collective, first_micro = len(all_collectives), len(all_micro)
+        while (ci < len(comms) and comms[ci].start < hi) or (step is None and ci < len(comms)):
+            raw = comms[ci]
+            col = _collective(raw, ci, micro, step, wrapper, ev, notes, base, shared)
+            all_collectives.append(col)
+            ci += 1
+        all_micro.extend(
+            MicroBatch(k, mb.start + base, mb.end + base, mb.wrapper, None, None)
+            for k, mb in enumerate(micro)
+        )
+        measure = measures[index] if measures else None
+        fields = _window_fields(idx, index, (lo, hi, step), micro, measure, base, shared)
+        spans.append((first_collective, len(all_collectives), first_micro, len(all_micro), fields))
+    collectives = Packed.of(Collective, all_collectives)
+    micro_batches = Packed.of(MicroBatch, all_micro)
+    return [
+        Window(
+            collectives=collectives.view(c0, c1),
+            micro_batches=micro_batches.view(m0, m1),
+            **fields,
+        )
+        for c0, c1, m0, m1, fields in spans
+    ]
+
+
+def _window_fields(
+    idx: _Sorted,
+    index: int,
+    bound: _Bound,
+    micro: list[_Micro],
+    measure: Measure | None,
+    base: int,
+    shared: dict[Any, Any],
+) -> dict[str, Any]:
+    """A Window's fields but its collectives and micro-batches."""
+    lo, hi, step = bound
+    zero = idx.zero[bisect_left(idx.zero_starts, lo) : bisect_left(idx.zero_starts, hi)]
+    resets = tuple(
+        GradReset(sum(1 for m in micro if m.end <= z.start), "optimizer.zero_grad")
+        for z in zero
+        if not (step and step.start <= z.start <= step.end)
+    )
+    mark = idx.window_mark(lo, hi)
+    return dict(
+        index=int(mark.name.rsplit("#", 1)[1]) if mark else index,
+        complete=step is not None,
+        start_ns=lo + base,
+        end_ns=hi + base,
+        grad_resets=shared.setdefault(("resets", resets), resets),
+        steps=step.count if step else 0,
+        step_ns=step.busy_ns if step else 0,
+        comm_ns=measure.comm if measure else None,
+        exposed_comm_ns=measure.exposed if measure else None,
+        compute_ns=measure.compute if measure else None,
     )
 
 

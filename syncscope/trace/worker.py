@@ -24,6 +24,8 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
+from syncscope.trace.rankfile import read_rank
+
 _HEADER = struct.Struct("<cQ")
 _PROGRESS_EVERY = 4 << 20
 _PATH_ENV = "SYNCSCOPE_WORKER_PATH"
@@ -54,8 +56,6 @@ def _receive(fd: int) -> tuple[bytes, Any]:
 
 def main() -> int:
     """The worker: read paths from stdin, write results to stdout, until stdin closes."""
-    from syncscope.trace.load import read_rank
-
     inp, out = sys.stdin.fileno(), sys.stdout.fileno()
     sys.stdout = sys.stderr  # nothing else may write to the result pipe
     while True:

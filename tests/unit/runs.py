@@ -244,7 +244,7 @@ def finding(
             "projected_window_ns": 2_400_000,
             "a_cost_key_nobody_planned": 7,
         },
-        sources=(("backward", site), ("optimizer step", SourceLocation(script, 61, "train_step"))),
+        sites=(("backward", site), ("optimizer step", SourceLocation(script, 61, "train_step"))),
         fix=Fix(
             "ddp-no_sync", f"Skip the sync on non-last micro-batches in {script}", REDUNDANT_SNIPPET
         ),

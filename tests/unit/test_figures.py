@@ -13,9 +13,9 @@ from syncscope.model import Collective, Finding, Run, Window
 from syncscope.render.diff import compare, render_diff_text
 from syncscope.render.html import render_html
 from syncscope.render.json_report import report_dict
-from syncscope.render.summary import headline, human_ns, label_of
+from syncscope.render.summary import headline, label_of
 from syncscope.render.terminal import render_text
-from syncscope.render.units import escape_html
+from syncscope.render.units import escape_html, human_ns
 from syncscope.tracking import Stats
 from tests.unit import runs
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 
-from syncscope.analysis.build import build_rank, is_grad_sync
+from syncscope.analysis.build import is_grad_sync, rank_from_events
 from syncscope.analysis.diagnose import diagnose
 from syncscope.model import Finding
 from tests.unit.events import Rank, run_of
@@ -131,9 +131,9 @@ def test_fsdp_sharded_trade_off_has_no_framework_form() -> None:
 
 def test_framework_is_carried_into_the_rank() -> None:
     r = Rank(0).add("framework", name="transformers", version="5.23.0").window([3]).finish()
-    rank = build_rank(r.events)
+    rank = rank_from_events(r.events)
     assert (rank.framework, rank.framework_version) == ("transformers", "5.23.0")
-    assert build_rank(Rank(0).window([3]).finish().events).framework == ""
+    assert rank_from_events(Rank(0).window([3]).finish().events).framework == ""
 
 
 def test_closure_time_is_micro_batch_time_not_optimizer_time() -> None:
@@ -145,7 +145,7 @@ def test_closure_time_is_micro_batch_time_not_optimizer_time() -> None:
     r.add("closure_end")
     r.add("fp", window=0, fp=[1.0, 2.0], fp_sharded=False, fp_count=4)
     r.add("step_end")
-    (w,) = build_rank(r.finish().events).windows
+    (w,) = rank_from_events(r.finish().events).windows
     assert len(w.micro_batches) == 2 and w.grad_sync_micro_batches == [1]
     assert w.fingerprint == (1.0, 2.0)
     assert w.step_ns == 3000  # step_end - step (10 events), minus the closure (7 events)

@@ -347,7 +347,7 @@ def test_escape_html_is_the_standard_librarys(text: str) -> None:
 def test_mean_and_median_are_the_standard_librarys(values: list[float]) -> None:
     import statistics
 
-    from syncscope.render.units import mean, median
+    from syncscope.figures import mean, median
 
     assert mean(iter(values)) == statistics.fmean(values)
     assert median(iter(values)) == statistics.median(values)

@@ -12,8 +12,9 @@ from pathlib import Path
 import orjson
 import pytest
 
+from syncscope.analysis.crossrank import collective_mismatch
 from syncscope.errors import BadTrace
-from syncscope.trace.findings import collective_mismatch, exposed_communication
+from syncscope.trace.findings import exposed_communication
 from syncscope.trace.load import load_traces
 from syncscope.trace.overlap import merge, merge_pairs, subtract, total
 from syncscope.trace.synth import Shape, write_job

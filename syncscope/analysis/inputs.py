@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from syncscope.errors import SyncscopeError
-from syncscope.model import Finding, Run
+from syncscope.model import Finding, Run, severity_rank
 from syncscope.rundir import is_run_dir
 
 
@@ -43,13 +43,11 @@ def load(paths: list[Path], skip_bad: bool, progress: bool) -> tuple[Run, dict[i
 
 
 def findings_for(run: Run, hta: dict[str, Any] | None = None) -> list[Finding]:
-    """syncscope's diagnoses plus the trace-only ones (a kind reported once)."""
+    """syncscope's diagnoses plus exposed communication, where a trace measured it."""
     from syncscope.analysis.diagnose import diagnose
-    from syncscope.trace.findings import trace_findings
+    from syncscope.trace.findings import exposed_communication
 
     findings = diagnose(run)
-    kinds = {f.kind for f in findings}
-    findings.extend(f for f in trace_findings(run, hta) if f.kind not in kinds)
-    order = {"error": 0, "warning": 1, "info": 2}
-    findings.sort(key=lambda f: order[f.severity])
+    findings.extend(exposed_communication(run, hta))
+    findings.sort(key=lambda f: severity_rank(f.severity))
     return findings
