@@ -32,7 +32,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--batch", type=int, default=2)
     parser.add_argument("--vocab", type=int, default=256)
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--backend", default="aot_eager")

@@ -1,11 +1,14 @@
 """Gradient fingerprints and memory readings taken on each rank.
 
-A fingerprint is two float64 scalars computed from the per-tensor norms of a fixed strided
-sample (about 1,024 elements) of each gradient an optimizer is about to step: their sum and
-a position-weighted sum. Ranks whose
-gradients were reduced hold identical gradients, hence identical fingerprints. On CUDA the
-value is copied to pinned host memory without blocking and read once its event has
-completed, so taking it never stalls the training stream.
+A fingerprint is two float64 scalars computed from a fixed strided sample (about 1,024
+elements) of each of some of the gradients an optimizer is about to step, concatenated: the
+sum of their squares and a position-weighted sum. Which gradients: at most ``TENSORS`` of them per window,
+every ``cycle``-th one starting at ``window % cycle`` (``cycle = ceil(count / TENSORS)``),
+so every gradient is looked at once every ``cycle`` windows and the cost per window does
+not grow with the parameter count (on CPU each tensor costs a few microseconds of dispatch,
+the dominant cost). Ranks whose gradients were reduced hold identical gradients, hence
+identical fingerprints. On CUDA the value is copied to pinned host memory without blocking
+and read once its event has completed, so taking it never stalls the training stream.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ def rss_bytes() -> int:
 
 
 SAMPLE = 1024  # elements read per gradient tensor
+TENSORS = 8  # gradient tensors fingerprinted per window (rotating over the windows)
 
 
 def _sample(grad: torch.Tensor) -> torch.Tensor:
@@ -64,15 +68,22 @@ def _local(grad: torch.Tensor) -> tuple[torch.Tensor, bool]:
 
 
 class PendingFingerprint:
-    """A fingerprint whose device-side value may not be ready yet."""
+    """A fingerprint whose device-side value may not be ready yet. ``count``: the gradients
+    present; ``part``: (offset, cycle), the ones fingerprinted being ``offset::cycle``."""
 
     def __init__(
-        self, values: torch.Tensor | list[float], event: Any | None, sharded: bool, count: int
+        self,
+        values: torch.Tensor | list[float],
+        event: Any | None,
+        sharded: bool,
+        count: int,
+        part: tuple[int, int] = (0, 1),
     ) -> None:
         self._values = values
         self._event = event
         self.sharded = sharded
         self.count = count
+        self.part = part
 
     def ready(self) -> bool:
         return self._event is None or bool(self._event.query())
@@ -84,46 +95,75 @@ class PendingFingerprint:
         return [float(v) for v in values]
 
 
-def fingerprint(optimizer: torch.optim.Optimizer) -> PendingFingerprint | None:
-    """Start a fingerprint of the gradients ``optimizer`` is about to step (None: none).
+_weights: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
 
-    A handful of tensor ops per step whatever the parameter count: gradients smaller than
-    twice the sample are read whole (the norm of the whole tensor is the norm of its
-    step-1 sample), larger ones through a strided view, and the norms are reduced in one
-    ``torch._foreach_norm`` per device."""
-    grads: list[torch.Tensor] = []
-    sharded = False
+
+def _weights_for(flat: torch.Tensor) -> torch.Tensor:
+    """Positions 1/k .. k/k for a sample of k elements (cached per size, dtype and device)."""
+    key = (flat.numel(), flat.dtype, flat.device)
+    weights = _weights.get(key)
+    if weights is None:
+        k = flat.numel()
+        weights = torch.arange(1, k + 1, dtype=torch.float64, device=flat.device) / k
+        weights = _weights[key] = weights.to(flat.dtype)
+        if len(_weights) > 64:  # a few sizes per model; never grows without bound
+            _weights.pop(next(iter(_weights)))
+    return weights
+
+
+def _flat_sample(grads: list[torch.Tensor]) -> torch.Tensor:
+    """The gradients' samples (whole below 2 * SAMPLE elements), concatenated."""
+    parts = [
+        g.view(-1) if g.numel() < 2 * SAMPLE and g.is_contiguous() else _sample(g) for g in grads
+    ]
+    flat = torch.cat(parts) if len(parts) > 1 else parts[0]
+    if flat.dtype not in (torch.float32, torch.float64):
+        flat = flat.float()  # half precision: accumulate in float32
+    return flat
+
+
+def fingerprint(optimizer: torch.optim.Optimizer, window: int = 0) -> PendingFingerprint | None:
+    """Start a fingerprint of the gradients ``optimizer`` is about to step (None: none), on
+    window ``window``'s share of them (see the module's docstring): the sum of squares of
+    their samples, concatenated, and a position-weighted sum of the samples.
+
+    A few tensor ops per step whatever the parameter count (on CPU, right after a backward,
+    each op costs tens of microseconds however small its tensors): one view per gradient,
+    one concatenation, two dot products."""
+    present: list[torch.Tensor] = []
     for group in optimizer.param_groups:
         for param in group["params"]:
             grad = param.grad
-            if grad is None or grad.is_sparse:
-                continue
-            if type(grad) is not torch.Tensor:  # a DTensor (FSDP2, tensor parallelism)
-                grad, is_shard = _local(grad)
-                sharded = sharded or is_shard
-            grads.append(grad if grad.numel() < 2 * SAMPLE else _sample(grad))
-    if not grads:
+            if grad is not None and not grad.is_sparse:
+                present.append(grad)
+    if not present:
         return None
-    count = len(grads)
+    count = len(present)
+    cycle = -(-count // TENSORS)
+    offset = window % cycle
+    grads: list[torch.Tensor] = []
+    sharded = False
+    for grad in present[offset::cycle]:
+        if type(grad) is not torch.Tensor:  # a DTensor (FSDP2, tensor parallelism)
+            grad, is_shard = _local(grad)
+            sharded = sharded or is_shard
+        grads.append(grad)
+    part = (offset, cycle)
     with torch.no_grad():
-        devices = {g.device for g in grads}
-        if len(devices) == 1:
-            stacked = torch.stack(torch._foreach_norm(grads))
-        else:  # norms in parameter order, gathered on the first gradient's device
-            device = grads[0].device
-            stacked = torch.stack([torch.linalg.vector_norm(g).to(device) for g in grads])
-        if stacked.device.type != "cuda":  # two sums of a few floats: Python is quickest
-            norms = stacked.tolist()
-            weighted = sum(i * v for i, v in enumerate(norms, 1))
-            return PendingFingerprint([sum(norms), weighted / count], None, sharded, count)
-        stacked = stacked.to(torch.float64)
-        weights = torch.arange(1, count + 1, device=stacked.device, dtype=torch.float64)
-        values = torch.stack([stacked.sum(), (stacked * weights).sum() / count])
+        device = grads[0].device
+        if any(g.device != device for g in grads):
+            grads = [g.to(device) for g in grads]  # rare: one optimizer over several devices
+        flat = _flat_sample(grads)
+        weights = _weights_for(flat)
+        if device.type != "cuda":
+            values = [float(flat.dot(flat)), float(flat.dot(weights))]
+            return PendingFingerprint(values, None, sharded, count, part)
+        on_device = torch.stack([flat.dot(flat), flat.dot(weights)]).to(torch.float64)
         host = torch.empty(2, dtype=torch.float64, pin_memory=True)
-        host.copy_(values, non_blocking=True)
+        host.copy_(on_device, non_blocking=True)
         event = torch.cuda.Event()
         event.record()
-        return PendingFingerprint(host, event, sharded, count)
+        return PendingFingerprint(host, event, sharded, count, part)
 
 
 def cuda_peak_and_reset() -> int:

@@ -553,10 +553,11 @@ class Recorder:
                 kwargs["closure"] = wrapped
                 return args, kwargs
             return (*args[:at], wrapped, *args[at + 1 :]), kwargs
-        fp = fingerprint(optimizer)
+        fp = fingerprint(optimizer, self.window)
         if fp is not None:
             event["fp_sharded"] = fp.sharded
             event["fp_count"] = fp.count
+            event["fp_part"] = list(fp.part)
             if fp.ready():
                 event["fp"] = fp.result()
             else:
@@ -582,7 +583,7 @@ class Recorder:
         return closure_in_window
 
     def _fingerprint_now(self, optimizer: Any) -> None:
-        fp = fingerprint(optimizer)
+        fp = fingerprint(optimizer, self.window)
         if fp is None:
             return
         if fp.ready():
@@ -593,6 +594,7 @@ class Recorder:
                     "fp": fp.result(),
                     "fp_sharded": fp.sharded,
                     "fp_count": fp.count,
+                    "fp_part": list(fp.part),
                 }
             )
         else:
@@ -635,6 +637,7 @@ class Recorder:
                         "fp": fp.result(),
                         "fp_sharded": fp.sharded,
                         "fp_count": fp.count,
+                        "fp_part": list(fp.part),
                     }
                 )
             else:
