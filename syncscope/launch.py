@@ -30,14 +30,13 @@ from syncscope.rundir import rank_files
 
 # torchrun's options that make no sense under syncscope: option -> why (the one-line error)
 REFUSED = {
-    "--no-python": "syncscope instruments a Python script: each rank runs "
-    "'python -m syncscope.attach SCRIPT', so SCRIPT cannot be a program run without python",
-    "--run-path": "each rank runs 'python -m syncscope.attach SCRIPT' in its own process; "
-    "it cannot run SCRIPT with runpy inside the launcher's interpreter",
+    "--no-python": "each rank runs 'python -m syncscope.attach SCRIPT': SCRIPT must be Python",
+    "--run-path": "each rank runs 'python -m syncscope.attach SCRIPT' in a process of its own, "
+    "not with runpy in the launcher's",
 }
 
 
-def add_launcher_options(parser: argparse.ArgumentParser, group: Any) -> None:
+def add_launcher_options(parser: argparse.ArgumentParser, group: argparse._ArgumentGroup) -> None:
     """Add to ``group`` every option of torch.distributed.run (read from torch's own parser)
     that ``parser`` does not declare itself: checked as torchrun checks it and passed
     through unchanged (``LaunchOptions``), or refused with its reason (``REFUSED``).
