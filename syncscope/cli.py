@@ -14,7 +14,7 @@ from __future__ import annotations
 import argparse
 import importlib
 import sys
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
 from syncscope import __version__
@@ -59,13 +59,31 @@ class Parser(argparse.ArgumentParser):
     intermixed: bool = False
     script_arguments: bool = False
     _inside_intermixed: bool = False
+    # adds the arguments that cost an import to declare (profile: torchrun's options), once,
+    # when this parser parses or shows its help: never merely to build the command line
+    late_arguments: Callable[[Parser], None] | None = None
 
     def error(self, message: str) -> NoReturn:
         raise UsageError(message, self.prog)
 
+    def complete(self) -> None:
+        """Add the ``late_arguments`` now, if not yet done."""
+        late, self.late_arguments = self.late_arguments, None
+        if late is not None:
+            late(self)
+
+    def format_usage(self) -> str:
+        self.complete()
+        return super().format_usage()
+
+    def format_help(self) -> str:
+        self.complete()
+        return super().format_help()
+
     def parse_known_args(  # type: ignore[override]  # one signature for typeshed's overloads
         self, args: Sequence[str] | None = None, namespace: argparse.Namespace | None = None
     ) -> tuple[argparse.Namespace, list[str]]:
+        self.complete()
         arg_list = list(sys.argv[1:] if args is None else args)
         if self.program_options is not None:
             own, program = self._split_program(arg_list)

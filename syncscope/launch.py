@@ -1,7 +1,8 @@
 """Launch a script on N ranks through torch's own launcher, watching it as it runs.
 
-``syncscope profile`` builds a torchrun command line (every launcher option passes through
-unchanged, multi-node rendezvous included), with ``-m syncscope.attach`` as the program so
+``syncscope profile`` takes torchrun's options from torch's own parser
+(``add_launcher_options``) and builds a torchrun command line from them (every option as the
+user gave it, multi-node rendezvous included), with ``-m syncscope.attach`` as the program so
 each rank runs the user's script instrumented, and calls ``torch.distributed.run.run`` in
 this process. A monitor thread reads the rank event files as they grow: it shows progress
 and, when no rank has written anything for ``hang_timeout`` seconds, stops the workers so
@@ -10,6 +11,7 @@ the run can be reported instead of hanging forever.
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import logging
 import os
@@ -18,65 +20,139 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import orjson
 
 from syncscope.rundir import rank_files
 
-LAUNCHER_FLAGS = {
-    # our option name -> torchrun flag
-    "nproc_per_node": "--nproc-per-node",
-    "nnodes": "--nnodes",
-    "node_rank": "--node-rank",
-    "rdzv_backend": "--rdzv-backend",
-    "rdzv_endpoint": "--rdzv-endpoint",
-    "rdzv_id": "--rdzv-id",
-    "rdzv_conf": "--rdzv-conf",
-    "master_addr": "--master-addr",
-    "master_port": "--master-port",
-    "max_restarts": "--max-restarts",
-    "monitor_interval": "--monitor-interval",
-    "start_method": "--start-method",
-    "local_addr": "--local-addr",
-    "log_dir": "--log-dir",
+# torchrun's options that make no sense under syncscope: option -> why (the one-line error)
+REFUSED = {
+    "--no-python": "each rank runs 'python -m syncscope.attach SCRIPT': SCRIPT must be Python",
+    "--run-path": "each rank runs 'python -m syncscope.attach SCRIPT' in a process of its own, "
+    "not with runpy in the launcher's",
 }
 
 
-@dataclass
+def add_launcher_options(parser: argparse.ArgumentParser, group: argparse._ArgumentGroup) -> None:
+    """Add to ``group`` every option of torch.distributed.run (read from torch's own parser)
+    that ``parser`` does not declare itself: checked as torchrun checks it and passed
+    through unchanged (``LaunchOptions``), or refused with its reason (``REFUSED``).
+
+    torch (seconds to import) is imported here, when a ``profile`` command line is parsed
+    or its help shown, never to build the command line.
+    """
+    from torch.distributed.run import get_args_parser
+
+    parser.set_defaults(launcher=LaunchOptions())
+    own = parser._option_string_actions
+    for action in get_args_parser()._actions:
+        names = [name for name in action.option_strings if name not in own]
+        if not names or isinstance(action, argparse._HelpAction):
+            continue  # SCRIPT and its arguments, -h, and -m (syncscope's own -m MODULE)
+        reason = next((REFUSED[name] for name in names if name in REFUSED), None)
+        if reason is not None:
+            group.add_argument(
+                *names, action=_Refused, reason=reason, help=f"Not under syncscope: {reason}."
+            )
+        else:
+            group.add_argument(*names, action=_Forwarded, launcher=action)
+
+
+class _Forwarded(argparse.Action):
+    """One of torchrun's options: its value checked with torchrun's own type and choices,
+    stored under torchrun's name, and kept as the user gave it in ``namespace.launcher``."""
+
+    def __init__(
+        self, option_strings: list[str], dest: str, launcher: argparse.Action, **_: Any
+    ) -> None:
+        metavar = launcher.metavar
+        if metavar is None and launcher.choices is not None:
+            metavar = "{" + ",".join(str(c) for c in launcher.choices) + "}"
+        super().__init__(
+            option_strings,
+            launcher.dest,
+            nargs=launcher.nargs,
+            const=launcher.const,
+            default=argparse.SUPPRESS,
+            help=launcher.help,
+            metavar=metavar,
+        )
+        self.launcher = launcher
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        given = values if isinstance(values, str) else None  # None: a flag
+        value = self.const
+        if given is not None:
+            value = parser._get_value(self.launcher, given)  # torchrun's own messages
+            parser._check_value(self.launcher, value)
+        setattr(namespace, self.dest, value)
+        before: LaunchOptions = getattr(namespace, "launcher", LaunchOptions())
+        option = (self.dest, option_string or self.option_strings[0], given)
+        namespace.launcher = LaunchOptions((*before.given, option))
+
+
+class _Refused(argparse.Action):
+    """One of torchrun's options that makes no sense under syncscope: a one-line usage error."""
+
+    def __init__(self, option_strings: list[str], dest: str, reason: str, **kwargs: Any) -> None:
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+        self.reason = reason
+
+    def __call__(
+        self,
+        parser: argparse.ArgumentParser,
+        namespace: argparse.Namespace,
+        values: Any,
+        option_string: str | None = None,
+    ) -> None:
+        raise argparse.ArgumentError(self, f"not under syncscope: {self.reason}")
+
+
+@dataclass(frozen=True)
 class LaunchOptions:
-    values: dict[str, str] = field(default_factory=dict)  # set options only
-    standalone: bool = False
+    """torchrun's options as given on syncscope's command line, in order:
+    (torchrun's name for it, the option as spelled, its value; None for a flag)."""
+
+    given: tuple[tuple[str, str, str | None], ...] = ()
+
+    @property
+    def values(self) -> dict[str, str]:
+        """Each option given, by torchrun's name (the last one given wins, as in torchrun);
+        a flag is ``"true"``. As recorded in meta.json's ``launcher``."""
+        return {dest: "true" if value is None else value for dest, _, value in self.given}
 
     def torchrun_args(self) -> list[str]:
-        args: list[str] = []
-        single_node = self.values.get("nnodes", "1") in ("1", "1:1")
-        rendezvous_given = any(
-            k in self.values
-            for k in ("rdzv_endpoint", "master_addr", "master_port", "rdzv_backend")
-        )
-        if self.standalone or (single_node and not rendezvous_given):
-            args.append("--standalone")  # a free port on this host: runs never collide
-        for key, flag in LAUNCHER_FLAGS.items():
-            if key in self.values:
-                args += [flag, self.values[key]]
+        """The options for torchrun: each as the user gave it, in order, after
+        ``--standalone`` where nothing says where to meet (a free port on this host, so runs
+        never collide)."""
+        values = self.values
+        single_node = values.get("nnodes", "1") in ("1", "1:1")
+        rendezvous = ("standalone", "rdzv_endpoint", "master_addr", "master_port", "rdzv_backend")
+        args = [] if not single_node or any(k in values for k in rendezvous) else ["--standalone"]
+        for _, option, value in self.given:
+            if value is None:
+                args.append(option)
+            elif option.startswith("--"):
+                args.append(f"{option}={value}")
+            else:  # -t3; -t "" as two arguments (a bare -t would take the next one)
+                args += [option + value] if value else [option, value]
         return args
-
-    def as_dict(self) -> dict[str, str]:
-        out = dict(self.values)
-        if self.standalone:
-            out["standalone"] = "true"
-        return out
 
 
 @dataclass
 class LaunchResult:
     status: int  # 0, or the first failing rank's exit status
-    failed_ranks: dict[int, int]  # every rank the launcher saw end badly
     first_failed: int | None
     hung: bool
-    wall_s: float
     error: str = ""  # the launcher itself failed or was stopped (one line)
 
 
@@ -112,7 +188,6 @@ class Monitor(threading.Thread):
         self.steps = 0
         self._stop_event = threading.Event()
         self._sizes: dict[Path, int] = {}
-        self._offset = 0
         self._pids: dict[Path, int] = {}
         self._exited: set[Path] = set()
         # bounded capture: called once every rank has written its record (the job runs on)
@@ -207,16 +282,14 @@ def launch(
     expected_ranks: int = 1,
 ) -> LaunchResult:
     """Run ``target`` on every rank under syncscope.attach; never raises for a rank's failure."""
-    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
-    from torch.distributed.run import parse_args, run
+    from torch.distributed.run import parse_args
 
     program = (
         ["--out", str(run_dir), *(attach_options or [])]
         + (["-m", target] if module else [target])
         + script_args
     )
-    argv = [*options.torchrun_args(), "-m", "syncscope.attach", *program]
-    args = parse_args(argv)
+    args = parse_args([*options.torchrun_args(), "-m", "syncscope.attach", *program])
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ["SYNCSCOPE_PROFILE_PID"] = str(os.getpid())  # ranks end when this process does
     if trace_windows is not None:
@@ -225,35 +298,37 @@ def launch(
         run_dir, hang_timeout, on_progress, on_captured=on_captured, expected_ranks=expected_ranks
     )
     monitor.start()
-    started = time.monotonic()
-    failed: dict[int, int] = {}
-    first_failed: int | None = None
-    status = 0
-    error = ""
     try:
-        with _quiet_elastic():
-            run(args)
-    except ChildFailedError as exc:
-        for global_rank, failure in sorted(exc.failures.items()):
-            code = failure.exitcode
-            failed[global_rank] = 128 + (-code) if code < 0 else code
-        # the root cause is the first rank to fail; the launcher then stops the others
-        first_failed, _ = exc.get_first_failure()
-        status = failed.get(first_failed, 1) or 1
-    except SystemExit as exc:  # the launcher's own argument or rendezvous errors
-        status = exc.code if isinstance(exc.code, int) else 1
-    except KeyboardInterrupt:
-        status, error = 130, "interrupted"
-    except Exception as exc:  # rendezvous failures, a signal to the agent (SignalException)
-        sigval = getattr(exc, "sigval", None)
-        status = 128 + int(sigval) if sigval is not None else 1
-        error = f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        status, first_failed, error = _run_torchrun(args)
     finally:
         monitor.stop()
         monitor.join(timeout=5)
     if monitor.hung:
-        status, failed, first_failed = 1, {}, None  # syncscope stopped the job itself
+        status, first_failed = 1, None  # syncscope stopped the job itself
     sys.stdout.flush()
-    return LaunchResult(
-        status, failed, first_failed, monitor.hung, time.monotonic() - started, error
-    )
+    return LaunchResult(status, first_failed, monitor.hung, error)
+
+
+def _run_torchrun(args: Any) -> tuple[int, int | None, str]:
+    """torchrun's ``run(args)``: (exit status, the first rank that failed, the launcher's
+    own error in one line)."""
+    from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
+    from torch.distributed.run import run
+
+    try:
+        with _quiet_elastic():
+            run(args)
+    except ChildFailedError as exc:
+        # the root cause is the first rank to fail; the launcher then stops the others
+        first_failed, failure = exc.get_first_failure()
+        code = failure.exitcode
+        return (128 - code if code < 0 else code) or 1, first_failed, ""
+    except SystemExit as exc:  # the launcher's own argument or rendezvous errors
+        return exc.code if isinstance(exc.code, int) else 1, None, ""
+    except KeyboardInterrupt:
+        return 130, None, "interrupted"
+    except Exception as exc:  # rendezvous failures, a signal to the agent (SignalException)
+        sigval = getattr(exc, "sigval", None)
+        status = 128 + int(sigval) if sigval is not None else 1
+        return status, None, f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+    return 0, None, ""

@@ -23,6 +23,7 @@ from typing import Any
 import orjson
 
 from syncscope.errors import BadRunDirectory
+from syncscope.files import atomic_write
 
 RUN_FORMAT = "syncscope-run"
 RUN_FORMAT_VERSION = 1
@@ -59,9 +60,7 @@ def prepare_run_dir(run_dir: Path) -> None:
 
 def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
     data = {"format": RUN_FORMAT, "format_version": RUN_FORMAT_VERSION, **meta}
-    tmp = run_dir / f"{META_FILE}.{os.getpid()}.tmp"
-    tmp.write_text(json.dumps(data, indent=2, sort_keys=False) + "\n")
-    os.replace(tmp, run_dir / META_FILE)
+    atomic_write(run_dir / META_FILE, (json.dumps(data, indent=2) + "\n").encode("utf-8"))
 
 
 def read_meta(run_dir: Path) -> dict[str, Any]:

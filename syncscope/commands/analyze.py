@@ -2,63 +2,23 @@
 
 PATH is a syncscope run directory, a directory of Kineto traces, or trace files; several
 directories (one per node) are merged into one job. Output as ``profile``: the terminal
-summary, ``report.json`` and the report files.
+summary, ``report.json`` and the report files. The work is syncscope/reporting.py's.
 """
 
 from __future__ import annotations
 
 import argparse
-import sys
-import time
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from syncscope.errors import SyncscopeError
+from syncscope.render.outputs import FAIL_ON
 
 if TYPE_CHECKING:
     from syncscope.cli import Parser
 
-__all__ = ["add_parser", "analyze"]
+__all__ = ["add_parser", "run"]
 
 SUMMARY = "Report on a saved run, or on torch.profiler (Kineto) traces of a training job."
-
-
-def analyze(
-    paths: list[Path],
-    out: Path | None = None,
-    skip_bad: bool = False,
-    hta: bool = False,
-    fail_on: str = "error",
-    quiet: bool = False,
-) -> int:
-    """Report on a saved run, or on torch.profiler (Kineto) traces of a training job."""
-    from syncscope.analysis.inputs import findings_for, load
-    from syncscope.render.outputs import exit_status, write_reports
-
-    if fail_on not in ("never", "warning", "error"):
-        raise SyncscopeError(f"--fail-on must be one of never, warning, error, not {fail_on!r}")
-    run, files = load(paths, skip_bad, progress=not quiet)
-    extra = None
-    if hta:
-        from syncscope.trace.overlap import hta_overlap
-
-        if not files:
-            extra = {"error": "--hta needs trace files"}
-        elif all(r.device == "cpu" for r in run.ranks):
-            extra = {"error": "HTA's analyses need GPU kernels; these are CPU-only traces"}
-        else:
-            extra = hta_overlap(files)
-    findings = findings_for(run, extra)
-    out_dir = out or Path("syncscope-out") / f"analyze-{time.strftime('%Y%m%d-%H%M%S')}"
-    written = write_reports(run, findings, out_dir)
-    if not quiet:
-        from syncscope.render.terminal import render_text  # rich: only when it prints
-
-        print(render_text(run, findings))
-    print(
-        f"syncscope: reports in {out_dir} ({', '.join(p.name for p in written)})", file=sys.stderr
-    )
-    return exit_status(findings, fail_on)
 
 
 def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
@@ -90,19 +50,15 @@ def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
     parser.add_argument(
         "--fail-on",
         default="error",
+        choices=FAIL_ON,
         metavar="LEVEL",
-        help="Exit 1 on findings of this severity: never, warning, error. (default: %(default)s)",
+        help="Exit 1 on findings of this severity: %(choices)s. (default: %(default)s)",
     )
     parser.add_argument("--quiet", "-q", action="store_true", help="No terminal summary.")
-    parser.set_defaults(run=_run)
+    parser.set_defaults(run=run)
 
 
-def _run(args: argparse.Namespace) -> int:
-    return analyze(
-        args.paths,
-        out=args.out,
-        skip_bad=args.skip_bad,
-        hta=args.hta,
-        fail_on=args.fail_on,
-        quiet=args.quiet,
-    )
+def run(args: argparse.Namespace) -> int:
+    from syncscope.reporting import analyze
+
+    return analyze(args.paths, args.out, args.skip_bad, args.hta, args.fail_on, args.quiet)

@@ -11,10 +11,24 @@ The pipeline shows in the modules:
   imports they need and renders the unified diff;
 - ``fromrun``: hints from a profile's ``report.json`` (``--from``);
 - ``verify``: profiles the original and the fixed script and compares them (``--verify``).
+
+The package exports the codemod's API lazily: importing ``syncscope.fixes.styles`` (the
+command line does, to list ``--style``) imports no libcst.
 """
 
 from __future__ import annotations
 
-from syncscope.fixes.codemod import FixOptions, FixResult, Problem, fix_source
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from syncscope.fixes.codemod import FixOptions, FixResult, Problem, fix_source
 
 __all__ = ["FixOptions", "FixResult", "Problem", "fix_source"]
+
+
+def __getattr__(name: str) -> Any:
+    if name in __all__:
+        from syncscope.fixes import codemod
+
+        return getattr(codemod, name)
+    raise AttributeError(f"module 'syncscope.fixes' has no attribute {name!r}")

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import Literal
 
 import libcst as cst
 from libcst.codemod import CodemodContext
@@ -29,9 +28,8 @@ from syncscope.fixes.resolve import (
     usable_guard,
 )
 from syncscope.fixes.rules import ALL_RULES, Violation
+from syncscope.fixes.styles import Style
 
-Style = Literal["auto", "accelerate", "no_sync", "flag", "fsdp2"]
-STYLES: tuple[Style, ...] = ("auto", "accelerate", "no_sync", "flag", "fsdp2")
 MAX_PASSES = 24
 DISTRIBUTED_WORDS = ("torch.distributed", "accelerate", "DistributedDataParallel", "fully_shard")
 

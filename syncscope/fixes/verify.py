@@ -99,7 +99,7 @@ def verify(
     """Profile ``script`` and ``fixed_source`` (run as a sibling file) and compare."""
     import signal
 
-    from syncscope.commands.fix import fresh_name
+    from syncscope.files import fresh_name
 
     script = script.resolve()
     copy: Path | None = None

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Sequence
+from typing import IO
 
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
@@ -268,3 +269,8 @@ def render_text(run: Run, findings: Sequence[Finding], width: int = 110) -> str:
     out = console.file
     assert isinstance(out, io.StringIO)
     return out.getvalue()
+
+
+def write_text(run: Run, findings: Sequence[Finding], out: IO[bytes]) -> None:
+    """``render_text`` as the ``text`` output format (see render/outputs.py)."""
+    out.write(render_text(run, findings).encode("utf-8"))

@@ -134,45 +134,53 @@ def spawn(
     ]
     values: dict[int, Any] = {}
     deadline = time.monotonic() + timeout
-    lost_since: float | None = None
     try:
         for p in procs:
             p.start()
-        while len(values) < world_size:
-            remaining = deadline - time.monotonic()
-            if remaining <= 0:
-                missing = [r for r in range(world_size) if r not in values]
-                raise TimeoutError(
-                    f"spawn: rank(s) {missing} of {world_size} did not finish within "
-                    f"{timeout:g} s (hung in a collective, or waiting for a rank that "
-                    "returned early?); every rank was stopped"
-                )
-            try:
-                rank, status, data, text = results.get(timeout=min(remaining, 0.2))
-            except queue.Empty:
-                lost = [
-                    r for r, p in enumerate(procs) if r not in values and p.exitcode is not None
-                ]
-                if not lost:
-                    continue
-                now = time.monotonic()
-                lost_since = lost_since or now
-                if now - lost_since < _GRACE_S:  # its message may still be in the pipe
-                    continue
-                r = lost[0]
-                raise RuntimeError(
-                    f"spawn: rank {r} exited with code {procs[r].exitcode} without reporting "
-                    "(killed, os._exit(), or a crash in native code)"
-                ) from None
-            if status == _ERR:
-                raise _rank_error(rank, world_size, data, text)
-            values[rank] = pickle.loads(data)
+        _collect(procs, results, values, timeout, deadline)
     finally:
         _stop(procs, grace=2.0 if len(values) == world_size else 0.0)
         results.close()
         results.join_thread()
         del store
     return [values[r] for r in range(world_size)]
+
+
+def _collect(
+    procs: list[Any], results: Any, values: dict[int, Any], timeout: float, deadline: float
+) -> None:
+    """Fill ``values`` with each rank's return value as the ranks report; raise the first
+    rank's exception, TimeoutError at ``deadline`` (``timeout`` s after the start), or
+    RuntimeError for a rank that died without reporting."""
+    world_size = len(procs)
+    lost_since: float | None = None
+    while len(values) < world_size:
+        remaining = deadline - time.monotonic()
+        if remaining <= 0:
+            missing = [r for r in range(world_size) if r not in values]
+            raise TimeoutError(
+                f"spawn: rank(s) {missing} of {world_size} did not finish within "
+                f"{timeout:g} s (hung in a collective, or waiting for a rank that "
+                "returned early?); every rank was stopped"
+            )
+        try:
+            rank, status, data, text = results.get(timeout=min(remaining, 0.2))
+        except queue.Empty:
+            lost = [r for r, p in enumerate(procs) if r not in values and p.exitcode is not None]
+            if not lost:
+                continue
+            now = time.monotonic()
+            lost_since = lost_since or now
+            if now - lost_since < _GRACE_S:  # its message may still be in the pipe
+                continue
+            r = lost[0]
+            raise RuntimeError(
+                f"spawn: rank {r} exited with code {procs[r].exitcode} without reporting "
+                "(killed, os._exit(), or a crash in native code)"
+            ) from None
+        if status == _ERR:
+            raise _rank_error(rank, world_size, data, text)
+        values[rank] = pickle.loads(data)
 
 
 def _stop(procs: list[Any], grace: float) -> None:

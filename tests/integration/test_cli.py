@@ -538,3 +538,63 @@ def test_profile_trace_records_the_chosen_windows_and_reports_both_sources(
         (window,) = r["windows"]
         assert window["index"] == 1 and window["grad_syncs"] == 1
         assert window["micro_batches"] == 4  # one per micro-batch, not one per pass
+
+
+# Every torchrun option passes through (torch's own parser is the list) ------------------------
+
+EVERY_RANK_PRINTS = """\
+import torch
+import torch.distributed as dist
+from torch import nn
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+rank = dist.get_rank()
+model = DDP(nn.Linear(4, 4))
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for _step in range(2):
+    for _micro in range(3):  # no no_sync: every backward syncs
+        model(torch.randn(2, 4)).sum().backward()
+    optimizer.step()
+    optimizer.zero_grad()
+print(f"hello from rank {rank}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_formerly_rejected_launcher_options_reach_torchrun(tmp_path: Path) -> None:
+    # GIVEN a script whose every rank prints a line
+    script = tmp_path / "hello.py"
+    script.write_text(EVERY_RANK_PRINTS)
+    logs = tmp_path / "logs"
+    # WHEN it is profiled with torchrun's --tee and --local-ranks-filter (once "unrecognized")
+    proc = run_syncscope(
+        "profile", "-q", "--fail-on", "never", "--nproc-per-node", "2", "--tee", "3",
+        "--local-ranks-filter", "0", "--log-dir", str(logs), "--out", str(tmp_path / "r"),
+        str(script),
+    )  # fmt: skip
+    # THEN the run is measured as without them: 3 grad syncs in each of 2 windows, 2 ranks
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    assert report["world_size"] == 2 and report["grad_syncs_per_window"] == [3, 3]
+    assert [[w["grad_syncs"] for w in r["windows"]] for r in report["ranks"]] == [[3, 3], [3, 3]]
+    # AND torchrun did what they say: every rank's output tee'd to its log file, and only
+    # local rank 0's shown on the console (with torchrun's [role rank] prefix)
+    for rank in (0, 1):
+        (log,) = logs.glob(f"*/attempt_0/{rank}/stdout.log")
+        assert f"hello from rank {rank}" in log.read_text()
+    assert "[default0]:hello from rank 0" in proc.stdout
+    assert "hello from rank 1" not in proc.stdout + proc.stderr
+    meta = json.loads((tmp_path / "r" / "meta.json").read_text())
+    assert meta["launcher"] == {
+        "nproc_per_node": "2",
+        "tee": "3",
+        "local_ranks_filter": "0",
+        "log_dir": str(logs),
+    }
+
+
+def test_launcher_option_that_makes_no_sense_is_one_line(tmp_path: Path) -> None:
+    proc = run_syncscope("profile", "--no-python", "--out", str(tmp_path / "r"), str(SINGLE))
+    one_line_error(proc, "not under syncscope")
+    assert not (tmp_path / "r").exists()

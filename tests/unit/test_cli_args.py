@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import argparse
 from pathlib import Path
 
 import pytest
@@ -128,3 +129,105 @@ def test_package_is_marked_typed() -> None:
     import syncscope
 
     assert (Path(syncscope.__file__).parent / "py.typed").is_file()
+
+
+# profile's launcher options: torch.distributed.run's own parser is the one list --------------
+
+
+def _torchrun_options() -> list[tuple[argparse.Action, str]]:
+    from torch.distributed.run import get_args_parser
+
+    return [
+        (action, option)
+        for action in get_args_parser()._actions
+        for option in action.option_strings
+        if option not in ("-h", "--help")
+    ]
+
+
+def _a_value(action: argparse.Action) -> str:
+    """A value torchrun's parser accepts for ``action``."""
+    if action.choices is not None:
+        return str(list(action.choices)[-1])
+    return {int: "3", float: "0.5"}.get(action.type, "a,b")  # type: ignore[call-overload]
+
+
+def test_every_torchrun_option_passes_through_unchanged() -> None:
+    from syncscope.launch import REFUSED
+
+    torchrun = __import__("torch.distributed.run", fromlist=["get_args_parser"]).get_args_parser()
+    checked = 0
+    for action, option in _torchrun_options():
+        if option in ("-m", "--module") or action.dest in {"no_python", "run_path"}:
+            continue  # syncscope's own -m MODULE; refused (next test)
+        given = [option] if action.nargs == 0 else [option, _a_value(action)]
+        args = parse("profile", *given, "s.py", "--lr", "3")
+        assert args["program"] == ["s.py", "--lr", "3"], option
+        launcher = args["launcher"]
+        assert [(d, o) for d, o, _ in launcher.given] == [(action.dest, option)], option
+        # torchrun reads what syncscope passes on exactly as it reads the option given to it
+        forwarded = launcher.torchrun_args()  # (with --standalone where nothing says where)
+        expected = vars(torchrun.parse_args([*given, "s.py"]))[action.dest]
+        assert vars(torchrun.parse_args([*forwarded, "s.py"]))[action.dest] == expected, option
+        assert args[action.dest] == expected, option
+        checked += 1
+    assert checked >= 50  # every spelling of the 27 passed-through options
+    assert set(REFUSED) == {"--no-python", "--run-path"}
+
+
+@pytest.mark.parametrize("option", ["--no-python", "--no_python", "--run-path", "--run_path"])
+def test_torchrun_options_that_make_no_sense_are_refused_in_one_line(
+    option: str, capsys: pytest.CaptureFixture[str]
+) -> None:
+    assert cli.main(["profile", option, "s.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and err.startswith("syncscope: error: argument ")
+    assert "not under syncscope: " in err and "syncscope.attach" in err
+
+
+def test_syncscope_takes_torchrun_module_flag_as_its_own_module_option() -> None:
+    args = parse("profile", "--tee", "3", "-m", "pkg.train", "--tee", "1")
+    assert (args["module"], args["program"], args["tee"]) == ("pkg.train", ["--tee", "1"], "3")
+
+
+def test_launcher_values_are_checked_before_anything_runs(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    for argv, needle in (
+        (["--max-restarts", "x", "s.py"], "argument --max-restarts/--max_restarts: invalid int"),
+        (["--start-method", "thread", "s.py"], "invalid choice: 'thread'"),
+        (["--tee"], "argument -t/--tee: expected one argument"),
+    ):
+        assert cli.main(["profile", *argv]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and needle in err, err
+        assert "(see 'syncscope profile --help')" in err
+
+
+def test_launcher_options_keep_the_users_spelling() -> None:
+    args = parse("profile", "-t3", "--local_ranks_filter=0", "-r", "", "--standalone", "s.py")
+    assert args["launcher"].torchrun_args() == [
+        "-t3",
+        "--local_ranks_filter=0",
+        "-r",
+        "",
+        "--standalone",
+    ]
+    assert args["launcher"].values == {
+        "tee": "3",
+        "local_ranks_filter": "0",
+        "redirects": "",
+        "standalone": "true",
+    }
+    assert parse("profile", "s.py")["launcher"].torchrun_args() == ["--standalone"]
+    assert parse("profile", "--nnodes", "2", "s.py")["launcher"].torchrun_args() == ["--nnodes=2"]
+
+
+def test_profile_help_lists_syncscope_and_every_torchrun_option(
+    capsys: pytest.CaptureFixture[str],
+) -> None:
+    assert cli.main(["profile", "--help"]) == 0
+    out = capsys.readouterr().out
+    assert "--hang-timeout SECONDS" in out and "Launcher (torch.distributed.run)" in out
+    for _, option in _torchrun_options():
+        assert f"  {option}" in out or f", {option}" in out, option

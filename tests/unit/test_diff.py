@@ -7,8 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from syncscope import cli
-from syncscope.commands import report as report_command
+from syncscope import cli, reporting
 from syncscope.model import Finding, Run
 from syncscope.render.diff import compare, render_diff_html, render_diff_text
 from tests.unit import runs
@@ -95,7 +94,7 @@ def test_html_diff_escapes_and_draws() -> None:
 @pytest.fixture
 def saved_runs(monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[Run, list[Finding]]]:
     table = {"before": (runs.redundant(), [runs.finding()]), "after": (runs.clean_ddp(), [])}
-    monkeypatch.setattr(report_command, "load_and_diagnose", lambda path: table[Path(path).name])
+    monkeypatch.setattr(reporting, "load_and_diagnose", lambda path: table[Path(path).name])
     return table
 
 

@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 
 from syncscope.analysis.diagnose import diagnose
-from syncscope.commands.report import Format, render_report
 from syncscope.model import Run, verdict_of
 from syncscope.render.diff import compare, render_diff_text
+from syncscope.render.outputs import render
 from syncscope.testing import assert_syncs
 from syncscope.tracking import Stats
 from tests.unit.events import Rank, run_of
@@ -126,13 +126,13 @@ def test_hang_is_failed_without_a_second_finding() -> None:
 def test_reports_say_failed() -> None:
     run = run_of(crashed(0), crashed(1))
     findings = diagnose(run)
-    html = render_report(run, findings, Format.html)
+    html = render(run, findings, "html")
     assert '<div class="verdict failed" id="verdict">' in html
     assert "The run failed" in html
     assert "Still measured: 1 complete window on 2 ranks" in html
     assert "as it should be" not in html
-    assert json.loads(render_report(run, findings, Format.json))["verdict"] == "failed"
-    text = " ".join(render_report(run, findings, Format.text).split())
+    assert json.loads(render(run, findings, "json"))["verdict"] == "failed"
+    text = " ".join(render(run, findings, "text").split())
     assert "verdict: failed" in text and "still measured: 1 complete window on 2 ranks" in text
 
 

@@ -1,0 +1,122 @@
+"""``syncscope fix``'s pipeline: check a script's accumulation loops, then show, verify or
+write the rewrite.
+
+Dry run by default: a unified diff on stdout and one line per problem on stderr. With
+``verify`` the original and the fixed script are profiled side by side first; with ``apply``
+the script is rewritten in place (atomically, through a symlink, keeping ``SCRIPT.bak``).
+Exit status: 0 nothing to fix, 1 problems found (dry run) or left unfixed (``apply``).
+"""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from syncscope.errors import SyncscopeError
+
+if TYPE_CHECKING:  # libcst is imported only when a fix runs
+    from syncscope.fixes.codemod import FixResult
+    from syncscope.fixes.styles import Style
+
+
+def fix(
+    script: Path,
+    args: Sequence[str] = (),
+    apply: bool = False,
+    style: Style = "auto",
+    from_run: Path | None = None,
+    verify: bool = False,
+    nproc_per_node: int = 2,
+    backup: bool = True,
+    allow_outside: bool = False,
+) -> int:
+    """Propose (dry run), ``verify`` or ``apply`` fixes to the accumulation loops of
+    ``script`` (``args``: its arguments, for ``verify``); returns the exit status."""
+    from syncscope.fixes.codemod import FixOptions, fix_source
+
+    data = _read(script)
+    try:
+        source = data.decode("utf-8")
+    except UnicodeDecodeError:
+        raise SyncscopeError(f"{script}: not UTF-8 text") from None
+    hints = None
+    if from_run is not None:
+        from syncscope.fixes.fromrun import load_hints
+
+        hints = load_hints(from_run, script, data)
+    result = fix_source(source, FixOptions(style, hints), path=str(script))
+    if result.changed and not apply:
+        sys.stdout.write(result.diff(str(script)))
+    _print_problems(result, str(script))
+    if verify and result.changed:
+        _check_inside(script, allow_outside)
+        _verify(script, result, nproc_per_node, args)
+    if apply and result.changed:
+        _check_inside(script, allow_outside)
+        _write(script, result.fixed, backup)
+        print(f"syncscope: wrote {script}", file=sys.stderr)
+    unfixed = any(not p.fixed for p in result.problems)
+    return 1 if result.problems and (not apply or unfixed) else 0
+
+
+def _read(script: Path) -> bytes:
+    if not script.is_file():
+        raise SyncscopeError(f"{script}: no such file")
+    try:
+        return script.read_bytes()
+    except OSError as exc:
+        raise SyncscopeError(f"{script}: cannot read it ({exc.strerror})") from None
+
+
+def _check_inside(path: Path, allow_outside: bool) -> None:
+    cwd = Path.cwd().resolve()
+    if not allow_outside and not path.resolve().is_relative_to(cwd):
+        raise SyncscopeError(
+            f"{path} is outside the working tree {cwd}; pass --allow-outside to write it"
+        )
+
+
+def _print_problems(result: FixResult, shown: str) -> None:
+    for problem in result.problems:
+        if problem.fixed:
+            tail = "(fixed)" if result.changed else ""
+        else:
+            tail = (
+                f"(not rewritten: {problem.suggestion})"
+                if problem.suggestion
+                else "(not rewritten)"
+            )
+        print(
+            f"{shown}:{problem.line}: {problem.code} {problem.message} {tail}".rstrip(),
+            file=sys.stderr,
+        )
+    for note in result.notes:
+        print(f"{shown}: {note}", file=sys.stderr)
+
+
+def _verify(script: Path, result: FixResult, nproc_per_node: int, args: Sequence[str]) -> None:
+    """Profile the original and the fixed script; refuse the fix unless it checks out."""
+    from syncscope.fixes.verify import render, verify
+
+    codes = [p.code for p in result.problems]
+    checked = verify(script, result.fixed, codes, ("--nproc-per-node", str(nproc_per_node)), args)
+    print("\n".join(render(checked)))
+    if not checked.ok:
+        raise SyncscopeError("verification failed: the fix was not applied")
+
+
+def _write(script: Path, text: str, backup: bool) -> None:
+    """Write ``text`` over ``script`` (through a symlink, to the file it names), whole or
+    not at all; with ``backup`` the original is kept first as ``SCRIPT.bak`` (or
+    ``SCRIPT.bak.1`` ... where that name is taken)."""
+    from syncscope.files import atomic_write, copy_fresh
+
+    target = script.resolve()
+    if backup:
+        try:
+            copy_fresh(target, target.with_name(target.name + ".bak"))
+        except OSError as exc:
+            raise SyncscopeError(f"{script}: cannot write it ({exc.strerror})") from None
+    atomic_write(script, text.encode("utf-8"), durable=True)
