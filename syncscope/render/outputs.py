@@ -81,5 +81,7 @@ def exit_status(findings: Sequence[Finding], fail_on: str) -> int:
     """1 when a finding at or above ``fail_on`` severity (one of ``FAIL_ON``) exists, else 0."""
     if fail_on == "never":
         return 0
-    levels = {"warning": ("warning", "error"), "error": ("error",)}[fail_on]
-    return 1 if any(f.severity in levels for f in findings) else 0
+    from syncscope.model import severity_rank  # the one severity order
+
+    limit = severity_rank(fail_on)
+    return 1 if any(severity_rank(f.severity) <= limit for f in findings) else 0
