@@ -29,7 +29,7 @@ import sys
 import time
 from pathlib import Path
 from types import FrameType
-from typing import TYPE_CHECKING, NoReturn
+from typing import TYPE_CHECKING, Any, NoReturn
 
 if TYPE_CHECKING:
     from syncscope.capture.session import CaptureSession
@@ -226,17 +226,30 @@ def _close_on_signals(session: CaptureSession) -> None:
     rank_pid = os.getpid()
 
     def on_signal(signum: int, frame: FrameType | None) -> None:
-        # a process the script forked (a multiprocessing pool worker) inherits this handler:
-        # it is not the rank and has nothing to record, and closing the session there could
-        # block on state copied mid-use from the rank (the profiler's), so it just ends
+        # a process the script forked (a multiprocessing pool worker) is not the rank and
+        # has nothing to record, and closing the session there could block on state copied
+        # mid-use from the rank (the profiler's), so it just ends
         if os.getpid() == rank_pid:
             session.close(128 + signum, f"killed by signal {signal.Signals(signum).name}")
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
 
+    previous: dict[int, Any] = {}
     for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGHUP):
         with contextlib.suppress(ValueError, OSError):
+            previous[sig] = signal.getsignal(sig)
             signal.signal(sig, on_signal)
+
+    def restore_in_child() -> None:
+        """A forked child (a pool worker) gets the handlers it would have had without
+        syncscope: a Python handler runs only between bytecodes, and a worker stuck in C code
+        (a lock copied held from the rank) must still die of the SIGTERM its pool sends."""
+        for sig, handler in previous.items():
+            with contextlib.suppress(ValueError, OSError, TypeError):
+                if signal.getsignal(sig) is on_signal:  # not one the script set since
+                    signal.signal(sig, signal.SIG_DFL if handler is None else handler)
+
+    os.register_at_fork(after_in_child=restore_in_child)
 
 
 def _run(session: CaptureSession, is_module: bool, target: str) -> int:

@@ -220,6 +220,8 @@ class Recorder:
         self.on_capture_end: Any = None  # called at the end of the last captured window
         self.uninstall: Any = None  # set by instrument.install
         self.detaching = False  # capture is over: hooks go at their next safe call
+        ref = weakref.ref(self)
+        os.register_at_fork(after_in_child=lambda: _inert_in_child(ref))
 
     def _note_dist(self) -> None:
         """Remember the default group while it exists (scripts often destroy it at the end)."""
@@ -837,6 +839,17 @@ class Recorder:
                 still.append((seq, work))
         with self._lock:
             self._works = still + self._works
+
+
+def _inert_in_child(ref: weakref.ref[Recorder]) -> None:
+    """In a process the rank forks (a multiprocessing pool worker) the hooks it inherits
+    record nothing and reach no profiler: the child is not the rank, and the profiler's
+    state was copied from the rank mid-use (its locks possibly held)."""
+    rec = ref()
+    if rec is not None:
+        rec.trace = None
+        rec._closed = True
+        rec._works, rec._pending_fp = [], []
 
 
 _CONTENT_PROBES = 8  # gradients (or elements of one) compared per candidate tensor

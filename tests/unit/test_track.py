@@ -7,6 +7,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -195,3 +196,32 @@ def test_fsdp1_is_hooked_when_imported_and_unhooked_after() -> None:
         assert FSDP1.forward is not before[0]
         assert FSDP1.no_sync is not before[1]
     assert (FSDP1.forward, FSDP1.no_sync) == before
+
+
+def test_a_forked_child_records_nothing_and_reaches_no_profiler() -> None:
+    """A process the rank forks (a pool worker) inherits the hooks: they stay inert there."""
+    import os
+
+    from syncscope.capture.recorder import MemorySink, Recorder
+
+    class Hooks:
+        calls = 0
+
+        def __getattr__(self, name: str) -> Any:
+            def hook(*args: Any) -> None:
+                Hooks.calls += 1
+
+            return hook
+
+    sink = MemorySink()
+    rec = Recorder(sink, rank=0, world_size=1, trace=Hooks())  # type: ignore[arg-type]
+    pid = os.fork()
+    if pid == 0:  # the child: exit status 0 only if nothing is recorded or traced
+        rec.on_forward_begin("ddp", "ddp:M#0", True)
+        rec.on_backward_end(rec.on_backward_begin())
+        ok = rec.trace is None and not sink.events and Hooks.calls == 0
+        os._exit(0 if ok else 1)
+    _, status = os.waitpid(pid, 0)
+    assert os.waitstatus_to_exitcode(status) == 0
+    rec.on_forward_begin("ddp", "ddp:M#0", True)  # the parent still records
+    assert rec.trace is not None and [e["type"] for e in sink.events] == ["fwd"]
