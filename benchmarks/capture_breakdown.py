@@ -89,6 +89,18 @@ def main() -> None:
     parser.add_argument("--sync-every", action="store_true", help="no no_sync: N syncs/window")
     parser.add_argument("--cprofile", action="store_true")
     parser.add_argument(
+        "--block",
+        type=int,
+        default=1,
+        help="windows per variant per round; with more than 1 the first window after the "
+        "hooks are installed is not timed and each round's figure is its block's median "
+        "(installing hooks fresh every window makes them look dearer than in a real run)",
+    )
+    parser.add_argument(
+        "--variants",
+        help="comma-separated subset of the variants (plain is always run), e.g. 'all hooks'",
+    )
+    parser.add_argument(
         "--model",
         choices=("mlp", "transformer"),
         default="mlp",
@@ -144,6 +156,12 @@ def main() -> None:
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}
     names = list(VARIANTS)
+    if args.variants:
+        wanted = {v.strip() for v in args.variants.split(",")}
+        unknown = wanted - set(VARIANTS)
+        if unknown:
+            raise SystemExit(f"unknown variants: {', '.join(sorted(unknown))}")
+        names = [n for n in names if n == "plain" or n in wanted]
     profiler = cProfile.Profile() if args.cprofile else None
     for r in range(args.rounds):
         order = names[r % len(names) :] + names[: r % len(names)]
@@ -153,7 +171,13 @@ def main() -> None:
             try:
                 if profiler is not None and name == "all hooks":
                     profiler.enable()
-                wall, used = window()
+                if args.block > 1:
+                    window()  # the first window after installing: not timed
+                    block = [window() for _ in range(args.block)]
+                    wall = statistics.median(b[0] for b in block)
+                    used = statistics.median(b[1] for b in block)
+                else:
+                    wall, used = window()
                 times[name].append(wall)
                 cpu[name].append(used)
                 if profiler is not None and name == "all hooks":
@@ -167,10 +191,15 @@ def main() -> None:
         for name in names:
             med = statistics.median(times[name])
             med_cpu = statistics.median(cpu[name])
+            # paired: each window over the plain window of its round (adjacent in time)
+            paired = [t / p for t, p in zip(times[name], times["plain"], strict=True)]
+            paired_cpu = [c / p for c, p in zip(cpu[name], cpu["plain"], strict=True)]
+            q = statistics.quantiles(paired, n=4) if len(paired) > 1 else [1.0, 1.0, 1.0]
             print(
                 f"{name:20s} wall {med * 1e3:7.2f} ms x{med / base:5.3f} "
-                f"(min {min(times[name]) * 1e3:6.1f}) | CPU {med_cpu * 1e3:7.2f} ms "
-                f"x{med_cpu / base_cpu:5.3f} (min {min(cpu[name]) * 1e3:6.1f})"
+                f"(min {min(times[name]) * 1e3:6.1f}) paired x{statistics.median(paired):5.3f} "
+                f"(IQR {q[0]:.3f}-{q[2]:.3f}) | CPU {med_cpu * 1e3:7.2f} ms "
+                f"x{med_cpu / base_cpu:5.3f} paired x{statistics.median(paired_cpu):5.3f}"
             )
         if profiler is not None:
             pstats.Stats(profiler).sort_stats(os.environ.get("SORT", "tottime")).print_stats(
