@@ -119,6 +119,7 @@ class _Mismatch:
     position: int
     at: dict[int, Entry | None]
     seqs: dict[int, list[Entry]]
+    members: tuple[int, ...]  # the group's ranks in the run
 
 
 def _mismatch_finding(m: _Mismatch, windows_compared: int) -> Finding:
@@ -147,7 +148,9 @@ def _mismatch_finding(m: _Mismatch, windows_compared: int) -> Finding:
         message=f"ranks issued different collectives on group [{m.group}]{where} at position "
         f"{m.position}: rank {ref} issued {_describe(m.at[ref])}, rank(s) "
         f"{compress_ranks(odd)} issued {_describe(m.at[odd[0]])}; the precursor of a hang",
-        ranks=(ref, *odd),
+        # a live run names every member (all of them hang); a trace, which sees a span of
+        # the job, the lowest member and those that differ from it
+        ranks=m.members if m.window is None else (ref, *odd),
         windows=() if m.window is None else (m.window,),
         evidence=evidence,
         cost={},
@@ -185,7 +188,7 @@ def collective_mismatch(run: Run) -> list[Finding]:
             found = _first_difference(seqs, stopped)
             if found is not None:
                 window = segment if per_window else None
-                mismatch = _Mismatch(group, window, found[0], found[1], seqs)
+                mismatch = _Mismatch(group, window, found[0], found[1], seqs, tuple(members))
                 findings.append(_mismatch_finding(mismatch, len(segments)))
                 break
     return findings

@@ -134,8 +134,9 @@ def test_live_mismatch_names_the_odd_rank_and_what_each_side_issued() -> None:
         for r in range(3)
     ]
     f = _mismatch(collective_mismatch(run_of(*ranks)))
-    # THEN the finding names rank 0 (the reference) and rank 2, and both collectives
-    assert (f.cause, f.ranks, f.windows) == ("size", (0, 2), ())
+    # THEN the message names rank 0 (the reference) and rank 2, and both collectives; the
+    # finding's ranks are every member of the group (all of them would hang), as before
+    assert (f.cause, f.ranks, f.windows) == ("size", (0, 1, 2), ())
     assert "rank 0 issued broadcast of 100 bytes" in f.message
     assert "rank(s) 2 issued broadcast of 200 bytes" in f.message
     assert f.evidence["per_rank"] == {
