@@ -10,8 +10,6 @@ from typing import Any
 from syncscope.capture.recorder import MemorySink, Recorder, Sink, TraceHooks
 from syncscope.rundir import EventWriter, rank_events_path
 
-THEN_CHOICES = ("run", "stop")
-
 
 class CaptureSession:
     def __init__(
