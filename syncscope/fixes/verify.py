@@ -77,7 +77,10 @@ def _profile(script: Path, out: Path, launcher: Sequence[str], args: Sequence[st
     )
     report_path = out / "report.json"
     if done.returncode != 0 or not report_path.is_file():
-        last = (done.stderr.strip().splitlines() or ["no output"])[-1]
+        lines = done.stderr.strip().splitlines()
+        # why it failed: syncscope's last word before the run-directory line, else the last
+        said = [ln for ln in lines if ln.startswith("syncscope:") and "run directory" not in ln]
+        last = (said or lines or ["no output"])[-1]
         raise SyncscopeError(f"profiling {script.name} failed (exit {done.returncode}): {last}")
     report = json.loads(report_path.read_text(encoding="utf-8"))
     return _summarize(report, done.stdout)
