@@ -6,6 +6,7 @@ import json
 import os
 import subprocess
 import sys
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,19 @@ ROOT = Path(__file__).resolve().parents[1]
 EXAMPLES = ROOT / "examples"
 LOOPS = ROOT / "tests" / "scripts" / "loops.py"
 PROFILE_TIMEOUT = int(os.environ.get("SYNCSCOPE_TEST_TIMEOUT", "180"))
+
+
+@pytest.fixture
+def process_group(tmp_path: Path) -> Iterator[None]:
+    """A one-rank gloo process group for the test (the in-process tracking tests)."""
+    import torch.distributed as dist  # torch only for the tests that use it
+
+    store = dist.FileStore(str(tmp_path / "store"), 1)  # type: ignore[attr-defined]
+    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+    try:
+        yield
+    finally:
+        dist.destroy_process_group()
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:

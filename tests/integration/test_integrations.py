@@ -15,13 +15,11 @@ import os
 import re
 import subprocess
 import sys
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
-import torch.distributed as dist
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
@@ -137,16 +135,6 @@ def test_importing_syncscope_and_its_integrations_imports_no_framework() -> None
 
 
 # -- pytorch_lightning in this process --------------------------------------------------------
-
-
-@pytest.fixture
-def process_group(tmp_path: Path) -> Iterator[None]:
-    store = dist.FileStore(str(tmp_path / "store"), 1)  # type: ignore[attr-defined]
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def pl_fit(callback: Any, tmp_path: Path, fail_at_batch: int | None = None) -> None:

@@ -4,8 +4,6 @@ process group of world size 1: DDP still all-reduces there)."""
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Iterator
-from pathlib import Path
 
 import pytest
 import torch
@@ -18,16 +16,6 @@ from syncscope.tracking import track
 
 ACCUM = 4
 STEPS = 2
-
-
-@pytest.fixture
-def process_group(tmp_path: Path) -> Iterator[None]:
-    store = dist.FileStore(str(tmp_path / "store"), 1)  # type: ignore[attr-defined]
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def data(step: int, micro: int) -> torch.Tensor:

@@ -4,26 +4,12 @@ driven by hand around a DDP loop of world size 1: the framework's start and end 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
-import torch.distributed as dist
 
 from syncscope.capture import collectives
 from syncscope.integrations._tracker import LightningHooks, SyncTracker
 from syncscope.testing import assert_syncs
 from tests.helpers.ranks import make_ddp, train
-
-
-@pytest.fixture
-def process_group(tmp_path: Path) -> Iterator[None]:
-    store = dist.FileStore(str(tmp_path / "store"), 1)  # type: ignore[attr-defined]
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def test_bad_limits_fail_when_the_callback_is_built() -> None:

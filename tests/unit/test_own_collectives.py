@@ -4,9 +4,6 @@ ranks, with the gather itself: tests/integration/test_own_collectives.py."""
 
 from __future__ import annotations
 
-from collections.abc import Iterator
-from pathlib import Path
-
 import pytest
 import torch
 import torch.distributed as dist
@@ -14,16 +11,6 @@ import torch.distributed as dist
 from syncscope import track
 from syncscope.capture import collectives
 from syncscope.tracking import Stats
-
-
-@pytest.fixture
-def process_group(tmp_path: Path) -> Iterator[None]:
-    store = dist.FileStore(str(tmp_path / "store"), 1)  # type: ignore[attr-defined]
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 def _ops(stats: Stats) -> list[str]:

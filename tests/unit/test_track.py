@@ -5,8 +5,6 @@ from __future__ import annotations
 
 import subprocess
 import sys
-from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import pytest
@@ -18,16 +16,6 @@ from syncscope.capture import collectives
 from syncscope.render.json_report import window_dict
 from syncscope.tracking import Stats, track
 from tests.helpers.ranks import ACCUM, STEPS, make_ddp, train
-
-
-@pytest.fixture
-def process_group(tmp_path: Path) -> Iterator[None]:
-    store = dist.FileStore(str(tmp_path / "store"), 1)  # type: ignore[attr-defined]
-    dist.init_process_group("gloo", store=store, rank=0, world_size=1)
-    try:
-        yield
-    finally:
-        dist.destroy_process_group()
 
 
 @pytest.mark.usefixtures("process_group")
