@@ -220,8 +220,7 @@ class Recorder:
         self.on_capture_end: Any = None  # called at the end of the last captured window
         self.uninstall: Any = None  # set by instrument.install
         self.detaching = False  # capture is over: hooks go at their next safe call
-        ref = weakref.ref(self)
-        os.register_at_fork(after_in_child=lambda: _inert_in_child(ref))
+        _LIVE.add(self)  # made inert in a forked child (_inert_in_children)
 
     def _note_dist(self) -> None:
         """Remember the default group while it exists (scripts often destroy it at the end)."""
@@ -841,15 +840,21 @@ class Recorder:
             self._works = still + self._works
 
 
-def _inert_in_child(ref: weakref.ref[Recorder]) -> None:
+_LIVE: weakref.WeakSet[Recorder] = weakref.WeakSet()  # every recorder not yet collected
+
+
+def _inert_in_children() -> None:
     """In a process the rank forks (a multiprocessing pool worker) the hooks it inherits
     record nothing and reach no profiler: the child is not the rank, and the profiler's
-    state was copied from the rank mid-use (its locks possibly held)."""
-    rec = ref()
-    if rec is not None:
+    state was copied from the rank mid-use (its locks possibly held). Registered once, not
+    per recorder: ``track()`` makes a recorder per block and fork handlers cannot be removed."""
+    for rec in list(_LIVE):
         rec.trace = None
         rec._closed = True
         rec._works, rec._pending_fp = [], []
+
+
+os.register_at_fork(after_in_child=_inert_in_children)
 
 
 _CONTENT_PROBES = 8  # gradients (or elements of one) compared per candidate tensor
