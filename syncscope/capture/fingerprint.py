@@ -112,10 +112,9 @@ def _weights_for(flat: torch.Tensor) -> torch.Tensor:
 
 
 def _flat_sample(grads: list[torch.Tensor]) -> torch.Tensor:
-    """The gradients' samples (whole below 2 * SAMPLE elements), concatenated."""
-    parts = [
-        g.view(-1) if g.numel() < 2 * SAMPLE and g.is_contiguous() else _sample(g) for g in grads
-    ]
+    """The gradients' samples, concatenated (a gradient under 2 * SAMPLE elements is its
+    own sample: the stride is 1)."""
+    parts = [_sample(g) for g in grads]
     flat = torch.cat(parts) if len(parts) > 1 else parts[0]
     if flat.dtype not in (torch.float32, torch.float64):
         flat = flat.float()  # half precision: accumulate in float32
