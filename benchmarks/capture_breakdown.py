@@ -31,7 +31,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from syncscope.capture import collectives, instrument
-from syncscope.capture.recorder import Recorder
+from syncscope.capture.recorder import MemorySink, Recorder
 from syncscope.rundir import EventWriter
 
 Installer = Callable[[Recorder], Callable[[], None]]
@@ -68,9 +68,56 @@ def _null_mode(rec: Recorder) -> Callable[[], None]:
     return lambda: mode.__exit__(None, None, None)
 
 
+class IdleRecorder(Recorder):
+    """Every hook installed, every recorder body a no-op: what the patches cost alone."""
+
+    def on_forward_begin(self, *args: Any, **kwargs: Any) -> None:
+        self.fwd_depth += 1
+
+    def on_backward_begin(self) -> bool:
+        return True
+
+    def on_backward_end(self, outermost: bool) -> None:
+        pass
+
+    def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+    def on_step_end(self) -> None:
+        pass
+
+    def on_toggle(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def on_grad_reset(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def before_collective(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def on_collective(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+
+def _idle(rec: Recorder) -> Callable[[], None]:
+    return instrument.install(IdleRecorder(MemorySink(), rank=rec.rank, world_size=2))
+
+
+def _idle_families(names: list[str]) -> Installer:
+    def install(rec: Recorder) -> Callable[[], None]:
+        return _families(names)(IdleRecorder(MemorySink(), rank=rec.rank, world_size=2))
+
+    return install
+
+
 VARIANTS: dict[str, Installer | None] = {
     "plain": None,
     "all hooks": instrument.install,
+    "wrapping only": _idle,
+    "wrapping: c10d kernels": _idle_families(["collectives"]),
+    "wrapping: backward": _idle_families(["backward"]),
+    "wrapping: optimizer": _idle_families(["optimizer"]),
+    "wrapping: DDP": _idle_families(["ddp"]),
     "c10d kernels": _families(["collectives"]),
     "backward patch": _families(["backward"]),
     "optimizer hooks": _families(["optimizer"]),

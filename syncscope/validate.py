@@ -142,7 +142,7 @@ def list_of(
     """Every item of ``values`` is a ``kind`` (bools are not numbers)."""
     for i, item in enumerate(values):
         if isinstance(item, bool) or not isinstance(item, kind):
-            names = _KIND_NAMES.get(kind, getattr(kind, "__name__", "number"))  # type: ignore[call-overload]
+            names = _KIND_NAMES.get(kind, getattr(kind, "__name__", "number"))
             bad(file, f"{field}[{i}]", f"must be {names}, not {_type_name(item)}", error)
         if isinstance(item, float) and not math.isfinite(item):
             bad(file, f"{field}[{i}]", f"must be finite, not {item!r}", error)

@@ -1,19 +1,23 @@
 """Gradient fingerprints and memory readings taken on each rank.
 
-A fingerprint is two float64 scalars computed from a fixed strided sample (about 1,024
+A fingerprint is one float64 scalar computed from a fixed strided sample (about 1,024
 elements) of each of some of the gradients an optimizer is about to step, concatenated: the
-sum of their squares and a position-weighted sum. Which gradients: at most ``TENSORS`` of them per window,
-every ``cycle``-th one starting at ``window % cycle`` (``cycle = ceil(count / TENSORS)``),
-so every gradient is looked at once every ``cycle`` windows and the cost per window does
-not grow with the parameter count (on CPU each tensor costs a few microseconds of dispatch,
-the dominant cost). Ranks whose gradients were reduced hold identical gradients, hence
-identical fingerprints. On CUDA the value is copied to pinned host memory without blocking
+position-weighted sum of the samples (one dot product; earlier versions also wrote the sum
+of squares, which told nothing the weighted sum does not). Which gradients: at most
+``TENSORS`` of them per window, every ``cycle``-th one starting at ``window % cycle``
+(``cycle = ceil(count / TENSORS)``), so every gradient is looked at once every ``cycle``
+windows and the cost per window does not grow with the parameter count (on CPU each torch
+op costs tens of microseconds right after a backward, the dominant cost). Ranks whose
+gradients were reduced hold identical gradients, hence identical fingerprints; ranks whose
+gradients differ give different sums but for a coincidence of measure zero. On CUDA the value is copied to pinned host memory without blocking
 and read once its event has completed, so taking it never stalls the training stream.
 """
 
 from __future__ import annotations
 
+import contextlib
 import os
+import weakref
 from typing import Any
 
 import torch
@@ -38,7 +42,7 @@ def rss_bytes() -> int:
 
 
 SAMPLE = 1024  # elements read per gradient tensor
-TENSORS = 8  # gradient tensors fingerprinted per window (rotating over the windows)
+TENSORS = 4  # gradient tensors fingerprinted per window (rotating over the windows)
 
 
 def _sample(grad: torch.Tensor) -> torch.Tensor:
@@ -121,28 +125,52 @@ def _flat_sample(grads: list[torch.Tensor]) -> torch.Tensor:
     return flat
 
 
+_trainables: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], list[torch.Tensor]]] = (
+    weakref.WeakKeyDictionary()
+)
+
+
+def _trainable(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
+    """The parameters ``optimizer`` steps that require a gradient, in order: cached until
+    its param groups change (reading every parameter's ``.grad`` each step, to pick a few,
+    cost more than the fingerprint)."""
+    groups = optimizer.param_groups
+    shape = tuple(len(g["params"]) for g in groups)
+    cached = _trainables.get(optimizer)
+    if cached is not None and cached[0] == shape:
+        return cached[1]
+    params = [p for g in groups for p in g["params"] if p.requires_grad]
+    with contextlib.suppress(TypeError):  # an optimizer-like object without weak references
+        _trainables[optimizer] = (shape, params)
+    return params
+
+
 def fingerprint(optimizer: torch.optim.Optimizer, window: int = 0) -> PendingFingerprint | None:
     """Start a fingerprint of the gradients ``optimizer`` is about to step (None: none), on
-    window ``window``'s share of them (see the module's docstring): the sum of squares of
-    their samples, concatenated, and a position-weighted sum of the samples.
+    window ``window``'s share of them (see the module's docstring): the position-weighted
+    sum of their samples, concatenated.
 
     A few tensor ops per step whatever the parameter count (on CPU, right after a backward,
     each op costs tens of microseconds however small its tensors): one view per gradient,
-    one concatenation, two dot products."""
-    present: list[torch.Tensor] = []
-    for group in optimizer.param_groups:
-        for param in group["params"]:
-            grad = param.grad
-            if grad is not None and not grad.is_sparse:
-                present.append(grad)
-    if not present:
+    one concatenation, one dot product."""
+    trainable = _trainable(optimizer)
+    count = len(trainable)
+    if not count:
         return None
-    count = len(present)
     cycle = -(-count // TENSORS)
     offset = window % cycle
+    present = [g for p in trainable[offset::cycle] if (g := p.grad) is not None]
+    present = [g for g in present if not g.is_sparse]
+    if not present:  # none of this window's share has a gradient: the present ones instead
+        present = [g for p in trainable if (g := p.grad) is not None and not g.is_sparse]
+        if not present:
+            return None
+        cycle = -(-len(present) // TENSORS)
+        offset = window % cycle
+        present = present[offset::cycle]
     grads: list[torch.Tensor] = []
     sharded = False
-    for grad in present[offset::cycle]:
+    for grad in present:
         if type(grad) is not torch.Tensor:  # a DTensor (FSDP2, tensor parallelism)
             grad, is_shard = _local(grad)
             sharded = sharded or is_shard
@@ -155,10 +183,10 @@ def fingerprint(optimizer: torch.optim.Optimizer, window: int = 0) -> PendingFin
         flat = _flat_sample(grads)
         weights = _weights_for(flat)
         if device.type != "cuda":
-            values = [float(flat.dot(flat)), float(flat.dot(weights))]
+            values = [float(flat.dot(weights))]
             return PendingFingerprint(values, None, sharded, count, part)
-        on_device = torch.stack([flat.dot(flat), flat.dot(weights)]).to(torch.float64)
-        host = torch.empty(2, dtype=torch.float64, pin_memory=True)
+        on_device = flat.dot(weights).reshape(1).to(torch.float64)
+        host = torch.empty(1, dtype=torch.float64, pin_memory=True)
         host.copy_(on_device, non_blocking=True)
         event = torch.cuda.Event()
         event.record()

@@ -49,7 +49,7 @@ class PostImportHook(importlib.abc.MetaPathFinder):
             self._searching = False
         if spec is None or spec.loader is None:
             return None
-        spec.loader = _Loader(spec.loader, self._fire)  # type: ignore[arg-type]
+        spec.loader = _Loader(spec.loader, self._fire)
         return spec
 
     def _fire(self, module: ModuleType) -> None:

@@ -186,19 +186,20 @@ def _patch_ddp_forward(rec: Recorder, undo: list[Undo], ddp: Any) -> None:
     its breaks are the ones the model has without syncscope, and no forward mark is written
     (windows, micro-batches and collectives come from hooks outside the compiled region)."""
     forward = ddp.forward
+    is_compiling = torch.compiler.is_compiling
 
-    @_opaque
     def forward_begin(self: Any) -> None:
         label = rec.ddp_modules.get(self) or rec.on_wrapper("ddp", self, {})
         armed = torch.is_grad_enabled() and bool(self.require_backward_grad_sync)
         extra = {"accelerate": acc} if (acc := _accelerate_state()) else None
         rec.on_forward_begin("ddp", label, armed, extra)
 
-    forward_end = _opaque(rec.on_forward_end)
-
+    # Not wrapped in torch.compiler.disable (a few hundred nanoseconds a call, and every
+    # micro-batch calls it): where Dynamo traces this forward, is_compiling() is true and
+    # the body is the bare forward, so forward_begin is never reached from a traced frame.
     @functools.wraps(forward)
     def ddp_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
-        if torch.compiler.is_compiling():
+        if is_compiling():
             return forward(self, *args, **kwargs)
         if rec.detaching:
             rec.detach_now()
@@ -207,7 +208,7 @@ def _patch_ddp_forward(rec: Recorder, undo: list[Undo], ddp: Any) -> None:
         try:
             return forward(self, *args, **kwargs)
         finally:
-            forward_end()
+            rec.fwd_depth -= rec.fwd_depth > 0  # on_forward_end, inlined
 
     _patch(ddp, "forward", ddp_forward, undo)
 
@@ -244,16 +245,7 @@ def _patch_ddp_sync_flag(rec: Recorder, undo: list[Undo], ddp: Any) -> None:
         self.__dict__["require_backward_grad_sync"] = value
         if "_syncscope_init" in self.__dict__:
             return
-        import sys
-
-        frame: Any = sys._getframe(1)
-        callers: list[str] = []
-        while frame is not None and len(callers) < 4:
-            callers.append(frame.f_code.co_name)
-            frame = frame.f_back
-        how = "no_sync" if "no_sync" in callers else "require_backward_grad_sync"
-        label = rec.ddp_modules.get(self, "ddp:?")
-        rec.on_toggle(how, bool(value), label)
+        rec.on_toggle(None, bool(value), rec.ddp_modules.get(self, "ddp:?"))
 
     # Dynamo inlines the getter where it traces DDP's forward (as it reads the plain
     # attribute) but never compiles it as a frame of its own where DDP's eager code reads it

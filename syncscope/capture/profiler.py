@@ -62,7 +62,7 @@ class ProfilerTrace:
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         profiler = torch.profiler.profile(activities=activities, record_shapes=True)
-        profiler.__enter__()  # type: ignore[no-untyped-call]
+        profiler.__enter__()
         self._profiler = profiler
 
     def window_begin(self, index: int) -> None:
@@ -122,7 +122,7 @@ class ProfilerTrace:
     @staticmethod
     def _open_range(name: str) -> Any:
         rf = record_function(name)
-        rf.__enter__()  # type: ignore[no-untyped-call]
+        rf.__enter__()
         return rf
 
     def _close_range(self, attr: str) -> None:
@@ -138,7 +138,7 @@ class ProfilerTrace:
         if profiler is None:
             return
         try:
-            profiler.__exit__(None, None, None)  # type: ignore[no-untyped-call]
+            profiler.__exit__(None, None, None)
             self.path.parent.mkdir(parents=True, exist_ok=True)
             profiler.export_chrome_trace(str(self.path))
         except (OSError, RuntimeError) as exc:

@@ -108,7 +108,7 @@ _WINDOW_EVENTS = frozenset(
 # records since, sync toggles, a reset.
 _HELD = frozenset(("fwd", "bwd", "bwd_end", "toggle", "reset", "step", "fp", "done", "closure"))
 
-_GRAD_SAMPLE = 8  # parameters whose .grad is looked at before and after each backward
+_GRAD_SAMPLE = 4  # parameters whose .grad is looked at around backwards (a reset)
 
 
 def _op_tensors(opname: str, args: tuple[Any, ...]) -> list[torch.Tensor]:
@@ -384,7 +384,7 @@ class Recorder:
             "module": label,
             "sync": sync,
             "depth": depth,
-            "site": sites.site_dict(sites.user_site(2)),
+            "site": sites.site_dict(sites.user_site(2, "fwd")),
         }
         if extra:
             event.update(extra)
@@ -431,14 +431,15 @@ class Recorder:
                     }
                 )
         self.bucket = 0
-        self._bucket_ptrs = set()
+        if self._bucket_ptrs:
+            self._bucket_ptrs = set()
         self._window_activity = True
         self.emit(
             {
                 "type": "bwd",
                 "t": self.now(),
                 "sync": self.sync_state(),
-                "site": sites.site_dict(sites.user_site(2)),
+                "site": sites.site_dict(sites.user_site(2, "bwd")),
             }
         )
         if self.fwd_depth == 0 and self.trace is not None:
@@ -452,11 +453,14 @@ class Recorder:
         self.emit({"type": "bwd_end", "t": self.now()})
         if self.trace is not None:
             self.trace.micro_batch_end(self.window, self.micro_batch)
+        if self.micro_batch == 0 or self._grads_after_backward < 0:
+            # counted after a window's first backward only: the next backwards compare
+            # against it (a count per backward doubled the cold reads right after each)
+            self._grads_after_backward = self._count_grads()
         self.micro_batch += 1
         self.after_backward = True
         self._reset_since_backward = False
         self._grad_ptrs = None
-        self._grads_after_backward = self._count_grads()
 
     def _params(self) -> list[torch.Tensor]:
         """Parameters of the known optimizers (else of the wrapped models), cached."""
@@ -498,11 +502,18 @@ class Recorder:
                 "t": self.now(),
                 "how": how,
                 "set_to_none": set_to_none,
-                "site": sites.site_dict(sites.user_site(2)),
+                "site": sites.site_dict(sites.user_site(2, "reset")),
             }
         )
 
-    def on_toggle(self, how: str, value: bool, label: str) -> None:
+    def on_toggle(self, how: str | None, value: bool, label: str) -> None:
+        """A sync flag was set. ``how`` None: DDP's ``require_backward_grad_sync``, set by
+        ``no_sync`` when a frame of it is among the setter's few callers."""
+        if how is None:
+            site, in_no_sync = sites.user_site_through(2, "no_sync", 4, "toggle")
+            how = "no_sync" if in_no_sync else "require_backward_grad_sync"
+        else:
+            site = sites.user_site(1)
         self.emit(
             {
                 "type": "toggle",
@@ -510,7 +521,7 @@ class Recorder:
                 "how": how,
                 "value": bool(value),
                 "module": label,
-                "site": sites.site_dict(sites.user_site(1)),
+                "site": sites.site_dict(site),
             }
         )
 
@@ -542,7 +553,7 @@ class Recorder:
             "type": "step",
             "t": self.now(),
             "optimizer": type(optimizer).__name__,
-            "site": sites.site_dict(sites.user_site(2)),
+            "site": sites.site_dict(sites.user_site(2, "step")),
             "mem": rss_bytes(),
             "cuda_peak": cuda_peak_and_reset(),
         }

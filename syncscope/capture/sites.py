@@ -58,21 +58,91 @@ def _is_library(code: CodeType) -> bool:
     return not _user_file(code)
 
 
-def user_site(skip: int = 1) -> Site | None:
-    """The innermost frame of the user's own code above the caller, as (file, line, function).
+_lines: dict[tuple[CodeType, int], int] = {}  # (code, last instruction) -> its line
 
-    Called on every micro-batch: a dictionary lookup per frame walked, nothing else."""
-    frame: FrameType | None = sys._getframe(skip + 1)
+
+def _line(frame: FrameType, code: CodeType) -> int:
+    """``frame.f_lineno``, cached per instruction (reading it decodes the line table)."""
+    key = (code, frame.f_lasti)
+    line = _lines.get(key)
+    if line is None:
+        if len(_lines) > 4096:  # call sites are few; never grows without bound
+            _lines.clear()
+        line = _lines[key] = frame.f_lineno
+    return line
+
+
+# Where the user's frame was found last, per kind of hook: (its depth above the caller, its
+# code, whether the walk passed the function user_site_through looks for). Walking the
+# stack makes Python build a frame object for every frame passed (the hook's own callers:
+# DDP's, contextlib's, torch's wrappers), about 15 us a walk inside a training step. A
+# hook called again from the same place (every micro-batch, every step) finds the same
+# user code at the same depth, so it looks at that one frame first: ``sys._getframe(n)``
+# builds no frame object for the frames it skips. A different path to the same user code
+# at the same depth would give that outer frame rather than the innermost user one; a
+# path of another depth or through other user code is walked in full.
+_hints: dict[str, tuple[int, CodeType, bool]] = {}
+
+
+def _walk(
+    frame: FrameType | None, key: str | None, function: str, within: int
+) -> tuple[Site | None, bool]:
     files = _user_files
+    through = False
+    depth = 0
     while frame is not None:
         code = frame.f_code
+        if depth < within:
+            through = through or code.co_name == function
         name = files.get(code)
         if name is None:
             name = _user_file(code)
         if name:
-            return (name, frame.f_lineno, code.co_name)
+            if key is not None:
+                _hints[key] = (depth, code, through)
+            return (name, _line(frame, code), code.co_name), through
         frame = frame.f_back
-    return None
+        depth += 1
+    return None, through
+
+
+def _hinted(key: str, skip: int) -> tuple[Site | None, bool] | None:
+    """The site at the depth remembered for ``key``, if the same user frame is still there."""
+    hint = _hints.get(key)
+    if hint is None:
+        return None
+    try:
+        frame = sys._getframe(skip + 1 + hint[0])
+    except ValueError:
+        return None
+    code = frame.f_code
+    if code is not hint[1]:
+        return None
+    return (_user_files[code], _line(frame, code), code.co_name), hint[2]
+
+
+def user_site(skip: int = 1, key: str | None = None) -> Site | None:
+    """The innermost frame of the user's own code above the caller, as (file, line, function).
+
+    ``key`` names the hook (one per call path): the frame found is remembered and looked at
+    first next time (see ``_hints``)."""
+    if key is not None:
+        found = _hinted(key, skip + 1)
+        if found is not None:
+            return found[0]
+    return _walk(sys._getframe(skip + 1), key, "", 0)[0]
+
+
+def user_site_through(
+    skip: int, function: str, within: int, key: str | None = None
+) -> tuple[Site | None, bool]:
+    """``user_site(skip)``, and whether one of the ``within`` frames above the caller runs a
+    function named ``function`` (a sync flag set from inside ``no_sync``): one walk."""
+    if key is not None:
+        found = _hinted(key, skip + 1)
+        if found is not None:
+            return found
+    return _walk(sys._getframe(skip + 1), key, function, within)
 
 
 def site_dict(site: Site | None) -> dict[str, object] | None:

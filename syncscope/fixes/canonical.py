@@ -180,7 +180,7 @@ def _drop_loss_division(span: Statements, acc: str, n: str) -> Statements:
                 if _bare_parens(value.left)
                 else value.left
             )
-            statement = statement.with_changes(body=[small.with_changes(value=left)])  # type: ignore[union-attr]
+            statement = statement.with_changes(body=[small.with_changes(value=left)])
         out.append(statement)
     return out
 

@@ -58,8 +58,8 @@ def _take_leading(first: cst.BaseStatement, onto: cst.BaseStatement) -> Statemen
     """Move ``first``'s comments and blank lines onto ``onto``; return [onto', first']."""
     leading = getattr(first, "leading_lines", ())
     return [
-        onto.with_changes(leading_lines=leading),  # type: ignore[list-item]
-        first.with_changes(leading_lines=()),  # type: ignore[list-item]
+        onto.with_changes(leading_lines=leading),
+        first.with_changes(leading_lines=()),
     ]
 
 
