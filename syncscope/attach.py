@@ -356,6 +356,9 @@ def _watch_profile(session: object, rank: int) -> None:
     threading.Thread(target=watch, name="syncscope-watch-profile", daemon=True).start()
 
 
+_RELEASE_PAUSE_S = 0.1  # seconds without the GIL before collecting (see _release)
+
+
 def _release() -> None:
     """Free the script's objects while the interpreter is still whole.
 
@@ -363,11 +366,20 @@ def _release() -> None:
     interpreter finalization, where torch's backend threads can abort the process
     (SIGABRT) after the job has finished. Collecting here, once everything is recorded,
     makes that teardown happen in order.
+
+    Before collecting, the GIL is let go for a moment. torch stashes a Python object (the
+    ``contextvars`` context) in the thread-local state of every backward, and a gloo
+    worker thread that ran a collective issued there (DDP's buckets) takes the GIL to drop
+    its copy after the work, holding the process group's work lock. If the collection
+    destroys that process group meanwhile, the main thread waits for the lock with the GIL
+    held: a deadlock after the script has finished (seen about once in 4 runs of a short
+    DDP job on a loaded 2-core machine). The pause lets such a thread finish first.
     """
     import gc
 
     sys.stdout.flush()
     sys.stderr.flush()
+    time.sleep(_RELEASE_PAUSE_S)
     gc.collect()
 
 
