@@ -5,7 +5,7 @@ no change to the user's script:
 
 - a Python kernel at the Autograd key of every ``c10d`` op sees every collective (DDP's C++
   reducer and FSDP2 included) with its tensors, group and work (``capture.collectives``);
-- ``Tensor.backward`` / ``torch.autograd.backward`` mark micro-batches;
+- ``torch.autograd.backward`` (which ``Tensor.backward`` calls) marks micro-batches;
 - DDP ``forward`` / ``require_backward_grad_sync`` / ``no_sync`` and FSDP2's pre/post forward
   and ``set_requires_gradient_sync`` give the wrapper's sync intent;
 - the global optimizer step hooks mark windows; ``zero_grad`` patches mark gradient resets.
@@ -56,7 +56,8 @@ def _no_frame(fn: Callable[..., Any]) -> None:
 
 
 def _install_backward(rec: Recorder, undo: list[Undo]) -> None:
-    tensor_backward = torch.Tensor.backward
+    """``torch.autograd.backward`` only: ``Tensor.backward`` calls it by that name, so one
+    wrapper sees both (wrapping both cost every backward two wrappers and two hook calls)."""
     autograd_backward = torch.autograd.backward
 
     def wrap(fn: Callable[..., Any]) -> Callable[..., Any]:
@@ -77,7 +78,6 @@ def _install_backward(rec: Recorder, undo: list[Undo]) -> None:
 
         return backward
 
-    _patch(torch.Tensor, "backward", _opaque(wrap(tensor_backward)), undo)
     _patch(torch.autograd, "backward", _opaque(wrap(autograd_backward)), undo)
 
 
