@@ -372,8 +372,9 @@ def _release() -> None:
     worker thread that ran a collective issued there (DDP's buckets) takes the GIL to drop
     its copy after the work, holding the process group's work lock. If the collection
     destroys that process group meanwhile, the main thread waits for the lock with the GIL
-    held: a deadlock after the script has finished (seen about once in 4 runs of a short
-    DDP job on a loaded 2-core machine). The pause lets such a thread finish first.
+    held: a deadlock after the script has finished (2 runs in about 17 of a short DDP job,
+    two at a time on a 2-core machine; none in 20 with the pause). The pause lets such a
+    thread finish first.
     """
     import gc
 

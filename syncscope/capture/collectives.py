@@ -96,15 +96,15 @@ _BELOW_AUTOGRAD = torch._C._after_autograd_keyset
 _BELOW_AD_INPLACE = torch._C._after_ADInplaceOrView_keyset
 
 
-def _async_at(op: Any) -> int | None:
-    """The position of the op's ``async_op`` argument (None: it has none)."""
+def _argument_at(op: Any, name: str) -> int | None:
+    """The position of the op's argument ``name`` in its schema (None: it has none)."""
     names = [arg.name for arg in op._schema.arguments]
-    return names.index("async_op") if "async_op" in names else None
+    return names.index(name) if name in names else None
 
 
 def _kernel(name: str, op: Any) -> Callable[..., Any]:
     redispatch = op.redispatch
-    async_at = _async_at(op)
+    async_at = _argument_at(op, "async_op")
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         recorders = _listening()
@@ -174,9 +174,7 @@ def _real(t: Any) -> bool:
 
 def _functional_kernel(name: str, op: Any) -> Callable[..., Any]:
     raw = f"_c10d_functional::{name}"
-    group_at = {
-        arg.name: i for i, arg in enumerate(op._schema.arguments) if arg.name == "group_name"
-    }.get("group_name")
+    group_at = _argument_at(op, "group_name")
 
     redispatch = op.redispatch
 

@@ -145,6 +145,14 @@ def _trainable(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
     return params
 
 
+def _share(items: list[torch.Tensor], window: int) -> tuple[list[torch.Tensor], tuple[int, int]]:
+    """Window ``window``'s share of ``items``: every ``cycle``-th from ``window % cycle``,
+    at most ``TENSORS`` of them, with its (offset, cycle)."""
+    cycle = -(-len(items) // TENSORS)
+    offset = window % cycle
+    return items[offset::cycle], (offset, cycle)
+
+
 def fingerprint(optimizer: torch.optim.Optimizer, window: int = 0) -> PendingFingerprint | None:
     """Start a fingerprint of the gradients ``optimizer`` is about to step (None: none), on
     window ``window``'s share of them (see the module's docstring): the position-weighted
@@ -157,17 +165,13 @@ def fingerprint(optimizer: torch.optim.Optimizer, window: int = 0) -> PendingFin
     count = len(trainable)
     if not count:
         return None
-    cycle = -(-count // TENSORS)
-    offset = window % cycle
-    present = [g for p in trainable[offset::cycle] if (g := p.grad) is not None]
-    present = [g for g in present if not g.is_sparse]
+    share, part = _share(trainable, window)
+    present = [g for p in share if (g := p.grad) is not None and not g.is_sparse]
     if not present:  # none of this window's share has a gradient: the present ones instead
         present = [g for p in trainable if (g := p.grad) is not None and not g.is_sparse]
         if not present:
             return None
-        cycle = -(-len(present) // TENSORS)
-        offset = window % cycle
-        present = present[offset::cycle]
+        present, part = _share(present, window)
     grads: list[torch.Tensor] = []
     sharded = False
     for grad in present:
@@ -175,7 +179,6 @@ def fingerprint(optimizer: torch.optim.Optimizer, window: int = 0) -> PendingFin
             grad, is_shard = _local(grad)
             sharded = sharded or is_shard
         grads.append(grad)
-    part = (offset, cycle)
     with torch.no_grad():
         device = grads[0].device
         if any(g.device != device for g in grads):

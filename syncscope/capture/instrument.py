@@ -194,9 +194,10 @@ def _patch_ddp_forward(rec: Recorder, undo: list[Undo], ddp: Any) -> None:
         extra = {"accelerate": acc} if (acc := _accelerate_state()) else None
         rec.on_forward_begin("ddp", label, armed, extra)
 
-    # Not wrapped in torch.compiler.disable (a few hundred nanoseconds a call, and every
-    # micro-batch calls it): where Dynamo traces this forward, is_compiling() is true and
-    # the body is the bare forward, so forward_begin is never reached from a traced frame.
+    # forward_begin and on_forward_end are not wrapped in torch.compiler.disable (a few
+    # hundred nanoseconds a call, and every micro-batch calls them): where Dynamo traces this
+    # forward, is_compiling() is true and the body is the bare forward, so neither is
+    # reached from a traced frame.
     @functools.wraps(forward)
     def ddp_forward(self: Any, *args: Any, **kwargs: Any) -> Any:
         if is_compiling():
@@ -208,7 +209,7 @@ def _patch_ddp_forward(rec: Recorder, undo: list[Undo], ddp: Any) -> None:
         try:
             return forward(self, *args, **kwargs)
         finally:
-            rec.fwd_depth -= rec.fwd_depth > 0  # on_forward_end, inlined
+            rec.on_forward_end()
 
     _patch(ddp, "forward", ddp_forward, undo)
 
@@ -318,7 +319,7 @@ def _patch_fsdp2(rec: Recorder, undo: list[Undo]) -> None:
     from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
     from torch.distributed.fsdp._fully_shard._fully_shard import FSDPModule
 
-    from syncscope.capture.recorder import _fsdp_reduce_grads
+    from syncscope.capture.grads import fsdp_reduce_grads
 
     # FSDP2 keeps its hooks out of Dynamo with ``_dynamo_disable`` (a traced wrapper that
     # calls ``torch._dynamo.disable(hook)``); wrapping the undecorated hooks in that same
@@ -340,7 +341,7 @@ def _patch_fsdp2(rec: Recorder, undo: list[Undo]) -> None:
                 "fsdp", module, _fsdp_info(self), key=self
             )
             extra = {"accelerate": acc} if (acc := _accelerate_state()) else None
-            rec.on_forward_begin("fsdp", label, _fsdp_reduce_grads(self), extra)
+            rec.on_forward_begin("fsdp", label, fsdp_reduce_grads(self), extra)
             self.__dict__["_syncscope_fwd"] = True
         return result
 

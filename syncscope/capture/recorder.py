@@ -27,6 +27,8 @@ from syncscope.capture.fingerprint import (
     fingerprint,
     rss_bytes,
 )
+from syncscope.capture.frameworks import FRAMEWORKS, detect_framework
+from syncscope.capture.grads import fsdp_reduce_grads, holds_grads
 from syncscope.model import input_argument, normalize_op
 from syncscope.rundir import EVENTS_FORMAT, EVENTS_FORMAT_VERSION
 
@@ -115,44 +117,6 @@ def _op_tensors(opname: str, args: tuple[Any, ...]) -> list[torch.Tensor]:
     """The tensors a c10d op reads (its input: the second argument for gathers/scatters)."""
     index = input_argument(opname)
     return _tensors(args[index]) if len(args) > index else []
-
-
-# Training frameworks recognised from the stack at a wrapper's creation or an optimizer step,
-# most specific first (the HF Trainer runs on Accelerate; Lightning may import either).
-FRAMEWORKS: tuple[tuple[str, tuple[str, ...], tuple[str, ...]], ...] = (
-    (
-        "lightning",
-        ("/lightning/pytorch/", "/pytorch_lightning/"),
-        ("lightning", "pytorch_lightning"),
-    ),
-    ("transformers", ("/transformers/trainer",), ("transformers",)),
-    ("accelerate", ("/accelerate/",), ("accelerate",)),
-)
-
-
-def detect_framework(skip: int = 1) -> tuple[str, str] | None:
-    """(name, version) of the training framework whose code is on the stack, if any."""
-    seen: set[str] = set()
-    frame: Any = sys._getframe(skip + 1)
-    while frame is not None:
-        filename = frame.f_code.co_filename.replace("\\", "/")
-        if not sites._is_library(frame.f_code):
-            frame = frame.f_back  # the user's own files never name a framework
-            continue
-        for name, markers, _ in FRAMEWORKS:
-            if name not in seen and any(m in filename for m in markers):
-                seen.add(name)
-        frame = frame.f_back
-    for name, _, modules in FRAMEWORKS:
-        if name in seen:
-            version = ""
-            for module_name in modules:
-                module = sys.modules.get(module_name)
-                if module is not None and getattr(module, "__version__", None):
-                    version = str(module.__version__)
-                    break
-            return name, version
-    return None
 
 
 class Recorder:
@@ -406,7 +370,7 @@ class Recorder:
                 if kind == "ddp":
                     state[label] = bool(obj.require_backward_grad_sync)
                 elif kind == "fsdp2":
-                    state[label] = _fsdp_reduce_grads(obj)
+                    state[label] = fsdp_reduce_grads(obj)
                 else:
                     state[label] = bool(getattr(obj, "_sync_gradients", True))
         return state
@@ -453,7 +417,7 @@ class Recorder:
         self.emit({"type": "bwd_end", "t": self.now()})
         if self.trace is not None:
             self.trace.micro_batch_end(self.window, self.micro_batch)
-        if self.micro_batch == 0 or self._grads_after_backward < 0:
+        if self.micro_batch == 0:
             # counted after a window's first backward only: the next backwards compare
             # against it (a count per backward doubled the cold reads right after each)
             self._grads_after_backward = self._count_grads()
@@ -740,7 +704,7 @@ class Recorder:
             return
         for t in tensors:
             with contextlib.suppress(Exception):
-                if _holds_grads(t, grads, self._grad_ptrs or set()):
+                if holds_grads(t, grads, self._grad_ptrs or set()):
                     self._content_hits.add(t.untyped_storage().data_ptr())
 
     def on_collective(
@@ -866,54 +830,3 @@ def _inert_in_children() -> None:
 
 
 os.register_at_fork(after_in_child=_inert_in_children)
-
-
-_CONTENT_PROBES = 8  # gradients (or elements of one) compared per candidate tensor
-
-
-def _holds_grads(t: torch.Tensor, grads: list[torch.Tensor], grad_ptrs: set[int]) -> bool:
-    """Whether ``t`` holds the values of the gradients, flattened in parameter order (all of
-    them) or of one gradient: probed at a few spread positions, which must match exactly,
-    with at least one non-zero. Sizes alone decide nothing: a loss of one element has the
-    size of a bias gradient but not its value."""
-    if t.untyped_storage().data_ptr() in grad_ptrs or t.numel() == 0:
-        return False
-    flat = t.detach().reshape(-1)
-    total = sum(g.numel() for g in grads)
-    pairs: list[tuple[torch.Tensor, torch.Tensor]] = []
-    if flat.numel() == total and all(g.dtype == t.dtype and g.device == t.device for g in grads):
-        offsets = [0]
-        for g in grads[:-1]:
-            offsets.append(offsets[-1] + g.numel())
-        stride = max(1, len(grads) // _CONTENT_PROBES)
-        for i in range(0, len(grads), stride):
-            g = grads[i].detach().reshape(-1)
-            at = torch.tensor([offsets[i], offsets[i] + g.numel() - 1], device=t.device)
-            pairs.append((flat.index_select(0, at), g[[0, -1]]))
-    else:
-        same = [g for g in grads if g.numel() == flat.numel() and g.dtype == t.dtype]
-        for g in same[:_CONTENT_PROBES]:
-            if g.device != t.device:
-                continue
-            step = max(1, flat.numel() // _CONTENT_PROBES)
-            candidate = g.detach().reshape(-1)
-            if torch.equal(flat[::step], candidate[::step]) and bool(flat[::step].any()):
-                return True
-        return False
-    if not pairs:
-        return False
-    mine = torch.cat([a for a, _ in pairs])
-    theirs = torch.cat([b for _, b in pairs])
-    return torch.equal(mine, theirs) and bool(mine.any())
-
-
-def _fsdp_reduce_grads(state: Any) -> bool:
-    """FSDP2: whether the root's param groups will reduce gradients at the next backward."""
-    ctx = getattr(state, "_state_ctx", None)
-    states = list(getattr(ctx, "all_states", None) or [state])
-    flags = [
-        bool(getattr(group, "reduce_grads", True))
-        for s in states
-        for group in getattr(s, "_fsdp_param_groups", ())
-    ]
-    return all(flags) if flags else True

@@ -126,11 +126,7 @@ def user_site(skip: int = 1, key: str | None = None) -> Site | None:
 
     ``key`` names the hook (one per call path): the frame found is remembered and looked at
     first next time (see ``_hints``)."""
-    if key is not None:
-        found = _hinted(key, skip + 1)
-        if found is not None:
-            return found[0]
-    return _walk(sys._getframe(skip + 1), key, "", 0)[0]
+    return user_site_through(skip + 1, "", 0, key)[0]
 
 
 def user_site_through(
