@@ -94,6 +94,7 @@ def main() -> None:
     for name in (*HOOKS, *HELPERS):
         setattr(Recorder, name, timed(name, getattr(Recorder, name), name in HOOKS))
     sites.user_site = timed("user_site", sites.user_site, False)  # type: ignore[assignment]
+    sites.issuer_of_collective = timed("issuer", sites.issuer_of_collective, False)  # type: ignore[assignment]
     for name in ("fingerprint", "rss_bytes"):
         setattr(recorder_module, name, timed(name, getattr(recorder_module, name), False))
 

@@ -64,23 +64,30 @@ def _listening() -> list[Recorder]:
     return [r for r in _ACTIVE if r.listening]
 
 
+_boxes: list[Any] = []  # [ProcessGroup, Work], imported at the first collective
+
+
 def _unbox(args: tuple[Any, ...], out: Any) -> tuple[Any, Any]:
     """The op's ProcessGroup and Work as Python objects (they travel as ScriptObjects)."""
-    from torch._C._distributed_c10d import ProcessGroup, Work  # cached after the first call
+    if not _boxes:
+        from torch._C._distributed_c10d import ProcessGroup, Work
 
+        _boxes[:] = [ProcessGroup, Work]
+    group_class, work_class = _boxes
+    script_object = torch.ScriptObject
     pg = None
     for arg in args:
-        if isinstance(arg, torch.ScriptObject):
+        if isinstance(arg, script_object):
             try:
-                pg = ProcessGroup.unbox(arg)
+                pg = group_class.unbox(arg)
                 break
             except Exception:
                 continue
     work = None
     for item in out if isinstance(out, (tuple, list)) else (out,):
-        if isinstance(item, torch.ScriptObject):
+        if isinstance(item, script_object):
             try:
-                work = Work.unbox(item)
+                work = work_class.unbox(item)
                 break
             except Exception:
                 continue
@@ -112,8 +119,9 @@ def _kernel(name: str, op: Any) -> Callable[..., Any]:
             with torch._C._AutoDispatchBelowAutograd():
                 return redispatch(keyset & _BELOW_AUTOGRAD, *args, **kwargs)
         # Held events go to disk before a collective that might hang in its call. One that
-        # says it is asynchronous (DDP's bucket all-reduces) returns at once, and its own
-        # record, written as it returns, takes them along: one write instead of two.
+        # says it is asynchronous (DDP's bucket all-reduces) returns at once: its record is
+        # held with the others, and the writer's flusher puts them on disk (it runs while
+        # the rank waits for the collective, Python's lock released).
         blocking = not (
             async_at is not None
             and (args[async_at] if len(args) > async_at else kwargs.get("async_op")) is True

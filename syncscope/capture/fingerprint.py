@@ -119,30 +119,46 @@ def _flat_sample(grads: list[torch.Tensor]) -> torch.Tensor:
     """The gradients' samples, concatenated (a gradient under 2 * SAMPLE elements is its
     own sample: the stride is 1)."""
     parts = [_sample(g) for g in grads]
-    flat = torch.cat(parts) if len(parts) > 1 else parts[0]
-    if flat.dtype not in (torch.float32, torch.float64):
-        flat = flat.float()  # half precision: accumulate in float32
-    return flat
+    return torch.cat(parts) if len(parts) > 1 else parts[0]
 
 
-_trainables: weakref.WeakKeyDictionary[Any, tuple[tuple[int, ...], list[torch.Tensor]]] = (
-    weakref.WeakKeyDictionary()
-)
+class _Plan:
+    """What one optimizer's fingerprints read, worked out once per param-group shape (the
+    number of parameters in each group): its trainable parameters in order and, for each
+    window's share of them (see ``_share``), every parameter with the (elements, stride)
+    of its gradient's sample. Reading every parameter's ``.grad`` each step, to pick a few,
+    cost more than the fingerprint; so did working the share and the samples out again."""
+
+    __slots__ = ("count", "cycle", "shape", "shares", "trainable")
+
+    def __init__(self, shape: tuple[int, ...], trainable: list[torch.Tensor]) -> None:
+        self.shape = shape
+        self.trainable = trainable
+        self.count = len(trainable)
+        self.cycle = max(1, -(-self.count // TENSORS))
+        self.shares: list[list[tuple[torch.Tensor, int, int]]] = []
+        for offset in range(self.cycle):
+            share = []
+            for p in trainable[offset :: self.cycle]:
+                n = p.numel()
+                step = max(1, n // SAMPLE)
+                share.append((p, -(-n // step), step))
+            self.shares.append(share)
 
 
-def _trainable(optimizer: torch.optim.Optimizer) -> list[torch.Tensor]:
-    """The parameters ``optimizer`` steps that require a gradient, in order: cached until
-    its param groups change (reading every parameter's ``.grad`` each step, to pick a few,
-    cost more than the fingerprint)."""
+_plans: weakref.WeakKeyDictionary[Any, _Plan] = weakref.WeakKeyDictionary()
+
+
+def _plan(optimizer: torch.optim.Optimizer) -> _Plan:
+    """``optimizer``'s plan, made again when its param groups change."""
     groups = optimizer.param_groups
-    shape = tuple(len(g["params"]) for g in groups)
-    cached = _trainables.get(optimizer)
-    if cached is not None and cached[0] == shape:
-        return cached[1]
-    params = [p for g in groups for p in g["params"] if p.requires_grad]
-    with contextlib.suppress(TypeError):  # an optimizer-like object without weak references
-        _trainables[optimizer] = (shape, params)
-    return params
+    shape = tuple([len(g["params"]) for g in groups])
+    plan = _plans.get(optimizer)
+    if plan is None or plan.shape != shape:
+        plan = _Plan(shape, [p for g in groups for p in g["params"] if p.requires_grad])
+        with contextlib.suppress(TypeError):  # an optimizer-like object without weak refs
+            _plans[optimizer] = plan
+    return plan
 
 
 def _share(items: list[torch.Tensor], window: int) -> tuple[list[torch.Tensor], tuple[int, int]]:
@@ -159,16 +175,35 @@ def fingerprint(optimizer: torch.optim.Optimizer, window: int = 0) -> PendingFin
     sum of their samples, concatenated.
 
     A few tensor ops per step whatever the parameter count (on CPU, right after a backward,
-    each op costs tens of microseconds however small its tensors): one view per gradient,
-    one concatenation, one dot product."""
-    trainable = _trainable(optimizer)
-    count = len(trainable)
-    if not count:
+    each op costs several microseconds however small its tensors): one view per gradient,
+    one concatenation, one dot product. The common case (every gradient of the share a
+    dense contiguous tensor of the parameter's shape) takes its samples from the plan and
+    runs no other Python; anything else takes the general path."""
+    plan = _plan(optimizer)
+    if not plan.count:
         return None
-    share, part = _share(trainable, window)
+    offset = window % plan.cycle
+    parts: list[torch.Tensor] = []
+    for p, size, step in plan.shares[offset]:
+        g = p.grad
+        if g is None or type(g) is not torch.Tensor or g.is_sparse or not g.is_contiguous():
+            return _general(plan, window)
+        parts.append(g.as_strided((size,), (step,), g.storage_offset()))
+    try:
+        flat = torch.cat(parts) if len(parts) > 1 else parts[0]
+    except RuntimeError:  # gradients on several devices
+        return _general(plan, window)
+    return _start(flat, False, plan.count, (offset, plan.cycle))
+
+
+def _general(plan: _Plan, window: int) -> PendingFingerprint | None:
+    """The fingerprint when some gradient of the window's share is missing, sparse, a
+    DTensor, not contiguous or elsewhere: of the share's gradients present (of every
+    present gradient's share if the window's has none), as local tensors."""
+    share, part = _share(plan.trainable, window)
     present = [g for p in share if (g := p.grad) is not None and not g.is_sparse]
-    if not present:  # none of this window's share has a gradient: the present ones instead
-        present = [g for p in trainable if (g := p.grad) is not None and not g.is_sparse]
+    if not present:
+        present = [g for p in plan.trainable if (g := p.grad) is not None and not g.is_sparse]
         if not present:
             return None
         present, part = _share(present, window)
@@ -179,26 +214,37 @@ def fingerprint(optimizer: torch.optim.Optimizer, window: int = 0) -> PendingFin
             grad, is_shard = _local(grad)
             sharded = sharded or is_shard
         grads.append(grad)
+    device = grads[0].device
+    if any(g.device != device for g in grads):
+        grads = [g.to(device) for g in grads]  # rare: one optimizer over several devices
+    return _start(_flat_sample(grads), sharded, plan.count, part)
+
+
+def _start(
+    flat: torch.Tensor, sharded: bool, count: int, part: tuple[int, int]
+) -> PendingFingerprint:
+    """The position-weighted sum of ``flat``: on CPU at once; on CUDA copied to pinned host
+    memory without blocking, read once its event has completed."""
+    if flat.dtype not in (torch.float32, torch.float64):
+        flat = flat.float()  # half precision: accumulate in float32
+    if flat.requires_grad:  # gradients built with create_graph=True: read, not recorded
+        flat = flat.detach()
+    weights = _weights_for(flat)
+    if flat.device.type != "cuda":
+        return PendingFingerprint([float(flat.dot(weights))], None, sharded, count, part)
     with torch.no_grad():
-        device = grads[0].device
-        if any(g.device != device for g in grads):
-            grads = [g.to(device) for g in grads]  # rare: one optimizer over several devices
-        flat = _flat_sample(grads)
-        weights = _weights_for(flat)
-        if device.type != "cuda":
-            values = [float(flat.dot(weights))]
-            return PendingFingerprint(values, None, sharded, count, part)
         on_device = flat.dot(weights).reshape(1).to(torch.float64)
         host = torch.empty(1, dtype=torch.float64, pin_memory=True)
         host.copy_(on_device, non_blocking=True)
-        event = torch.cuda.Event()
-        event.record()
-        return PendingFingerprint(host, event, sharded, count, part)
+    event = torch.cuda.Event()
+    event.record()
+    return PendingFingerprint(host, event, sharded, count, part)
 
 
 def cuda_peak_and_reset() -> int:
-    """CUDA peak allocated bytes since the last call (0 without CUDA in use)."""
-    if not torch.cuda.is_available() or not torch.cuda.is_initialized():
+    """CUDA peak allocated bytes since the last call (0 without CUDA in use: asked first,
+    ``is_initialized`` is a flag read where ``is_available`` asks the driver)."""
+    if not torch.cuda.is_initialized() or not torch.cuda.is_available():
         return 0
     peak = int(torch.cuda.max_memory_allocated())
     torch.cuda.reset_peak_memory_stats()

@@ -172,7 +172,7 @@ def _patch_ddp_init(rec: Recorder, undo: list[Undo], ddp: Any) -> None:
                 "params": len(params),
                 "param_bytes": sum(p.numel() * p.element_size() for p in params),
                 "bucket_cap_bytes": getattr(self, "bucket_bytes_cap", None),
-                "site": sites.site_dict(sites.user_site(1)),
+                "site": sites.user_site(1),
             },
         )
 

@@ -101,14 +101,17 @@ _WINDOW_EVENTS = frozenset(
     )
 )
 
-# Events held in memory and written with the next one that is not (``EventWriter.buffer``).
-# Written at once: ``coll`` (a rank that hangs in a collective has it on disk), ``step_end``
-# (every window), the exit record and the rare ones (header, wrapper, warning, ...); held
-# events also go to disk before every collective is issued. A rank stopped by a signal or an
-# exception writes everything; one killed outright (SIGKILL, a segfault) loses at most what
-# followed its last collective or window end: the micro-batches' forward and backward
-# records since, sync toggles, a reset.
-_HELD = frozenset(("fwd", "bwd", "bwd_end", "toggle", "reset", "step", "fp", "done", "closure"))
+# Events written at once (``EventWriter.write``): the rare ones, the header and the exit
+# record. Every other event (the per-micro-batch, per-collective and per-step ones) is held
+# in memory and written by the writer's flusher thread within ``FLUSH_INTERVAL_S``, or with
+# the next written event; held events also go to disk before a blocking collective is
+# issued. A rank stopped by a signal or an exception writes everything; one killed outright
+# (SIGKILL, a segfault) loses at most its last flush interval of events.
+_AT_ONCE = frozenset(
+    ("header", "exit", "wrapper", "dist", "framework", "warning", "skipped", "bwd_error")
+)
+
+_WRAPPER_ORDER = ("ddp", "fsdp2", "fsdp1")  # the order of a backward's ``sync`` state
 
 _GRAD_SAMPLE = 4  # parameters whose .grad is looked at around backwards (a reset)
 
@@ -209,10 +212,10 @@ class Recorder:
         kind = event["type"]
         if self._works and kind != "coll":
             self.poll_works()
-        if kind in _HELD:
-            self.sink.buffer(event)
-        else:
+        if kind in _AT_ONCE:
             self.sink.write(event)
+        else:
+            self.sink.buffer(event)
 
     def flush(self) -> None:
         """Put held events on disk (before a collective: a rank that hangs in it has told
@@ -303,6 +306,7 @@ class Recorder:
         else:
             self.fsdp_roots[key] = label  # FSDP2: keyed by the root's FSDPState
             self._wrappers.append(("fsdp2", weakref.ref(key), label))
+        self._wrappers.sort(key=lambda w: _WRAPPER_ORDER.index(w[0]))  # stable: by creation
         self._params_dirty = True
         self.emit({"type": "wrapper", "kind": kind, "label": label, "t": self.now(), **info})
         return label
@@ -348,7 +352,7 @@ class Recorder:
             "module": label,
             "sync": sync,
             "depth": depth,
-            "site": sites.site_dict(sites.user_site(2, "fwd")),
+            "site": sites.user_site(2, "fwd"),
         }
         if extra:
             event.update(extra)
@@ -360,19 +364,19 @@ class Recorder:
         self.fwd_depth = max(0, self.fwd_depth - 1)
 
     def sync_state(self) -> dict[str, bool]:
-        """Each live wrapper's sync intent now: DDP modules, FSDP2 roots, FSDP1 modules."""
+        """Each live wrapper's sync intent now: DDP modules, FSDP2 roots, FSDP1 modules (in
+        that order: ``_wrappers`` is kept sorted by kind)."""
         state: dict[str, bool] = {}
-        for kind in ("ddp", "fsdp2", "fsdp1"):
-            for has, ref, label in self._wrappers:
-                obj = ref() if has == kind else None
-                if obj is None:
-                    continue
-                if kind == "ddp":
-                    state[label] = bool(obj.require_backward_grad_sync)
-                elif kind == "fsdp2":
-                    state[label] = fsdp_reduce_grads(obj)
-                else:
-                    state[label] = bool(getattr(obj, "_sync_gradients", True))
+        for kind, ref, label in self._wrappers:
+            obj = ref()
+            if obj is None:
+                continue
+            if kind == "ddp":
+                state[label] = bool(obj.require_backward_grad_sync)
+            elif kind == "fsdp2":
+                state[label] = fsdp_reduce_grads(obj)
+            else:
+                state[label] = bool(getattr(obj, "_sync_gradients", True))
         return state
 
     # -- backward -------------------------------------------------------------------------
@@ -403,7 +407,7 @@ class Recorder:
                 "type": "bwd",
                 "t": self.now(),
                 "sync": self.sync_state(),
-                "site": sites.site_dict(sites.user_site(2, "bwd")),
+                "site": sites.user_site(2, "bwd"),
             }
         )
         if self.fwd_depth == 0 and self.trace is not None:
@@ -466,7 +470,7 @@ class Recorder:
                 "t": self.now(),
                 "how": how,
                 "set_to_none": set_to_none,
-                "site": sites.site_dict(sites.user_site(2, "reset")),
+                "site": sites.user_site(2, "reset"),
             }
         )
 
@@ -485,7 +489,7 @@ class Recorder:
                 "how": how,
                 "value": bool(value),
                 "module": label,
-                "site": sites.site_dict(site),
+                "site": site,
             }
         )
 
@@ -508,16 +512,19 @@ class Recorder:
         if not self._framework_final:
             self.note_framework(2)
             self._framework_final = True
-        self._resolve_fingerprints(wait=False)
-        kwargs = dict(kwargs or {})
+        if self._pending_fp:
+            self._resolve_fingerprints(wait=False)
         # the hook sees step's own arguments: (optimizer, closure) or closure=...
         at = 1 if args and args[0] is optimizer else 0
-        closure = kwargs.get("closure", args[at] if len(args) > at else None)
+        if kwargs and "closure" in kwargs:
+            closure = kwargs["closure"]
+        else:
+            closure = args[at] if len(args) > at else None
         event: dict[str, Any] = {
             "type": "step",
             "t": self.now(),
             "optimizer": type(optimizer).__name__,
-            "site": sites.site_dict(sites.user_site(2, "step")),
+            "site": sites.user_site(2, "step"),
             "mem": rss_bytes(),
             "cuda_peak": cuda_peak_and_reset(),
         }
@@ -525,6 +532,7 @@ class Recorder:
             event["closure"] = True
             self.emit(event)
             wrapped = self._wrap_closure(optimizer, closure)
+            kwargs = dict(kwargs or {})
             if "closure" in kwargs:
                 kwargs["closure"] = wrapped
                 return args, kwargs
@@ -773,7 +781,7 @@ class Recorder:
                 "grad_storage": grad_storage,
                 "grad_content": grad_content,
                 "grad_numel": grad_numel,
-                "site": sites.site_dict(site),
+                "site": site,
             }
         )
         grad_sync = bucket is not None or grad_storage or grad_content

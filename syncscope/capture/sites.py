@@ -29,7 +29,6 @@ _LIBRARY_PREFIXES: tuple[str, ...] = tuple(
     }
 )
 
-Site = tuple[str, int, str]
 # torch's own call plumbing, never the issuer of a collective
 _PLUMBING = ("/_python_dispatch.py", "/_ops.py", "/torch/_compile.py")
 
@@ -58,18 +57,22 @@ def _is_library(code: CodeType) -> bool:
     return not _user_file(code)
 
 
-_lines: dict[tuple[CodeType, int], int] = {}  # (code, last instruction) -> its line
+SiteDict = dict[str, object]
+# (code, last instruction) -> the site's dict as events carry it ({"file", "line",
+# "function"}): built once per call site, then shared by every event from there (events
+# are never mutated; reading ``f_lineno`` decodes the line table, building the dict
+# allocates: neither is done again for a call site already seen).
+_site_dicts: dict[tuple[CodeType, int], SiteDict] = {}
 
 
-def _line(frame: FrameType, code: CodeType) -> int:
-    """``frame.f_lineno``, cached per instruction (reading it decodes the line table)."""
+def _site_of(frame: FrameType, code: CodeType, file: str) -> SiteDict:
     key = (code, frame.f_lasti)
-    line = _lines.get(key)
-    if line is None:
-        if len(_lines) > 4096:  # call sites are few; never grows without bound
-            _lines.clear()
-        line = _lines[key] = frame.f_lineno
-    return line
+    site = _site_dicts.get(key)
+    if site is None:
+        if len(_site_dicts) > 4096:  # call sites are few; never grows without bound
+            _site_dicts.clear()
+        site = _site_dicts[key] = {"file": file, "line": frame.f_lineno, "function": code.co_name}
+    return site
 
 
 # Where the user's frame was found last, per kind of hook: (its depth above the caller, its
@@ -86,7 +89,7 @@ _hints: dict[str, tuple[int, CodeType, bool]] = {}
 
 def _walk(
     frame: FrameType | None, key: str | None, function: str, within: int
-) -> tuple[Site | None, bool]:
+) -> tuple[SiteDict | None, bool]:
     files = _user_files
     through = False
     depth = 0
@@ -100,51 +103,45 @@ def _walk(
         if name:
             if key is not None:
                 _hints[key] = (depth, code, through)
-            return (name, _line(frame, code), code.co_name), through
+            return _site_of(frame, code, name), through
         frame = frame.f_back
         depth += 1
     return None, through
 
 
-def _hinted(key: str, skip: int) -> tuple[Site | None, bool] | None:
-    """The site at the depth remembered for ``key``, if the same user frame is still there."""
-    hint = _hints.get(key)
-    if hint is None:
-        return None
-    try:
-        frame = sys._getframe(skip + 1 + hint[0])
-    except ValueError:
-        return None
-    code = frame.f_code
-    if code is not hint[1]:
-        return None
-    return (_user_files[code], _line(frame, code), code.co_name), hint[2]
-
-
-def user_site(skip: int = 1, key: str | None = None) -> Site | None:
-    """The innermost frame of the user's own code above the caller, as (file, line, function).
+def user_site(skip: int = 1, key: str | None = None) -> SiteDict | None:
+    """The innermost frame of the user's own code above the caller, as the site dict events
+    carry ({"file", "line", "function"}; shared, never to be mutated).
 
     ``key`` names the hook (one per call path): the frame found is remembered and looked at
     first next time (see ``_hints``)."""
-    return user_site_through(skip + 1, "", 0, key)[0]
+    if key is not None:
+        hint = _hints.get(key)
+        if hint is not None:
+            try:
+                frame = sys._getframe(skip + 1 + hint[0])
+            except ValueError:
+                frame = None
+            if frame is not None and frame.f_code is hint[1]:
+                return _site_of(frame, hint[1], _user_files[hint[1]])
+    return _walk(sys._getframe(skip + 1), key, "", 0)[0]
 
 
 def user_site_through(
     skip: int, function: str, within: int, key: str | None = None
-) -> tuple[Site | None, bool]:
+) -> tuple[SiteDict | None, bool]:
     """``user_site(skip)``, and whether one of the ``within`` frames above the caller runs a
     function named ``function`` (a sync flag set from inside ``no_sync``): one walk."""
     if key is not None:
-        found = _hinted(key, skip + 1)
-        if found is not None:
-            return found
+        hint = _hints.get(key)
+        if hint is not None:
+            try:
+                frame = sys._getframe(skip + 1 + hint[0])
+            except ValueError:
+                frame = None
+            if frame is not None and frame.f_code is hint[1]:
+                return _site_of(frame, hint[1], _user_files[hint[1]]), hint[2]
     return _walk(sys._getframe(skip + 1), key, function, within)
-
-
-def site_dict(site: Site | None) -> dict[str, object] | None:
-    if site is None:
-        return None
-    return {"file": site[0], "line": site[1], "function": site[2]}
 
 
 _TORCH_MARKERS = (
@@ -160,8 +157,8 @@ _TORCH_MARKERS = (
 
 # what a frame's code says about who issues a collective, cached per code object:
 # (wrapper kind from _TORCH_MARKERS or "", through torch.distributed's Python API,
-#  a torch frame that is not call plumbing)
-_Role = tuple[str, bool, bool]
+#  a torch frame that is not call plumbing, the autograd engine's entry from Python)
+_Role = tuple[str, bool, bool, bool]
 _roles: dict[CodeType, _Role] = {}
 
 
@@ -180,11 +177,14 @@ def _role(code: CodeType) -> _Role:
             and not filename.endswith(_PLUMBING)
             and "/torch/_dynamo/" not in filename
         )
-        role = _roles[code] = (kind, c10d, torch_frame)
+        engine = filename.endswith("/torch/autograd/graph.py") and (
+            code.co_name == "_engine_run_backward"
+        )
+        role = _roles[code] = (kind, c10d, torch_frame, engine)
     return role
 
 
-def issuer_of_collective(skip: int = 1) -> tuple[str, Site | None, str]:
+def issuer_of_collective(skip: int = 1) -> tuple[str, SiteDict | None, str]:
     """Classify who issued the collective being dispatched.
 
     Returns (issuer, user call site, detail). ``issuer`` is "fsdp" or "ddp" when a frame of
@@ -192,6 +192,11 @@ def issuer_of_collective(skip: int = 1) -> tuple[str, Site | None, str]:
     through ``torch.distributed``, "autograd" when the stack enters it straight from the
     autograd engine (DDP's C++ reducer), and "torch" otherwise. What each frame's code says
     is cached per code object: a collective costs a short walk of dictionary lookups.
+
+    A collective whose first torch frame is the autograd engine's entry (no Python frame of
+    torch between: DDP's C++ reducer, a C++ comm hook) is "autograd" as soon as that frame
+    is met: the frames above it are the backward's caller, which no wrapper is (walking them
+    made every DDP bucket build a frame object per caller frame).
     """
     frame: FrameType | None = sys._getframe(skip + 1)
     innermost_torch: CodeType | None = None
@@ -201,13 +206,15 @@ def issuer_of_collective(skip: int = 1) -> tuple[str, Site | None, str]:
         user_file = _user_file(code)
         if user_file:
             if via_c10d_python:
-                return ("user", (user_file, frame.f_lineno, code.co_name), "")
+                return ("user", _site_of(frame, code, user_file), "")
             break
-        kind, c10d, torch_frame = _role(code)
+        kind, c10d, torch_frame, engine = _role(code)
         if kind:
             return (kind, None, _fsdp_module(frame) if kind == "fsdp" else code.co_name)
         via_c10d_python = via_c10d_python or c10d
         if innermost_torch is None and torch_frame:
+            if engine:
+                return ("autograd", None, "")
             innermost_torch = code
         frame = frame.f_back
     if via_c10d_python:

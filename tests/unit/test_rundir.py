@@ -74,3 +74,54 @@ def test_node_directories_merge_into_one_job(tmp_path: Path) -> None:
     run = load_run([tmp_path / "a", tmp_path / "b"])
     assert [r.rank for r in run.ranks] == [0, 1]
     assert run.ranks[0].windows[0].fingerprint_match is True
+
+
+def _wait_for(predicate: object, timeout: float = 5.0) -> bool:
+    import time
+
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():  # type: ignore[operator]
+            return True
+        time.sleep(0.01)
+    return False
+
+
+def test_held_events_reach_the_file_without_another_write(tmp_path: Path) -> None:
+    # GIVEN a writer holding events (the hook path: no serialization, no system call)
+    path = tmp_path / "rank.jsonl"
+    writer = EventWriter(path, flush_interval=0.02)
+    writer.write({"type": "header"})
+    writer.buffer({"type": "coll", "seq": 0})
+    writer.buffer({"type": "step_end", "t": 1})
+    # THEN the flusher puts them on disk on its own, in order (a rank that then hangs or is
+    # killed outright has them), and close() stops it
+    assert _wait_for(lambda: len(list(read_events(path))) == 3)
+    assert [e["type"] for e in read_events(path)] == ["header", "coll", "step_end"]
+    flusher = writer._flusher
+    assert flusher is not None and flusher.is_alive()
+    writer.close()
+    assert not flusher.is_alive()
+
+
+def test_flusher_ends_with_a_writer_that_was_never_closed(tmp_path: Path) -> None:
+    import gc
+
+    writer = EventWriter(tmp_path / "rank.jsonl", flush_interval=0.02)
+    writer.buffer({"type": "fwd"})
+    flusher = writer._flusher
+    assert flusher is not None
+    del writer
+    gc.collect()
+    assert _wait_for(lambda: not flusher.is_alive())
+
+
+def test_write_puts_held_events_first_in_one_call(tmp_path: Path) -> None:
+    path = tmp_path / "rank.jsonl"
+    writer = EventWriter(path, flush_interval=60.0)  # the flusher never fires here
+    writer.buffer({"type": "fwd"})
+    writer.buffer({"type": "bwd"})
+    assert list(read_events(path)) == []
+    writer.write({"type": "exit"})
+    assert [e["type"] for e in read_events(path)] == ["fwd", "bwd", "exit"]
+    writer.close()
