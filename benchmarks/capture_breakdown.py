@@ -6,7 +6,9 @@ A diagnostic, not part of docs/benchmarks.md: run it under torchrun like a workl
 
 Every round runs one window per variant (plain, every hook, then one hook family at a time)
 in a rotating order, in one process, so machine noise hits all variants alike. Rank 0
-prints the median window time of each variant and its ratio to plain. ``--cprofile`` also
+prints the median window time of each variant and its ratio to plain: wall time, CPU time
+of the process (every thread: the writer's flusher and gloo's too) and CPU time of the
+training thread alone. ``--cprofile`` also
 prints the top functions under cProfile for the full capture.
 """
 
@@ -181,8 +183,8 @@ def main() -> None:
     def loss_of(out: torch.Tensor) -> torch.Tensor:
         return out if out.dim() == 0 else out.pow(2).mean()
 
-    def window() -> tuple[float, float]:
-        t0, c0 = time.perf_counter(), time.process_time()
+    def window() -> tuple[float, float, float]:
+        t0, c0, h0 = time.perf_counter(), time.process_time(), time.thread_time()
         for micro in range(args.accum):
             last = micro == args.accum - 1
             ctx = contextlib.nullcontext() if last or args.sync_every else ddp.no_sync()
@@ -191,7 +193,7 @@ def main() -> None:
                 loss.backward()
         optimizer.step()
         optimizer.zero_grad()
-        return time.perf_counter() - t0, time.process_time() - c0
+        return time.perf_counter() - t0, time.process_time() - c0, time.thread_time() - h0
 
     tmp = Path(tempfile.mkdtemp(prefix="syncscope-breakdown-"))
     recorders = {
@@ -202,6 +204,7 @@ def main() -> None:
         window()
     times: dict[str, list[float]] = {name: [] for name in VARIANTS}
     cpu: dict[str, list[float]] = {name: [] for name in VARIANTS}
+    thread: dict[str, list[float]] = {name: [] for name in VARIANTS}  # the training thread
     names = list(VARIANTS)
     if args.variants:
         wanted = {v.strip() for v in args.variants.split(",")}
@@ -223,10 +226,12 @@ def main() -> None:
                     block = [window() for _ in range(args.block)]
                     wall = statistics.median(b[0] for b in block)
                     used = statistics.median(b[1] for b in block)
+                    own = statistics.median(b[2] for b in block)
                 else:
-                    wall, used = window()
+                    wall, used, own = window()
                 times[name].append(wall)
                 cpu[name].append(used)
+                thread[name].append(own)
                 if profiler is not None and name == "all hooks":
                     profiler.disable()
             finally:
@@ -241,12 +246,14 @@ def main() -> None:
             # paired: each window over the plain window of its round (adjacent in time)
             paired = [t / p for t, p in zip(times[name], times["plain"], strict=True)]
             paired_cpu = [c / p for c, p in zip(cpu[name], cpu["plain"], strict=True)]
+            paired_thread = [c / p for c, p in zip(thread[name], thread["plain"], strict=True)]
             q = statistics.quantiles(paired, n=4) if len(paired) > 1 else [1.0, 1.0, 1.0]
             print(
                 f"{name:20s} wall {med * 1e3:7.2f} ms x{med / base:5.3f} "
                 f"(min {min(times[name]) * 1e3:6.1f}) paired x{statistics.median(paired):5.3f} "
                 f"(IQR {q[0]:.3f}-{q[2]:.3f}) | CPU {med_cpu * 1e3:7.2f} ms "
-                f"x{med_cpu / base_cpu:5.3f} paired x{statistics.median(paired_cpu):5.3f}"
+                f"x{med_cpu / base_cpu:5.3f} paired x{statistics.median(paired_cpu):5.3f} | "
+                f"thread CPU paired x{statistics.median(paired_thread):5.3f}"
             )
         if profiler is not None:
             pstats.Stats(profiler).sort_stats(os.environ.get("SORT", "tottime")).print_stats(

@@ -91,23 +91,27 @@ class Clock:
         self.config = config
         self.marks = [time.perf_counter()]
         self.cpu_marks = [time.process_time()]
+        self.thread_marks = [time.thread_time()]  # the training thread alone
 
     def tick(self) -> None:
         if self.args.device == "cuda":
             torch.cuda.synchronize()  # a window ends when its kernels have
         self.marks.append(time.perf_counter())
         self.cpu_marks.append(time.process_time())
+        self.thread_marks.append(time.thread_time())
 
     def report(self) -> None:
         if self.rank != 0:
             return
         spans = [b - a for a, b in zip(self.marks, self.marks[1:], strict=False)]
         cpu = [b - a for a, b in zip(self.cpu_marks, self.cpu_marks[1:], strict=False)]
+        thread = [b - a for a, b in zip(self.thread_marks, self.thread_marks[1:], strict=False)]
         record: dict[str, Any] = {
             "config": self.config,
             "window_s": spans[self.args.warmup :],
             "warmup_s": spans[: self.args.warmup],
             "window_cpu_s": cpu[self.args.warmup :],
+            "window_thread_cpu_s": thread[self.args.warmup :],
             "accum": self.args.accum,
             "layers": self.args.layers,
             "hidden": self.args.hidden,

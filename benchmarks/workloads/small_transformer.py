@@ -2,8 +2,10 @@
 
 nanoGPT-shaped (token and position embeddings, pre-norm blocks of causal self-attention and
 an MLP, a tied head), our own code, synthetic tokens. The defaults give optimizer steps of
-about 15-25 ms on 2 CPU ranks with 4 micro-batches under ``no_sync()``, where the fixed
-cost of each hook weighs most. ``--compile`` wraps the DDP model in ``torch.compile``
+about 15-20 ms on 2 CPU ranks of a quiet 2-core machine (measured 2026-11-24; ``--batch 2``
+gives about 10 ms), with 4 micro-batches under ``no_sync()``, where the fixed cost of each
+hook weighs most. The machine's speed varies from day to day: on 2026-11-23 batch 2 gave
+15-25 ms and batch 8 50-85 ms. ``--compile`` wraps the DDP model in ``torch.compile``
 (``--backend``, default ``aot_eager``; inductor also works where a C++ compiler is present);
 its compilation happens in the warm-up windows.
 
@@ -32,7 +34,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument("--width", type=int, default=64)
     parser.add_argument("--heads", type=int, default=4)
     parser.add_argument("--seq", type=int, default=64)
-    parser.add_argument("--batch", type=int, default=2)
+    parser.add_argument("--batch", type=int, default=4)
     parser.add_argument("--vocab", type=int, default=256)
     parser.add_argument("--compile", action="store_true")
     parser.add_argument("--backend", default="aot_eager")

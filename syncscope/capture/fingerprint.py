@@ -129,7 +129,7 @@ class _Plan:
     of its gradient's sample. Reading every parameter's ``.grad`` each step, to pick a few,
     cost more than the fingerprint; so did working the share and the samples out again."""
 
-    __slots__ = ("count", "cycle", "shape", "shares", "trainable")
+    __slots__ = ("count", "cpu_weights", "cycle", "shape", "shares", "trainable")
 
     def __init__(self, shape: tuple[int, ...], trainable: list[torch.Tensor]) -> None:
         self.shape = shape
@@ -144,20 +144,31 @@ class _Plan:
                 step = max(1, n // SAMPLE)
                 share.append((p, -(-n // step), step))
             self.shares.append(share)
+        # per share: the float32 CPU weights of its whole sample (made at first use)
+        self.cpu_weights: list[torch.Tensor | None] = [None] * self.cycle
 
 
 _plans: weakref.WeakKeyDictionary[Any, _Plan] = weakref.WeakKeyDictionary()
 
 
+_last: list[Any] = [None, None]  # [weak reference to the last optimizer asked, its plan]
+
+
 def _plan(optimizer: torch.optim.Optimizer) -> _Plan:
-    """``optimizer``'s plan, made again when its param groups change."""
+    """``optimizer``'s plan, made again when its param groups change (the last one asked
+    for is found without a weak-dictionary lookup: one optimizer per job is the rule)."""
     groups = optimizer.param_groups
     shape = tuple([len(g["params"]) for g in groups])
-    plan = _plans.get(optimizer)
+    ref = _last[0]
+    plan: _Plan | None = _last[1]
+    if ref is None or ref() is not optimizer:
+        plan = _plans.get(optimizer)
     if plan is None or plan.shape != shape:
         plan = _Plan(shape, [p for g in groups for p in g["params"] if p.requires_grad])
         with contextlib.suppress(TypeError):  # an optimizer-like object without weak refs
             _plans[optimizer] = plan
+    with contextlib.suppress(TypeError):
+        _last[:] = [weakref.ref(optimizer), plan]
     return plan
 
 
@@ -193,6 +204,12 @@ def fingerprint(optimizer: torch.optim.Optimizer, window: int = 0) -> PendingFin
         flat = torch.cat(parts) if len(parts) > 1 else parts[0]
     except RuntimeError:  # gradients on several devices
         return _general(plan, window)
+    if flat.dtype is torch.float32 and flat.is_cpu and not flat.requires_grad:
+        weights = plan.cpu_weights[offset]
+        if weights is None:
+            weights = plan.cpu_weights[offset] = _weights_for(flat)
+        value = float(flat.dot(weights))
+        return PendingFingerprint([value], None, False, plan.count, (offset, plan.cycle))
     return _start(flat, False, plan.count, (offset, plan.cycle))
 
 

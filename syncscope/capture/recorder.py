@@ -116,10 +116,23 @@ _WRAPPER_ORDER = ("ddp", "fsdp2", "fsdp1")  # the order of a backward's ``sync``
 _GRAD_SAMPLE = 4  # parameters whose .grad is looked at around backwards (a reset)
 
 
+_input_at: dict[str, int] = {}  # c10d op name -> input_argument (ops are few)
+_dtype_names: dict[torch.dtype, str] = {}  # torch.float32 -> "float32"
+
+
 def _op_tensors(opname: str, args: tuple[Any, ...]) -> list[torch.Tensor]:
     """The tensors a c10d op reads (its input: the second argument for gathers/scatters)."""
-    index = input_argument(opname)
+    index = _input_at.get(opname)
+    if index is None:
+        index = _input_at[opname] = input_argument(opname)
     return _tensors(args[index]) if len(args) > index else []
+
+
+def _dtype_name(dtype: torch.dtype) -> str:
+    name = _dtype_names.get(dtype)
+    if name is None:
+        name = _dtype_names[dtype] = str(dtype).replace("torch.", "")
+    return name
 
 
 class Recorder:
@@ -206,10 +219,10 @@ class Recorder:
         return self._wall0 + (time.perf_counter_ns() - self._perf0)
 
     def emit(self, event: dict[str, Any]) -> None:
-        if self._closed or (self.muted and event["type"] in _WINDOW_EVENTS):
+        kind = event["type"]
+        if self._closed or (self.muted and kind in _WINDOW_EVENTS):
             return
         self.events += 1
-        kind = event["type"]
         if self._works and kind != "coll":
             self.poll_works()
         if kind in _AT_ONCE:
@@ -455,9 +468,13 @@ class Recorder:
         """Parameters holding a gradient, among a spread sample of at most _GRAD_SAMPLE of
         them (a reset wipes them all, so a sample sees it at a cost independent of model
         size; each parameter read right after a backward is a cold memory access)."""
-        self._params()
-        sample = self._grad_sample
-        return [p.grad is not None for p in sample].count(True)
+        if self._params_dirty:
+            self._params()
+        present = 0
+        for p in self._grad_sample:
+            if p.grad is not None:
+                present += 1
+        return present
 
     def on_grad_reset(self, how: str, set_to_none: bool | None) -> None:
         self._reset_since_backward = True
@@ -736,7 +753,7 @@ class Recorder:
         if op == "barrier":
             tensors = []
         nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        dtype = str(tensors[0].dtype).replace("torch.", "") if tensors else ""
+        dtype = _dtype_name(tensors[0].dtype) if tensors else ""
         floating = bool(tensors) and all(t.is_floating_point() for t in tensors)
         issuer, site, detail = sites.issuer_of_collective(2)
         phase = self.phase()
