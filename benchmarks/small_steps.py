@@ -53,6 +53,7 @@ def measure(reps: int, windows: int, backend: str, work: Path) -> dict[str, Any]
                 "rep": rep,
                 "window_s": statistics.median(record["window_s"]),
                 "cpu_s": statistics.median(record["window_cpu_s"]),
+                "thread_s": statistics.median(record["window_thread_cpu_s"]),
             }
             runs.append(run)
             print(
@@ -79,6 +80,7 @@ def summarize(runs: list[dict[str, Any]], backend: str) -> dict[str, Any]:
         prof = [r for r in runs if r["config"] == f"profile {mode}"]
         paired = [r["window_s"] / plain[r["rep"]]["window_s"] for r in prof]
         paired_cpu = [r["cpu_s"] / plain[r["rep"]]["cpu_s"] for r in prof]
+        paired_thread = [r["thread_s"] / plain[r["rep"]]["thread_s"] for r in prof]
         result[mode] = {
             "ratio": statistics.median(of(f"profile {mode}", "window_s"))
             / statistics.median(of(f"plain {mode}", "window_s")),
@@ -86,6 +88,7 @@ def summarize(runs: list[dict[str, Any]], backend: str) -> dict[str, Any]:
             / statistics.median(of(f"plain {mode}", "cpu_s")),
             "paired": Spread.of(paired).__dict__,
             "paired_cpu": Spread.of(paired_cpu).__dict__,
+            "paired_thread": Spread.of(paired_thread).__dict__,
         }
     return result
 
@@ -105,7 +108,8 @@ def report(result: dict[str, Any]) -> str:
         lines.append(
             f"  profile/plain {mode:<8} x{r['ratio']:.3f} (medians), paired x{p['median']:.3f} "
             f"(range {p['low']:.3f}-{p['high']:.3f}), CPU x{r['cpu_ratio']:.3f} "
-            f"(paired x{r['paired_cpu']['median']:.3f}); limit x{result['limit']:.2f}"
+            f"(paired x{r['paired_cpu']['median']:.3f}), training thread CPU paired "
+            f"x{r['paired_thread']['median']:.3f}; limit x{result['limit']:.2f}"
         )
     return "\n".join(lines)
 
