@@ -116,15 +116,12 @@ _WRAPPER_ORDER = ("ddp", "fsdp2", "fsdp1")  # the order of a backward's ``sync``
 _GRAD_SAMPLE = 4  # parameters whose .grad is looked at around backwards (a reset)
 
 
-_input_at: dict[str, int] = {}  # c10d op name -> input_argument (ops are few)
 _dtype_names: dict[torch.dtype, str] = {}  # torch.float32 -> "float32"
 
 
 def _op_tensors(opname: str, args: tuple[Any, ...]) -> list[torch.Tensor]:
     """The tensors a c10d op reads (its input: the second argument for gathers/scatters)."""
-    index = _input_at.get(opname)
-    if index is None:
-        index = _input_at[opname] = input_argument(opname)
+    index = input_argument(opname)
     return _tensors(args[index]) if len(args) > index else []
 
 
@@ -231,8 +228,8 @@ class Recorder:
             self.sink.buffer(event)
 
     def flush(self) -> None:
-        """Put held events on disk (before a collective: a rank that hangs in it has told
-        everything up to it)."""
+        """Put held events on disk (before a blocking collective: a rank that hangs in its
+        call has told everything up to it)."""
         self.sink.flush()
 
     @property

@@ -115,16 +115,7 @@ def user_site(skip: int = 1, key: str | None = None) -> SiteDict | None:
 
     ``key`` names the hook (one per call path): the frame found is remembered and looked at
     first next time (see ``_hints``)."""
-    if key is not None:
-        hint = _hints.get(key)
-        if hint is not None:
-            try:
-                frame = sys._getframe(skip + 1 + hint[0])
-            except ValueError:
-                frame = None
-            if frame is not None and frame.f_code is hint[1]:
-                return _site_of(frame, hint[1], _user_files[hint[1]])
-    return _walk(sys._getframe(skip + 1), key, "", 0)[0]
+    return user_site_through(skip + 1, "", 0, key)[0]
 
 
 def user_site_through(
