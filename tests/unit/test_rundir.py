@@ -125,3 +125,21 @@ def test_write_puts_held_events_first_in_one_call(tmp_path: Path) -> None:
     writer.write({"type": "exit"})
     assert [e["type"] for e in read_events(path)] == ["fwd", "bwd", "exit"]
     writer.close()
+
+
+def test_the_recorder_writes_only_rare_events_at_once(tmp_path: Path) -> None:
+    """The training thread's hook path holds per-step events (collectives, window ends);
+    the header and the exit record go to disk at once."""
+    from syncscope.capture.recorder import Recorder
+
+    path = tmp_path / "rank.jsonl"
+    writer = EventWriter(path, flush_interval=60.0)  # no flush by time within the test
+    rec = Recorder(writer, rank=0, world_size=1)
+    rec.header({})
+    assert [e["type"] for e in read_events(path)] == ["header"]
+    rec.emit({"type": "coll", "seq": 0, "t": 1})
+    rec.emit({"type": "step_end", "t": 2})
+    assert [e["type"] for e in read_events(path)] == ["header"]  # held: no write yet
+    rec.footer(0, "finished")
+    assert [e["type"] for e in read_events(path)] == ["header", "coll", "step_end", "exit"]
+    writer.close()
