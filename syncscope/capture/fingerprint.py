@@ -99,12 +99,14 @@ class PendingFingerprint:
         return [float(v) for v in values]
 
 
-_weights: dict[tuple[int, torch.dtype, torch.device], torch.Tensor] = {}
+_weights: dict[tuple[int, torch.dtype, str | torch.device], torch.Tensor] = {}
 
 
 def _weights_for(flat: torch.Tensor) -> torch.Tensor:
-    """Positions 1/k .. k/k for a sample of k elements (cached per size, dtype and device)."""
-    key = (flat.numel(), flat.dtype, flat.device)
+    """Positions 1/k .. k/k for a sample of k elements (cached per size, dtype and device;
+    a CPU sample's key names no device: building and hashing a ``torch.device`` each step
+    cost more than the lookup)."""
+    key = (flat.numel(), flat.dtype, "cpu" if flat.is_cpu else flat.device)
     weights = _weights.get(key)
     if weights is None:
         k = flat.numel()
@@ -129,7 +131,7 @@ class _Plan:
     of its gradient's sample. Reading every parameter's ``.grad`` each step, to pick a few,
     cost more than the fingerprint; so did working the share and the samples out again."""
 
-    __slots__ = ("count", "cpu_weights", "cycle", "shape", "shares", "trainable")
+    __slots__ = ("count", "cycle", "shape", "shares", "trainable")
 
     def __init__(self, shape: tuple[int, ...], trainable: list[torch.Tensor]) -> None:
         self.shape = shape
@@ -144,31 +146,20 @@ class _Plan:
                 step = max(1, n // SAMPLE)
                 share.append((p, -(-n // step), step))
             self.shares.append(share)
-        # per share: the float32 CPU weights of its whole sample (made at first use)
-        self.cpu_weights: list[torch.Tensor | None] = [None] * self.cycle
 
 
 _plans: weakref.WeakKeyDictionary[Any, _Plan] = weakref.WeakKeyDictionary()
 
 
-_last: list[Any] = [None, None]  # [weak reference to the last optimizer asked, its plan]
-
-
 def _plan(optimizer: torch.optim.Optimizer) -> _Plan:
-    """``optimizer``'s plan, made again when its param groups change (the last one asked
-    for is found without a weak-dictionary lookup: one optimizer per job is the rule)."""
+    """``optimizer``'s plan, made again when its param groups change."""
     groups = optimizer.param_groups
     shape = tuple([len(g["params"]) for g in groups])
-    ref = _last[0]
-    plan: _Plan | None = _last[1]
-    if ref is None or ref() is not optimizer:
-        plan = _plans.get(optimizer)
+    plan = _plans.get(optimizer)
     if plan is None or plan.shape != shape:
         plan = _Plan(shape, [p for g in groups for p in g["params"] if p.requires_grad])
         with contextlib.suppress(TypeError):  # an optimizer-like object without weak refs
             _plans[optimizer] = plan
-    with contextlib.suppress(TypeError):
-        _last[:] = [weakref.ref(optimizer), plan]
     return plan
 
 
@@ -188,8 +179,8 @@ def fingerprint(optimizer: torch.optim.Optimizer, window: int = 0) -> PendingFin
     A few tensor ops per step whatever the parameter count (on CPU, right after a backward,
     each op costs several microseconds however small its tensors): one view per gradient,
     one concatenation, one dot product. The common case (every gradient of the share a
-    dense contiguous tensor of the parameter's shape) takes its samples from the plan and
-    runs no other Python; anything else takes the general path."""
+    dense contiguous tensor of the parameter's shape) takes its samples from the plan;
+    anything else takes the general path."""
     plan = _plan(optimizer)
     if not plan.count:
         return None
@@ -204,12 +195,6 @@ def fingerprint(optimizer: torch.optim.Optimizer, window: int = 0) -> PendingFin
         flat = torch.cat(parts) if len(parts) > 1 else parts[0]
     except RuntimeError:  # gradients on several devices
         return _general(plan, window)
-    if flat.dtype is torch.float32 and flat.is_cpu and not flat.requires_grad:
-        weights = plan.cpu_weights[offset]
-        if weights is None:
-            weights = plan.cpu_weights[offset] = _weights_for(flat)
-        value = float(flat.dot(weights))
-        return PendingFingerprint([value], None, False, plan.count, (offset, plan.cycle))
     return _start(flat, False, plan.count, (offset, plan.cycle))
 
 
@@ -247,7 +232,7 @@ def _start(
     if flat.requires_grad:  # gradients built with create_graph=True: read, not recorded
         flat = flat.detach()
     weights = _weights_for(flat)
-    if flat.device.type != "cuda":
+    if not flat.is_cuda:
         return PendingFingerprint([float(flat.dot(weights))], None, sharded, count, part)
     with torch.no_grad():
         on_device = flat.dot(weights).reshape(1).to(torch.float64)
