@@ -9,24 +9,17 @@ nothing on stderr may come from Dynamo about syncscope, and the counts stay exac
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import PROFILE_TIMEOUT, ROOT, ProfiledRun, profile
+from tests.conftest import ROOT, ProfiledRun, profile, torchrun
 
 pytestmark = pytest.mark.slow
 SCRIPT = ROOT / "tests" / "scripts" / "compiled.py"
 CASES = {"ddp": ("ddp", "aot_eager"), "fsdp2": ("fsdp2", "inductor")}
-# torch's gloo teardown (``destroy_process_group`` at the script's end) aborts about 1 plain
-# torchrun job in 12 on the 2-core machine (measured 2026-11-24, syncscope not involved):
-# such a plain run is run once more, its counters being what the test compares
-TEARDOWN_ABORT = "terminate called without an active exception"
 
 
 @dataclass
@@ -46,30 +39,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pair]:
     for name, (wrapper, backend) in CASES.items():
         tmp = tmp_path_factory.mktemp(name)
         args = ("--wrapper", wrapper, "--backend", backend)
-        env = dict(os.environ, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-        command = [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            str(SCRIPT),
-            *args,
-            "--dump",
-            str(tmp / "plain"),
-        ]
-        for _ in range(2):  # once more if torch's gloo teardown aborted (see TEARDOWN_ABORT)
-            plain = subprocess.run(
-                command,
-                capture_output=True,
-                text=True,
-                timeout=PROFILE_TIMEOUT,
-                env=env,
-                cwd=ROOT,
-            )
-            if plain.returncode == 0 or TEARDOWN_ABORT not in plain.stderr:
-                break
+        plain = torchrun(SCRIPT, *args, "--dump", str(tmp / "plain"))
         assert plain.returncode == 0, plain.stderr[-3000:]
         run = profile(tmp, SCRIPT, *args, "--dump", str(tmp / "profiled"))
         assert run.proc.returncode == 0, run.proc.stderr[-3000:]

@@ -24,34 +24,11 @@ from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
 from syncscope.capture import collectives
-from tests.conftest import EXAMPLES, PROFILE_TIMEOUT, ROOT
+from tests.conftest import EXAMPLES, ROOT, torchrun
 
 LIGHTNING = EXAMPLES / "lightning_callback.py"
 HF_TRAINER = EXAMPLES / "hf_trainer_callback.py"
 NOT_AS_EXPECTED = "AssertionError: syncscope: gradient syncs are not as expected"
-
-
-def torchrun(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
-    # the examples import syncscope: this tree's, whatever is installed
-    path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
-    env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
-    return subprocess.run(
-        [
-            sys.executable,
-            "-m",
-            "torch.distributed.run",
-            "--standalone",
-            "--nproc-per-node",
-            "2",
-            str(script),
-            *args,
-        ],
-        capture_output=True,
-        text=True,
-        timeout=PROFILE_TIMEOUT,
-        cwd=ROOT,
-        env=env,
-    )
 
 
 def rank_lines(proc: subprocess.CompletedProcess[str]) -> dict[int, str]:
