@@ -13,6 +13,7 @@ or a hang keeps every event up to then; a torn last line is ignored on reading.
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import json
 import os
@@ -146,8 +147,10 @@ class EventWriter:
         import threading  # only capture writes events: analyze never loads threading
         import weakref
 
-        self._lock = threading.Lock()
-        self._held: list[dict[str, Any]] = []  # events buffered until the next write
+        self._lock = threading.Lock()  # one drain at a time
+        # events held until the next drain: appended without the lock (a deque's append and
+        # popleft are atomic), so holding one costs the training thread no lock
+        self._held: collections.deque[dict[str, Any] | tuple[Any, ...]] = collections.deque()
         self._interval = flush_interval
         self._flusher: threading.Thread | None = None  # started by the first buffer()
         self._closing = threading.Event()
@@ -160,12 +163,12 @@ class EventWriter:
             self._held.append(event)
             self._drain()
 
-    def buffer(self, event: dict[str, Any]) -> None:
-        """Hold ``event`` (not copied: the caller lets go of it); the flusher writes it
-        within ``FLUSH_INTERVAL_S``, or the next ``write`` or ``flush`` does, whichever
-        comes first."""
-        with self._lock:
-            self._held.append(event)
+    def buffer(self, event: dict[str, Any] | tuple[Any, ...]) -> None:
+        """Hold ``event`` (not copied: the caller lets go of it), or a hot hook's record of
+        one (``syncscope.capture.records``), made into its event when written; the flusher
+        writes it within ``FLUSH_INTERVAL_S``, or the next ``write`` or ``flush`` does,
+        whichever comes first."""
+        self._held.append(event)
         if self._flusher is None:
             self._start_flusher()
 
@@ -190,8 +193,13 @@ class EventWriter:
 
     def _drain(self) -> None:
         """Write every held event in one system call (the lock is held)."""
-        held, self._held = self._held, []
-        self._put(b"".join([orjson.dumps(e, option=_LINE) for e in held]))
+        held = self._held
+        events = [held.popleft() for _ in range(len(held))]  # appends meanwhile stay held
+        if not all(type(e) is dict for e in events):
+            from syncscope.capture.records import event_of
+
+            events = [event_of(e) for e in events]
+        self._put(b"".join([orjson.dumps(e, option=_LINE) for e in events]))
 
     def _put(self, data: bytes) -> None:
         """Write ``data`` (the lock is held)."""
@@ -256,7 +264,7 @@ def _forget_in_child(ref: Any) -> None:
         import threading
 
         writer._fd = None
-        writer._held = []
+        writer._held = collections.deque()
         writer._lock = threading.Lock()  # one held by another thread at fork stays held
         writer._flusher = None  # threads do not survive a fork; none is started (no fd)
 

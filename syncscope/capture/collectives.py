@@ -109,9 +109,19 @@ def _argument_at(op: Any, name: str) -> int | None:
     return names.index(name) if name in names else None
 
 
+def _async_default(op: Any) -> bool:
+    """The default of the op's ``async_op`` argument (True for the c10d ops: a caller that
+    leaves it out, such as DDP's reducer issuing a bucket, gets an asynchronous call)."""
+    for arg in op._schema.arguments:
+        if arg.name == "async_op":
+            return bool(arg.default_value)
+    return False
+
+
 def _kernel(name: str, op: Any) -> Callable[..., Any]:
     redispatch = op.redispatch
     async_at = _argument_at(op, "async_op")
+    async_default = _async_default(op)
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         recorders = _listening()
@@ -119,13 +129,16 @@ def _kernel(name: str, op: Any) -> Callable[..., Any]:
             with torch._C._AutoDispatchBelowAutograd():
                 return redispatch(keyset & _BELOW_AUTOGRAD, *args, **kwargs)
         # Held events go to disk before a collective that might hang in its call. One that
-        # says it is asynchronous (DDP's bucket all-reduces) returns at once: its record is
-        # held with the others, and the writer's flusher puts them on disk (it runs while
-        # the rank waits for the collective, Python's lock released).
-        blocking = not (
-            async_at is not None
-            and (args[async_at] if len(args) > async_at else kwargs.get("async_op")) is True
-        )
+        # is asynchronous (DDP's bucket all-reduces, which leave ``async_op`` to its default;
+        # torch.distributed's Python calls pass it) returns at once: its record is held with
+        # the others, and the writer's flusher puts them on disk (it runs while the rank
+        # waits for the collective, Python's lock released).
+        if async_at is None:
+            blocking = True
+        elif len(args) > async_at:
+            blocking = args[async_at] is not True
+        else:
+            blocking = kwargs.get("async_op", async_default) is not True
         for rec in recorders:
             if blocking:
                 rec.flush()

@@ -92,6 +92,20 @@ class PendingFingerprint:
     def ready(self) -> bool:
         return self._event is None or bool(self._event.query())
 
+    @property
+    def on_host(self) -> bool:
+        """Computed on the CPU: its value is a Python list, readable from any thread."""
+        return self._event is None
+
+    def fields(self) -> dict[str, Any]:
+        """The fingerprint's fields as events carry them (read once ``ready``)."""
+        return {
+            "fp_sharded": self.sharded,
+            "fp_count": self.count,
+            "fp_part": list(self.part),
+            "fp": self.result(),
+        }
+
     def result(self) -> list[float]:
         if self._event is not None:
             self._event.synchronize()
@@ -128,8 +142,10 @@ class _Plan:
     """What one optimizer's fingerprints read, worked out once per param-group shape (the
     number of parameters in each group): its trainable parameters in order and, for each
     window's share of them (see ``_share``), every parameter with the (elements, stride)
-    of its gradient's sample. Reading every parameter's ``.grad`` each step, to pick a few,
-    cost more than the fingerprint; so did working the share and the samples out again."""
+    of its gradient's sample (stride 0 where the gradient is its own sample: a 1-D tensor
+    of under ``2 * SAMPLE`` elements, such as a bias, needs no view). Reading every
+    parameter's ``.grad`` each step, to pick a few, cost more than the fingerprint; so did
+    working the share and the samples out again."""
 
     __slots__ = ("count", "cycle", "shape", "shares", "trainable")
 
@@ -144,7 +160,8 @@ class _Plan:
             for p in trainable[offset :: self.cycle]:
                 n = p.numel()
                 step = max(1, n // SAMPLE)
-                share.append((p, -(-n // step), step))
+                whole = p.dim() == 1 and step == 1
+                share.append((p, -(-n // step), 0 if whole else step))
             self.shares.append(share)
 
 
@@ -190,7 +207,7 @@ def fingerprint(optimizer: torch.optim.Optimizer, window: int = 0) -> PendingFin
         g = p.grad
         if g is None or type(g) is not torch.Tensor or g.is_sparse or not g.is_contiguous():
             return _general(plan, window)
-        parts.append(g.as_strided((size,), (step,), g.storage_offset()))
+        parts.append(g.as_strided((size,), (step,), g.storage_offset()) if step else g)
     try:
         flat = torch.cat(parts) if len(parts) > 1 else parts[0]
     except RuntimeError:  # gradients on several devices

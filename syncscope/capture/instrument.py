@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import contextlib
 import functools
+import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -130,8 +131,8 @@ def _install_optimizer(rec: Recorder, undo: list[Undo]) -> None:
 
 
 def _accelerate_state() -> dict[str, Any] | None:
-    import sys
-
+    """Accelerate's gradient state, where the job uses Accelerate (read at every forward:
+    an ``import`` statement here cost more than the rest of the function)."""
     state_module = sys.modules.get("accelerate.state")
     if state_module is None:
         return None

@@ -29,6 +29,7 @@ from syncscope.capture.fingerprint import (
 )
 from syncscope.capture.frameworks import FRAMEWORKS, detect_framework
 from syncscope.capture.grads import fsdp_reduce_grads, holds_grads
+from syncscope.capture.records import Item, Record, event_of
 from syncscope.model import input_argument, normalize_op
 from syncscope.rundir import EVENTS_FORMAT, EVENTS_FORMAT_VERSION
 
@@ -36,7 +37,7 @@ from syncscope.rundir import EVENTS_FORMAT, EVENTS_FORMAT_VERSION
 class Sink(Protocol):
     def write(self, event: dict[str, Any]) -> None: ...
 
-    def buffer(self, event: dict[str, Any]) -> None: ...
+    def buffer(self, item: Item) -> None: ...
 
     def flush(self) -> None: ...
 
@@ -44,17 +45,27 @@ class Sink(Protocol):
 
 
 class MemorySink:
-    """Keeps events in a list (the in-process ``track()`` API)."""
+    """Keeps events in a list (the in-process ``track()`` API); records held by hot hooks
+    become events when ``events`` is read."""
 
     def __init__(self) -> None:
-        self.events: list[dict[str, Any]] = []
+        self._items: list[Item] = []
         self._lock = threading.Lock()
 
-    def write(self, event: dict[str, Any]) -> None:
+    def write(self, event: Item) -> None:
         with self._lock:
-            self.events.append(event)
+            self._items.append(event)
 
     buffer = write
+
+    @property
+    def events(self) -> list[dict[str, Any]]:
+        with self._lock:
+            items = self._items
+            for i, item in enumerate(items):
+                if type(item) is not dict:
+                    items[i] = event_of(item)
+            return items  # type: ignore[return-value]  # every item is an event now
 
     def flush(self) -> None:
         pass
@@ -117,6 +128,8 @@ _GRAD_SAMPLE = 4  # parameters whose .grad is looked at around backwards (a rese
 
 
 _dtype_names: dict[torch.dtype, str] = {}  # torch.float32 -> "float32"
+
+_CLOSURE = {"closure": True}  # a step's further field when it runs a closure (never mutated)
 
 
 def _op_tensors(opname: str, args: tuple[Any, ...]) -> list[torch.Tensor]:
@@ -226,6 +239,16 @@ class Recorder:
             self.sink.write(event)
         else:
             self.sink.buffer(event)
+
+    def hold(self, record: Record) -> None:
+        """Hold a hot hook's record (see ``syncscope.capture.records``): a window event,
+        never written at once, made into its event off the training thread."""
+        if self._closed or self.muted:
+            return
+        self.events += 1
+        if self._works and record[0] != "coll":
+            self.poll_works()
+        self.sink.buffer(record)
 
     def flush(self) -> None:
         """Put held events on disk (before a blocking collective: a rank that hangs in its
@@ -355,18 +378,8 @@ class Recorder:
             self._window_begin()
             if self.trace is not None:
                 self.trace.micro_batch_begin(self.window, self.micro_batch)
-        event: dict[str, Any] = {
-            "type": "fwd",
-            "t": self.now(),
-            "wrapper": wrapper,
-            "module": label,
-            "sync": sync,
-            "depth": depth,
-            "site": sites.user_site(2, "fwd"),
-        }
-        if extra:
-            event.update(extra)
-        self.emit(event)
+        site = sites.user_site(2, "fwd")
+        self.hold(("fwd", self.now(), wrapper, label, sync, depth, site, extra))
 
     def on_forward_end(self) -> None:
         """A wrapper forward returned: only the phase changes. No event is written (earlier
@@ -412,14 +425,7 @@ class Recorder:
         if self._bucket_ptrs:
             self._bucket_ptrs = set()
         self._window_activity = True
-        self.emit(
-            {
-                "type": "bwd",
-                "t": self.now(),
-                "sync": self.sync_state(),
-                "site": sites.user_site(2, "bwd"),
-            }
-        )
+        self.hold(("bwd", self.now(), self.sync_state(), sites.user_site(2, "bwd")))
         if self.fwd_depth == 0 and self.trace is not None:
             self.trace.micro_batch_begin(self.window, self.micro_batch)
         return True
@@ -428,7 +434,7 @@ class Recorder:
         self.bwd_depth = max(0, self.bwd_depth - 1)
         if not outermost:
             return
-        self.emit({"type": "bwd_end", "t": self.now()})
+        self.hold(("bwd_end", self.now()))
         if self.trace is not None:
             self.trace.micro_batch_end(self.window, self.micro_batch)
         if self.micro_batch == 0:
@@ -478,15 +484,7 @@ class Recorder:
         if self.micro_batch or self.bwd_depth:
             self._window_activity = True
         self._grad_ptrs = None
-        self.emit(
-            {
-                "type": "reset",
-                "t": self.now(),
-                "how": how,
-                "set_to_none": set_to_none,
-                "site": sites.user_site(2, "reset"),
-            }
-        )
+        self.hold(("reset", self.now(), how, set_to_none, sites.user_site(2, "reset")))
 
     def on_toggle(self, how: str | None, value: bool, label: str) -> None:
         """A sync flag was set. ``how`` None: DDP's ``require_backward_grad_sync``, set by
@@ -496,16 +494,7 @@ class Recorder:
             how = "no_sync" if in_no_sync else "require_backward_grad_sync"
         else:
             site = sites.user_site(1)
-        self.emit(
-            {
-                "type": "toggle",
-                "t": self.now(),
-                "how": how,
-                "value": bool(value),
-                "module": label,
-                "site": site,
-            }
-        )
+        self.hold(("toggle", self.now(), how, bool(value), label, site))
 
     # -- optimizer --------------------------------------------------------------------------
     def on_step_begin(
@@ -534,17 +523,16 @@ class Recorder:
             closure = kwargs["closure"]
         else:
             closure = args[at] if len(args) > at else None
-        event: dict[str, Any] = {
-            "type": "step",
-            "t": self.now(),
-            "optimizer": type(optimizer).__name__,
-            "site": sites.user_site(2, "step"),
-            "mem": rss_bytes(),
-            "cuda_peak": cuda_peak_and_reset(),
-        }
+        step = (
+            "step",
+            self.now(),
+            type(optimizer).__name__,
+            sites.user_site(2, "step"),
+            rss_bytes(),
+            cuda_peak_and_reset(),
+        )
         if callable(closure):
-            event["closure"] = True
-            self.emit(event)
+            self.hold((*step, _CLOSURE))
             wrapped = self._wrap_closure(optimizer, closure)
             kwargs = dict(kwargs or {})
             if "closure" in kwargs:
@@ -552,15 +540,17 @@ class Recorder:
                 return args, kwargs
             return (*args[:at], wrapped, *args[at + 1 :]), kwargs
         fp = fingerprint(optimizer, self.window)
+        more: Any = None
         if fp is not None:
-            event["fp_sharded"] = fp.sharded
-            event["fp_count"] = fp.count
-            event["fp_part"] = list(fp.part)
-            if fp.ready():
-                event["fp"] = fp.result()
+            if fp.on_host:
+                more = fp  # its fields are read off the training thread (pure Python)
             else:
-                self._pending_fp.append((self.window, fp))
-        self.emit(event)
+                more = {"fp_sharded": fp.sharded, "fp_count": fp.count, "fp_part": list(fp.part)}
+                if fp.ready():
+                    more["fp"] = fp.result()
+                else:
+                    self._pending_fp.append((self.window, fp))
+        self.hold((*step, more))
         return None
 
     def _wrap_closure(self, optimizer: Any, closure: Any) -> Any:
@@ -602,7 +592,7 @@ class Recorder:
         self.step_depth = max(0, self.step_depth - 1)
         if self.step_depth:
             return
-        self.emit({"type": "step_end", "t": self.now()})
+        self.hold(("step_end", self.now()))
         if self.window > 0 and not self._window_activity:
             return  # a second optimizer's step closes the same window (as the builder merges)
         if self.trace is not None and self._window_open:
@@ -776,27 +766,27 @@ class Recorder:
             seq = self.seq
             self.seq += 1
         self._window_activity = True
-        self.emit(
-            {
-                "type": "coll",
-                "seq": seq,
-                "t": t0,
-                "t_end": t1,
-                "op": op,
-                "raw": opname,
-                "bytes": nbytes,
-                "dtype": dtype,
-                "pg": group_name,
-                "group": group_ranks,
-                "phase": phase,
-                "issuer": issuer,
-                "detail": detail,
-                "bucket": bucket,
-                "grad_storage": grad_storage,
-                "grad_content": grad_content,
-                "grad_numel": grad_numel,
-                "site": site,
-            }
+        self.hold(
+            (
+                "coll",
+                seq,
+                t0,
+                t1,
+                op,
+                opname,
+                nbytes,
+                dtype,
+                group_name,
+                group_ranks,
+                phase,
+                issuer,
+                detail,
+                bucket,
+                grad_storage,
+                grad_content,
+                grad_numel,
+                site,
+            )
         )
         grad_sync = bucket is not None or grad_storage or grad_content
         grad_sync = grad_sync or (issuer == "fsdp" and phase == "backward" and floating)
@@ -830,7 +820,7 @@ class Recorder:
             except Exception:
                 completed = True
             if completed:
-                self.sink.buffer({"type": "done", "seq": seq, "t": now})
+                self.sink.buffer(("done", seq, now))
             else:
                 still.append((seq, work))
         with self._lock:

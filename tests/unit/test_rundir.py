@@ -143,3 +143,45 @@ def test_the_recorder_writes_only_rare_events_at_once(tmp_path: Path) -> None:
     rec.footer(0, "finished")
     assert [e["type"] for e in read_events(path)] == ["header", "coll", "step_end", "exit"]
     writer.close()
+
+
+@pytest.mark.usefixtures("process_group")
+def test_only_blocking_collectives_flush_held_events(tmp_path: Path) -> None:
+    """A collective that may hang in its call (``dist.all_reduce`` as written, a barrier)
+    puts held events on disk first; an asynchronous one does not, DDP's bucket all-reduce
+    included (its reducer leaves ``async_op`` out, which defaults to true)."""
+    import torch
+    import torch.distributed as dist
+
+    from syncscope.capture import instrument
+    from syncscope.capture.recorder import Recorder
+
+    path = tmp_path / "rank.jsonl"
+    writer = EventWriter(path, flush_interval=60.0)  # no flush by time within the test
+    rec = Recorder(writer, rank=0, world_size=1)
+    flushed: list[int] = []
+    sink_flush = writer.flush
+
+    def counting_flush() -> None:
+        flushed.append(len(flushed))
+        sink_flush()
+
+    writer.flush = counting_flush  # type: ignore[method-assign]
+    undo = instrument.install(rec)
+    try:
+        model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(4, 4))
+        model(torch.ones(2, 4)).sum().backward()
+        model(torch.ones(2, 4)).sum().backward()  # buckets built: one all-reduce each
+        after_ddp = len(flushed)
+        dist.all_reduce(torch.ones(3), async_op=True).wait()
+        after_async = len(flushed)
+        dist.all_reduce(torch.ones(3))
+        after_sync = len(flushed)
+        dist.barrier()
+        after_barrier = len(flushed)
+    finally:
+        undo()
+        writer.close()
+    ops = [(e["op"], e["phase"]) for e in read_events(path) if e["type"] == "coll"]
+    assert ops.count(("all_reduce", "backward")) == 2  # DDP's buckets were seen
+    assert (after_ddp, after_async, after_sync, after_barrier) == (0, 0, 1, 2)
