@@ -15,7 +15,7 @@ from typing import Any
 
 import pytest
 
-from tests.conftest import ROOT, ProfiledRun, profile, torchrun
+from tests.conftest import ROOT, TEARDOWN_ABORT, ProfiledRun, profile, torchrun
 
 pytestmark = pytest.mark.slow
 SCRIPT = ROOT / "tests" / "scripts" / "compiled.py"
@@ -40,7 +40,11 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Pair]:
         tmp = tmp_path_factory.mktemp(name)
         args = ("--wrapper", wrapper, "--backend", backend)
         plain = torchrun(SCRIPT, *args, "--dump", str(tmp / "plain"))
-        assert plain.returncode == 0, plain.stderr[-3000:]
+        # torch's gloo teardown may abort a plain job after it dumped its counters (the
+        # script's last step before destroy_process_group): its counters stand
+        dumped = all((tmp / "plain" / f"counters-{r}.json").is_file() for r in (0, 1))
+        torn_down = TEARDOWN_ABORT in plain.stderr and dumped
+        assert plain.returncode == 0 or torn_down, plain.stderr[-3000:]
         run = profile(tmp, SCRIPT, *args, "--dump", str(tmp / "profiled"))
         assert run.proc.returncode == 0, run.proc.stderr[-3000:]
         out[name] = Pair(counters(tmp / "plain"), counters(tmp / "profiled"), run)
