@@ -194,12 +194,10 @@ class EventWriter:
     def _drain(self) -> None:
         """Write every held event in one system call (the lock is held)."""
         held = self._held
-        events = [held.popleft() for _ in range(len(held))]  # appends meanwhile stay held
-        if not all(type(e) is dict for e in events):
-            from syncscope.capture.records import event_of
+        from syncscope.capture.records import event_of  # only capture drains: analyze never
 
-            events = [event_of(e) for e in events]
-        self._put(b"".join([orjson.dumps(e, option=_LINE) for e in events]))
+        items = [held.popleft() for _ in range(len(held))]  # appends meanwhile stay held
+        self._put(b"".join([orjson.dumps(event_of(e), option=_LINE) for e in items]))
 
     def _put(self, data: bytes) -> None:
         """Write ``data`` (the lock is held)."""

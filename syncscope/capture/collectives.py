@@ -109,19 +109,11 @@ def _argument_at(op: Any, name: str) -> int | None:
     return names.index(name) if name in names else None
 
 
-def _async_default(op: Any) -> bool:
-    """The default of the op's ``async_op`` argument (True for the c10d ops: a caller that
-    leaves it out, such as DDP's reducer issuing a bucket, gets an asynchronous call)."""
-    for arg in op._schema.arguments:
-        if arg.name == "async_op":
-            return bool(arg.default_value)
-    return False
-
-
 def _kernel(name: str, op: Any) -> Callable[..., Any]:
     redispatch = op.redispatch
     async_at = _argument_at(op, "async_op")
-    async_default = _async_default(op)
+    # True for the c10d ops: a caller that leaves it out (DDP's reducer) is asynchronous
+    async_default = async_at is not None and op._schema.arguments[async_at].default_value is True
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         recorders = _listening()

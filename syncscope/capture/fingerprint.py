@@ -97,14 +97,17 @@ class PendingFingerprint:
         """Computed on the CPU: its value is a Python list, readable from any thread."""
         return self._event is None
 
-    def fields(self) -> dict[str, Any]:
-        """The fingerprint's fields as events carry them (read once ``ready``)."""
-        return {
+    def fields(self, value: bool = True) -> dict[str, Any]:
+        """The fingerprint's fields as events carry them; ``value``: with ``fp`` itself
+        (waits for a device value not ``ready`` yet)."""
+        fields: dict[str, Any] = {
             "fp_sharded": self.sharded,
             "fp_count": self.count,
             "fp_part": list(self.part),
-            "fp": self.result(),
         }
+        if value:
+            fields["fp"] = self.result()
+        return fields
 
     def result(self) -> list[float]:
         if self._event is not None:

@@ -541,15 +541,15 @@ class Recorder:
             return (*args[:at], wrapped, *args[at + 1 :]), kwargs
         fp = fingerprint(optimizer, self.window)
         more: Any = None
-        if fp is not None:
-            if fp.on_host:
-                more = fp  # its fields are read off the training thread (pure Python)
-            else:
-                more = {"fp_sharded": fp.sharded, "fp_count": fp.count, "fp_part": list(fp.part)}
-                if fp.ready():
-                    more["fp"] = fp.result()
-                else:
-                    self._pending_fp.append((self.window, fp))
+        if fp is None:
+            pass
+        elif fp.on_host:
+            more = fp  # its fields are read off the training thread (pure Python)
+        elif fp.ready():
+            more = fp.fields()
+        else:
+            more = fp.fields(value=False)  # the value follows as an ``fp`` event
+            self._pending_fp.append((self.window, fp))
         self.hold((*step, more))
         return None
 
@@ -575,16 +575,7 @@ class Recorder:
         if fp is None:
             return
         if fp.ready():
-            self.emit(
-                {
-                    "type": "fp",
-                    "window": self.window,
-                    "fp": fp.result(),
-                    "fp_sharded": fp.sharded,
-                    "fp_count": fp.count,
-                    "fp_part": list(fp.part),
-                }
-            )
+            self.emit({"type": "fp", "window": self.window, **fp.fields()})
         else:
             self._pending_fp.append((self.window, fp))
 
@@ -618,16 +609,7 @@ class Recorder:
         keep: list[tuple[int, PendingFingerprint]] = []
         for window, fp in self._pending_fp:
             if wait or fp.ready():
-                self.emit(
-                    {
-                        "type": "fp",
-                        "window": window,
-                        "fp": fp.result(),
-                        "fp_sharded": fp.sharded,
-                        "fp_count": fp.count,
-                        "fp_part": list(fp.part),
-                    }
-                )
+                self.emit({"type": "fp", "window": window, **fp.fields()})
             else:
                 keep.append((window, fp))
         self._pending_fp = keep
