@@ -1,9 +1,11 @@
 """What keeping the hooks out of Dynamo costs in eager mode (no torch.compile anywhere).
 
-Every hook body syncscope runs is wrapped in ``torch.compiler.disable`` so that a compiled
-model never traces it (docs/concepts.md, "torch.compile"). This prints, side by side and
-interleaved, the time of one hook call with and without that wrapping, and the time of a
-micro-batch's ``loss.backward()`` under capture with and without it::
+Every hook body syncscope runs is kept out of Dynamo's reach (docs/concepts.md,
+"torch.compile") by ``syncscope.capture.opaque.opaque``: ``torch.compiler.disable`` where
+Dynamo could see the call, the body itself otherwise. This prints, side by side and
+interleaved, the time of one hook call bare, through ``opaque`` and through
+``torch.compiler.disable`` alone, and the time of a captured micro-batch and optimizer step
+with the hooks wrapped each of those three ways::
 
     python benchmarks/hook_wrapping.py [--rounds 15]
 
@@ -21,7 +23,14 @@ from typing import Any
 import torch
 
 from syncscope.capture import instrument
+from syncscope.capture.opaque import opaque
 from syncscope.capture.recorder import MemorySink, Recorder
+
+WRAPS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
+    "bare": lambda fn: fn,
+    "opaque": opaque,
+    "disable": torch.compiler.disable,
+}
 
 
 def per_call_ns(fn: Callable[[], Any], calls: int) -> float:
@@ -31,11 +40,11 @@ def per_call_ns(fn: Callable[[], Any], calls: int) -> float:
     return (time.perf_counter_ns() - t0) / calls
 
 
-def backward_us(wrapped: bool, steps: int) -> float:
-    """Median time of one captured micro-batch (forward, backward) and optimizer step."""
+def backward_us(wrap: str, steps: int) -> float:
+    """Median time of one captured micro-batch (forward, backward) and optimizer step, the
+    hooks wrapped the ``wrap`` way."""
     original = instrument._opaque
-    if not wrapped:
-        instrument._opaque = lambda fn: fn  # type: ignore[assignment]
+    instrument._opaque = WRAPS[wrap]  # type: ignore[assignment]
     rec = Recorder(MemorySink(), rank=0, world_size=1)
     undo = instrument.install(rec)
     try:
@@ -68,25 +77,32 @@ def main() -> None:
     def hook() -> int:
         return 1
 
-    disabled = torch.compiler.disable(hook)
-    bare_ns, wrapped_ns, eager_us, opaque_us = [], [], [], []
-    for i in range(args.rounds):  # interleaved, alternating order
-        pair = [("bare", hook), ("wrapped", disabled)]
-        for name, fn in pair if i % 2 == 0 else pair[::-1]:
-            (bare_ns if name == "bare" else wrapped_ns).append(per_call_ns(fn, args.calls))
-        for wrapped in (True, False) if i % 2 == 0 else (False, True):
-            (opaque_us if wrapped else eager_us).append(backward_us(wrapped, 40))
-    b, w = statistics.median(bare_ns), statistics.median(wrapped_ns)
-    e, o = statistics.median(eager_us), statistics.median(opaque_us)
-    ratios = [x / y for x, y in zip(opaque_us, eager_us, strict=True)]
-    print(f"hook call, bare function:            {b:8.0f} ns")
-    print(f"hook call, torch.compiler.disable:   {w:8.0f} ns  (+{w - b:.0f} ns per call)")
-    print(f"captured micro-batch + step, hooks bare:     {e:8.1f} us")
-    print(f"captured micro-batch + step, hooks wrapped:  {o:8.1f} us")
-    print(
-        f"wrapped / bare: median of {len(ratios)} paired rounds {statistics.median(ratios):.3f} "
-        f"(min {min(ratios):.3f}, max {max(ratios):.3f})"
-    )
+    calls: dict[str, list[float]] = {name: [] for name in WRAPS}
+    steps: dict[str, list[float]] = {name: [] for name in WRAPS}
+    hooks = {name: wrap(hook) for name, wrap in WRAPS.items()}
+    for i in range(args.rounds):  # interleaved, the order rotated every round
+        names = list(WRAPS)
+        names = names[i % 3 :] + names[: i % 3]
+        for name in names:
+            calls[name].append(per_call_ns(hooks[name], args.calls))
+        for name in names:
+            steps[name].append(backward_us(name, 40))
+    call = {name: statistics.median(v) for name, v in calls.items()}
+    step = {name: statistics.median(v) for name, v in steps.items()}
+    print(f"hook call, bare function:            {call['bare']:8.0f} ns")
+    for name, label in (("opaque", "opaque()"), ("disable", "torch.compiler.disable")):
+        print(
+            f"hook call, {label + ':':<26}{call[name]:8.0f} ns  "
+            f"(+{call[name] - call['bare']:.0f} ns per call)"
+        )
+    for name in WRAPS:
+        print(f"captured micro-batch + step, hooks {name + ':':<9}{step[name]:8.1f} us")
+    for name in ("opaque", "disable"):
+        ratios = [x / y for x, y in zip(steps[name], steps["bare"], strict=True)]
+        print(
+            f"{name} / bare: median of {len(ratios)} paired rounds "
+            f"{statistics.median(ratios):.3f} (min {min(ratios):.3f}, max {max(ratios):.3f})"
+        )
 
 
 if __name__ == "__main__":

@@ -35,6 +35,7 @@ from typing import Any
 
 import torch
 
+from syncscope.capture.opaque import opaque
 from syncscope.capture.recorder import Recorder
 
 _ACTIVE: list[Recorder] = []
@@ -151,8 +152,7 @@ def _kernel(name: str, op: Any) -> Callable[..., Any]:
                 rec.emit({"type": "warning", "t": t1, "message": f"{name} not recorded: {exc}"})
         return out
 
-    opaque: Callable[..., Any] = torch.compiler.disable(kernel)  # never traced by Dynamo
-    return opaque
+    return opaque(kernel)  # never traced by Dynamo
 
 
 class _FunctionalWork:
@@ -235,8 +235,7 @@ def _functional_kernel(name: str, op: Any) -> Callable[..., Any]:
                 rec.emit({"type": "warning", "t": t1, "message": f"{raw} not recorded: {exc}"})
         return out
 
-    opaque: Callable[..., Any] = torch.compiler.disable(kernel)
-    return opaque
+    return opaque(kernel)
 
 
 def _wait_kernel(op: Any) -> Callable[..., Any]:
@@ -253,8 +252,7 @@ def _wait_kernel(op: Any) -> Callable[..., Any]:
                     rec.poll_works()  # the wait marks the collective's completion: "done"
         return out
 
-    opaque: Callable[..., Any] = torch.compiler.disable(kernel)
-    return opaque
+    return opaque(kernel)
 
 
 # functional ops that are not collectives

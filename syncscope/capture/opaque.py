@@ -1,0 +1,63 @@
+"""Keeping hook bodies out of Dynamo's reach at no cost in eager mode.
+
+``torch.compiler.disable(fn)`` is the supported way to make ``fn`` opaque to Dynamo: a
+traced frame that calls it graph-breaks there and runs it eagerly, and no frame of it or of
+its callees is ever compiled (the wrapper unsets Dynamo's frame-evaluation callback for the
+call). That wrapper is Python of its own, five calls deep: 0.3 us warm, and several times
+that at a hook point reached right after a backward or a collective, a few hundred times a
+second. A job that never compiles pays it for nothing.
+
+``opaque(fn)`` goes through ``torch.compiler.disable(fn)`` only where Dynamo could see the
+call: while it traces (``torch.compiler.is_compiling()``, which Dynamo reads as true and
+eager code as false, checked first so that a traced call never reaches the C check) or
+while its callback is set (code running eagerly under a compiled frame: a graph break's
+callee, a kernel the dispatcher calls from a compiled graph). Otherwise, which is every
+call of an eager job, ``fn`` is called directly. The wrapper's own code is marked so that
+Dynamo never compiles a frame of it (``skip_code``); where it inlines a call to it, it
+reaches the disabled function and breaks the graph there as it would at the disabled
+function itself (same graph breaks, same graphs: tests/unit/test_opaque.py).
+"""
+
+from __future__ import annotations
+
+import functools
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+
+def no_frame(fn: Callable[..., Any]) -> None:
+    """Dynamo may inline ``fn`` into a graph it traces, but never starts a frame in it."""
+    try:
+        from torch._dynamo.eval_frame import skip_code
+    except ImportError:
+        return
+    skip_code(fn.__code__)
+
+
+def _callback_getter() -> Callable[[], Any] | None:
+    try:
+        from torch._C._dynamo.eval_frame import get_eval_frame_callback
+    except ImportError:
+        return None
+    return get_eval_frame_callback  # type: ignore[no-any-return]
+
+
+def opaque(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, run as ``torch.compiler.disable(fn)`` wherever Dynamo could trace it or its
+    callees, and called directly otherwise (see the module's docstring)."""
+    disabled: Callable[..., Any] = torch.compiler.disable(fn)
+    callback = _callback_getter()
+    if callback is None:  # a torch without the check: always the supported wrapper
+        return disabled
+    is_compiling = torch.compiler.is_compiling
+
+    def hook(*args: Any, **kwargs: Any) -> Any:
+        if is_compiling() or callback() is not None:
+            return disabled(*args, **kwargs)
+        return fn(*args, **kwargs)
+
+    no_frame(hook)
+    functools.update_wrapper(hook, fn)
+    return hook

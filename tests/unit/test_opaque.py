@@ -1,0 +1,93 @@
+"""``capture.opaque``: hook bodies kept out of Dynamo's reach, with no wrapper in eager mode."""
+
+from __future__ import annotations
+
+import sys
+from collections.abc import Callable
+from typing import Any
+
+import pytest
+import torch
+from torch._C._dynamo.eval_frame import get_eval_frame_callback
+from torch._dynamo.utils import counters
+
+from syncscope.capture import opaque as opaque_module
+from syncscope.capture.opaque import opaque
+
+
+def _compiled_run(
+    wrap: Callable[[Callable[..., Any]], Callable[..., Any]], backward: bool
+) -> tuple[int, int, list[Any]]:
+    """Graph breaks and graphs of a compiled function that calls a wrapped hook twice (and
+    ``backward``), with the Dynamo callback each hook call saw."""
+    torch._dynamo.reset()
+    counters.clear()
+    seen: list[Any] = []
+
+    def body(value: Any) -> None:
+        seen.append(get_eval_frame_callback())
+
+    hook = wrap(body)
+    torch.manual_seed(0)
+    linear = torch.nn.Linear(4, 4)
+
+    def step(x: torch.Tensor) -> torch.Tensor:
+        y = linear(x).relu()
+        hook(y)
+        z: torch.Tensor = (y * 3).sum()
+        hook(z)
+        if backward:
+            z.backward()
+        return z
+
+    compiled = torch.compile(step, backend="eager")
+    for _ in range(3):
+        compiled(torch.ones(2, 4))
+    return sum(counters["graph_break"].values()), counters["stats"]["unique_graphs"], seen
+
+
+@pytest.mark.parametrize("backward", [False, True])
+def test_compiled_callers_break_where_they_break_at_the_supported_wrapper(backward: bool) -> None:
+    supported = _compiled_run(torch.compiler.disable, backward)
+    ours = _compiled_run(opaque, backward)
+    assert ours[:2] == supported[:2]
+    assert supported[0] >= 2  # the hooks are graph breaks: the comparison means something
+    # every call ran eagerly, outside Dynamo (no callback set for the body or its callees)
+    assert len(ours[2]) == len(supported[2]) == 6
+    assert set(ours[2]) == {None}
+
+
+def test_eager_calls_skip_the_disable_wrapper(monkeypatch: pytest.MonkeyPatch) -> None:
+    calls: list[str] = []
+
+    def counting_disable(fn: Callable[..., Any]) -> Callable[..., Any]:
+        def disabled(*args: Any, **kwargs: Any) -> Any:
+            calls.append("disabled")
+            return fn(*args, **kwargs)
+
+        return disabled
+
+    monkeypatch.setattr(torch.compiler, "disable", counting_disable)
+    callers: list[str] = []
+
+    def body(x: int, *, y: int) -> int:
+        callers.append(sys._getframe(1).f_code.co_name)
+        return x + y
+
+    hook = opaque(body)
+    assert hook(1, y=2) == 3
+    assert calls == [] and callers == ["hook"]
+    assert hook.__name__ == "body" and hook.__wrapped__ is body  # type: ignore[attr-defined]
+
+
+def test_without_the_callback_check_the_supported_wrapper_is_used(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    monkeypatch.setattr(opaque_module, "_callback_getter", lambda: None)
+
+    def body() -> int:
+        return 1
+
+    hook = opaque(body)
+    assert hook() == 1
+    assert hook is not body and getattr(hook, "_torchdynamo_disable", False)
