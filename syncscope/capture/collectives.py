@@ -68,14 +68,28 @@ def _listening() -> list[Recorder]:
 _boxes: list[Any] = []  # [ProcessGroup, Work], imported at the first collective
 
 
-def _unbox(args: tuple[Any, ...], out: Any) -> tuple[Any, Any]:
-    """The op's ProcessGroup and Work as Python objects (they travel as ScriptObjects)."""
+def _unbox(
+    args: tuple[Any, ...], out: Any, pg_at: int | None = None, work_at: int | None = None
+) -> tuple[Any, Any]:
+    """The op's ProcessGroup and Work as Python objects (they travel as ScriptObjects);
+    ``pg_at`` and ``work_at``: where the op's schema puts them, looked at first."""
     if not _boxes:
         from torch._C._distributed_c10d import ProcessGroup, Work
 
         _boxes[:] = [ProcessGroup, Work]
     group_class, work_class = _boxes
     script_object = torch.ScriptObject
+    if (
+        pg_at is not None
+        and work_at is not None
+        and len(args) > pg_at
+        and type(out) is tuple
+        and len(out) > work_at
+        and isinstance(args[pg_at], script_object)
+        and isinstance(out[work_at], script_object)
+    ):
+        with contextlib.suppress(Exception):
+            return group_class.unbox(args[pg_at]), work_class.unbox(out[work_at])
     pg = None
     for arg in args:
         if isinstance(arg, script_object):
@@ -110,11 +124,23 @@ def _argument_at(op: Any, name: str) -> int | None:
     return names.index(name) if name in names else None
 
 
+def _typed_at(items: Any, suffix: str) -> int | None:
+    """The position of the first schema argument or return whose type ends in ``suffix``."""
+    for i, item in enumerate(items):
+        if str(item.type).endswith(suffix):
+            return i
+    return None
+
+
 def _kernel(name: str, op: Any) -> Callable[..., Any]:
     redispatch = op.redispatch
     async_at = _argument_at(op, "async_op")
     # True for the c10d ops: a caller that leaves it out (DDP's reducer) is asynchronous
     async_default = async_at is not None and op._schema.arguments[async_at].default_value is True
+    pg_at = _typed_at(op._schema.arguments, "c10d.ProcessGroup")
+    returns = op._schema.returns
+    # a Work among several returns comes back as a tuple (a lone Work is not)
+    work_at = _typed_at(returns, "c10d.Work") if len(returns) > 1 else None
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         recorders = _listening()
@@ -141,7 +167,7 @@ def _kernel(name: str, op: Any) -> Callable[..., Any]:
         with torch._C._AutoDispatchBelowAutograd():
             out = redispatch(keyset & _BELOW_AUTOGRAD, *args, **kwargs)
         try:
-            pg, work = _unbox(args, out)
+            pg, work = _unbox(args, out, pg_at, work_at)
         except Exception:
             pg = work = None
         for rec, t0 in zip(recorders, starts, strict=True):

@@ -9,8 +9,10 @@ of squares, which told nothing the weighted sum does not). Which gradients: at m
 windows and the cost per window does not grow with the parameter count (on CPU each torch
 op costs tens of microseconds right after a backward, the dominant cost). Ranks whose
 gradients were reduced hold identical gradients, hence identical fingerprints; ranks whose
-gradients differ give different sums but for a coincidence of measure zero. On CUDA the value is copied to pinned host memory without blocking
-and read once its event has completed, so taking it never stalls the training stream.
+gradients differ give different sums but for a coincidence of measure zero. The training
+thread only copies the samples: on CPU the sum is taken where the value is read (the event
+writer's thread); on CUDA it is taken at once and copied to pinned host memory without
+blocking, read once its event has completed, so taking it never stalls the training stream.
 """
 
 from __future__ import annotations
@@ -82,9 +84,11 @@ class PendingFingerprint:
         sharded: bool,
         count: int,
         part: tuple[int, int] = (0, 1),
+        weights: torch.Tensor | None = None,
     ) -> None:
         self._values = values
         self._event = event
+        self._weights = weights  # set: ``values`` is the samples' copy, not yet summed
         self.sharded = sharded
         self.count = count
         self.part = part
@@ -110,8 +114,14 @@ class PendingFingerprint:
         return fields
 
     def result(self) -> list[float]:
+        """The value (on CPU, the weighted sum is taken here, on whichever thread asks
+        first: the samples were copied when the fingerprint was started)."""
         if self._event is not None:
             self._event.synchronize()
+        if self._weights is not None:
+            assert isinstance(self._values, torch.Tensor)
+            self._values = [float(self._values.dot(self._weights))]
+            self._weights = None
         values = self._values if isinstance(self._values, list) else self._values.tolist()
         return [float(v) for v in values]
 
@@ -135,10 +145,10 @@ def _weights_for(flat: torch.Tensor) -> torch.Tensor:
 
 
 def _flat_sample(grads: list[torch.Tensor]) -> torch.Tensor:
-    """The gradients' samples, concatenated (a gradient under 2 * SAMPLE elements is its
-    own sample: the stride is 1)."""
-    parts = [_sample(g) for g in grads]
-    return torch.cat(parts) if len(parts) > 1 else parts[0]
+    """The gradients' samples, concatenated into a new tensor (a copy even of one sample:
+    the gradients change after the step; a gradient under 2 * SAMPLE elements is its own
+    sample, the stride being 1)."""
+    return torch.cat([_sample(g) for g in grads])
 
 
 class _Plan:
@@ -197,8 +207,9 @@ def fingerprint(optimizer: torch.optim.Optimizer, window: int = 0) -> PendingFin
     sum of their samples, concatenated.
 
     A few tensor ops per step whatever the parameter count (on CPU, right after a backward,
-    each op costs several microseconds however small its tensors): one view per gradient,
-    one concatenation, one dot product. The common case (every gradient of the share a
+    each op costs several microseconds however small its tensors): one view per gradient
+    and one concatenation (a copy) on the training thread; on CPU the dot product is taken
+    where the value is read (the writer's thread), on CUDA right away. The common case (every gradient of the share a
     dense contiguous tensor of the parameter's shape) takes its samples from the plan;
     anything else takes the general path."""
     plan = _plan(optimizer)
@@ -212,7 +223,7 @@ def fingerprint(optimizer: torch.optim.Optimizer, window: int = 0) -> PendingFin
             return _general(plan, window)
         parts.append(g.as_strided((size,), (step,), g.storage_offset()) if step else g)
     try:
-        flat = torch.cat(parts) if len(parts) > 1 else parts[0]
+        flat = torch.cat(parts)  # a copy, even of one part: read after the step
     except RuntimeError:  # gradients on several devices
         return _general(plan, window)
     return _start(flat, False, plan.count, (offset, plan.cycle))
@@ -245,15 +256,17 @@ def _general(plan: _Plan, window: int) -> PendingFingerprint | None:
 def _start(
     flat: torch.Tensor, sharded: bool, count: int, part: tuple[int, int]
 ) -> PendingFingerprint:
-    """The position-weighted sum of ``flat``: on CPU at once; on CUDA copied to pinned host
-    memory without blocking, read once its event has completed."""
+    """The position-weighted sum of ``flat`` (the samples' copy, which nothing else holds):
+    on CPU taken when the value is first read (by the event writer's thread: the training
+    thread pays for the copy only); on CUDA copied to pinned host memory without blocking,
+    read once its event has completed."""
     if flat.dtype not in (torch.float32, torch.float64):
         flat = flat.float()  # half precision: accumulate in float32
     if flat.requires_grad:  # gradients built with create_graph=True: read, not recorded
         flat = flat.detach()
     weights = _weights_for(flat)
     if not flat.is_cuda:
-        return PendingFingerprint([float(flat.dot(weights))], None, sharded, count, part)
+        return PendingFingerprint(flat, None, sharded, count, part, weights=weights)
     with torch.no_grad():
         on_device = flat.dot(weights).reshape(1).to(torch.float64)
         host = torch.empty(1, dtype=torch.float64, pin_memory=True)

@@ -124,6 +124,7 @@ _AT_ONCE = frozenset(
 
 _WRAPPER_ORDER = ("ddp", "fsdp2", "fsdp1")  # the order of a backward's ``sync`` state
 
+_perf_ns = time.perf_counter_ns  # the recorder's clock (see Recorder.now)
 _GRAD_SAMPLE = 4  # parameters whose .grad is looked at around backwards (a reset)
 
 
@@ -164,8 +165,8 @@ class Recorder:
         self.world_size = world_size
         self.local_rank = local_rank
         self.trace = trace
-        self._wall0 = time.time_ns()
-        self._perf0 = time.perf_counter_ns()
+        # wall-clock nanoseconds = the monotonic counter + this offset, fixed at the start
+        self._clock_offset = time.time_ns() - time.perf_counter_ns()
         self._lock = threading.RLock()
         self.window = 0
         self.micro_batch = 0  # backward passes completed in the current window
@@ -181,6 +182,7 @@ class Recorder:
         self.fsdp1_modules: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         # (kind, weak reference, label) of every wrapper: what sync_state reads per backward
         self._wrappers: list[tuple[str, weakref.ref[Any], str]] = []
+        self._sync_dicts: dict[bool, dict[str, bool]] = {}  # sync_state's, one DDP module
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._labels = 0
         self._pending_fp: list[tuple[int, PendingFingerprint]] = []
@@ -226,7 +228,7 @@ class Recorder:
 
     # -- plumbing -------------------------------------------------------------------------
     def now(self) -> int:
-        return self._wall0 + (time.perf_counter_ns() - self._perf0)
+        return _perf_ns() + self._clock_offset
 
     def emit(self, event: dict[str, Any]) -> None:
         kind = event["type"]
@@ -388,7 +390,17 @@ class Recorder:
 
     def sync_state(self) -> dict[str, bool]:
         """Each live wrapper's sync intent now: DDP modules, FSDP2 roots, FSDP1 modules (in
-        that order: ``_wrappers`` is kept sorted by kind)."""
+        that order: ``_wrappers`` is kept sorted by kind). With one DDP module (the common
+        case) one of two dicts made once is returned (events are never mutated)."""
+        wrappers = self._wrappers
+        if len(wrappers) == 1 and wrappers[0][0] == "ddp":
+            ddp = wrappers[0][1]()
+            if ddp is not None:
+                flag = bool(ddp.require_backward_grad_sync)
+                cached = self._sync_dicts.get(flag)
+                if cached is None or wrappers[0][2] not in cached:
+                    cached = self._sync_dicts[flag] = {wrappers[0][2]: flag}
+                return cached
         state: dict[str, bool] = {}
         for kind, ref, label in self._wrappers:
             obj = ref()
@@ -408,7 +420,8 @@ class Recorder:
         self.bwd_depth += 1
         if self.bwd_depth > 1:
             return False
-        self._window_begin()
+        if not self._window_open:
+            self._window_begin()
         if self.micro_batch > 0 and not self._reset_since_backward:
             present = self._count_grads()
             if 0 <= present < self._grads_after_backward:
@@ -789,24 +802,27 @@ class Recorder:
             self._works.append((seq, work))
 
     def poll_works(self, at: int | None = None) -> None:
+        """Hold a ``done`` record, at ``at`` (else now), for each watched collective found
+        completed. One pass under the lock (``is_completed`` only reads the work's state);
+        the clock is read only when one has completed."""
         if not self._works:
             return
-        now = self.now() if at is None else at
         with self._lock:
-            pending = self._works
-            self._works = []
-        still: list[tuple[int, Any]] = []
-        for seq, work in pending:
-            try:
-                completed = bool(work.is_completed())
-            except Exception:
-                completed = True
-            if completed:
-                self.sink.buffer(("done", seq, now))
-            else:
-                still.append((seq, work))
-        with self._lock:
-            self._works = still + self._works
+            still: list[tuple[int, Any]] | None = None
+            for item in self._works:
+                try:
+                    completed = bool(item[1].is_completed())
+                except Exception:
+                    completed = True
+                if completed:
+                    if at is None:
+                        at = self.now()
+                    self.sink.buffer(("done", item[0], at))
+                elif still is None:
+                    still = [item]
+                else:
+                    still.append(item)
+            self._works = still or []
 
 
 _LIVE: weakref.WeakSet[Recorder] = weakref.WeakSet()  # every recorder not yet collected

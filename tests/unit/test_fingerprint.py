@@ -76,3 +76,22 @@ def test_half_precision_and_no_gradients() -> None:
     assert fp is not None and all(math.isfinite(v) for v in fp.result())
     empty = torch.optim.SGD([torch.nn.Parameter(torch.zeros(3))], lr=0.1)
     assert fingerprint(empty, 0) is None
+
+
+def test_value_is_of_the_gradients_when_taken_not_when_read() -> None:
+    """On CPU the sum is taken where the value is read (the writer's thread), after the
+    optimizer step and the next reset: it must be of the samples copied at the step, also
+    when a window's share is a single gradient (whose sample is the gradient itself)."""
+    for shapes in (SHAPES, [(64,)]):  # a share of several tensors; a share of one 1-D tensor
+        a, b = _optimizer(shapes, 0), _optimizer(shapes, 0)
+        for window in range(3):
+            expected = fingerprint(b, window)
+            taken = fingerprint(a, window)
+            assert expected is not None and taken is not None
+            value = expected.result()
+            saved = [p.grad.clone() for p in a.param_groups[0]["params"]]
+            for p in a.param_groups[0]["params"]:
+                p.grad.mul_(3.0).add_(1.0)  # the step and the next micro-batches change them
+            assert taken.result() == value
+            for p, grad in zip(a.param_groups[0]["params"], saved, strict=True):
+                p.grad.copy_(grad)
