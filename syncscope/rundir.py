@@ -167,7 +167,11 @@ class EventWriter:
         """Hold ``event`` (not copied: the caller lets go of it), or a hot hook's record of
         one (``syncscope.capture.records``), made into its event when written; the flusher
         writes it within ``FLUSH_INTERVAL_S``, or the next ``write`` or ``flush`` does,
-        whichever comes first."""
+        whichever comes first.
+
+        Once the flusher runs, the instance's ``buffer`` is the deque's own ``append`` (no
+        Python frame on a hook's path); once nothing can be written any more (closed,
+        stopped after a failed write, a forked child's copy) it is ``_discard``."""
         self._held.append(event)
         if self._flusher is None:
             self._start_flusher()
@@ -190,6 +194,7 @@ class EventWriter:
             daemon=True,
         )
         self._flusher.start()
+        self.__dict__["buffer"] = self._held.append  # see buffer()
 
     def _drain(self) -> None:
         """Write every held event in one system call (the lock is held)."""
@@ -214,6 +219,8 @@ class EventWriter:
 
         self.stopped = f"cannot write {self.path}: {exc.strerror or exc}"
         self._closing.set()  # the flusher has nothing more to do
+        self.__dict__["buffer"] = _discard  # nothing held from now on (it would only grow)
+        self._held.clear()
         fd, self._fd = self._fd, None
         if fd is not None:
             with contextlib.suppress(OSError):
@@ -236,9 +243,14 @@ class EventWriter:
             flusher.join(timeout=1.0)  # at most one drain in progress
         self.flush()
         with self._lock:
+            self.__dict__["buffer"] = _discard  # what comes after the close is not written
             if self._fd is not None:
                 os.close(self._fd)
                 self._fd = None
+
+
+def _discard(event: Any) -> None:
+    """A closed or stopped writer's ``buffer``, and a forked child's: the event is dropped."""
 
 
 def _flush_every(ref: Any, stop: Any, interval: float) -> None:
@@ -263,6 +275,7 @@ def _forget_in_child(ref: Any) -> None:
 
         writer._fd = None
         writer._held = collections.deque()
+        writer.__dict__["buffer"] = _discard
         writer._lock = threading.Lock()  # one held by another thread at fork stays held
         writer._flusher = None  # threads do not survive a fork; none is started (no fd)
 

@@ -185,14 +185,9 @@ def _patch_ddp_forward(rec: Recorder, undo: list[Undo], ddp: Any) -> None:
     (windows, micro-batches and collectives come from hooks outside the compiled region)."""
     forward = ddp.forward
     is_compiling = torch.compiler.is_compiling
+    is_grad_enabled = torch.is_grad_enabled
 
-    def forward_begin(self: Any) -> None:
-        label = rec.ddp_modules.get(self) or rec.on_wrapper("ddp", self, {})
-        armed = torch.is_grad_enabled() and bool(self.require_backward_grad_sync)
-        extra = {"accelerate": acc} if (acc := _accelerate_state()) else None
-        rec.on_forward_begin("ddp", label, armed, extra)
-
-    # forward_begin and on_forward_end are not wrapped in torch.compiler.disable (a few
+    # The forward mark and on_forward_end are not wrapped in torch.compiler.disable (a few
     # hundred nanoseconds a call, and every micro-batch calls them): where Dynamo traces this
     # forward, is_compiling() is true and the body is the bare forward, so neither is
     # reached from a traced frame.
@@ -203,7 +198,10 @@ def _patch_ddp_forward(rec: Recorder, undo: list[Undo], ddp: Any) -> None:
         if rec.detaching:
             rec.detach_now()
             return forward(self, *args, **kwargs)
-        forward_begin(self)
+        label = rec.ddp_modules.get(self) or rec.on_wrapper("ddp", self, {})
+        armed = is_grad_enabled() and bool(self.require_backward_grad_sync)
+        extra = {"accelerate": acc} if (acc := _accelerate_state()) else None
+        rec.on_forward_begin("ddp", label, armed, extra)
         try:
             return forward(self, *args, **kwargs)
         finally:

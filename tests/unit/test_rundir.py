@@ -185,3 +185,33 @@ def test_only_blocking_collectives_flush_held_events(tmp_path: Path) -> None:
     ops = [(e["op"], e["phase"]) for e in read_events(path) if e["type"] == "coll"]
     assert ops.count(("all_reduce", "backward")) == 2  # DDP's buckets were seen
     assert (after_ddp, after_async, after_sync, after_barrier) == (0, 0, 1, 2)
+
+
+def test_a_writer_that_cannot_write_or_is_closed_holds_nothing(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """After a failed write (a full disk) capture stops for good on the rank: what the hooks
+    hand the writer afterwards is dropped, not held in memory for the rest of an hours-long
+    job; the same after close()."""
+    from syncscope import rundir
+
+    monkeypatch.setenv(rundir.FAULT_ENV, "2")  # the second write fails (ENOSPC)
+    path = tmp_path / "rank.jsonl"
+    writer = EventWriter(path, flush_interval=60.0)
+    writer.write({"type": "header"})
+    writer.buffer({"type": "fwd"})
+    writer.flush()  # the failing write
+    assert writer.stopped and "cannot write" in writer.stopped
+    for i in range(1000):
+        writer.buffer({"type": "coll", "seq": i})
+    assert len(writer._held) == 0
+    writer.close()
+    assert [e["type"] for e in read_events(path)] == ["header"]
+
+    monkeypatch.delenv(rundir.FAULT_ENV)
+    closed = EventWriter(tmp_path / "closed.jsonl", flush_interval=60.0)
+    closed.buffer({"type": "fwd"})
+    closed.close()
+    closed.buffer({"type": "bwd"})
+    assert len(closed._held) == 0
+    assert [e["type"] for e in read_events(tmp_path / "closed.jsonl")] == ["fwd"]
