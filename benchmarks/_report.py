@@ -391,6 +391,18 @@ def _gpu() -> list[str]:
     ]
 
 
+def _capture_notes() -> list[str]:
+    """The hand-measured notes on capture cost (docs/benchmarks/capture-notes.md, kept apart
+    so that regenerating the page keeps them), without the file's leading comment."""
+    notes = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "capture-notes.md"
+    if not notes.is_file():
+        return []
+    text = notes.read_text()
+    if text.startswith("<!--"):
+        text = text[text.index("-->") + 3 :].lstrip("\n")
+    return [*text.rstrip("\n").split("\n"), ""]
+
+
 def render(results: dict[str, Any], out_dir: Path) -> Path:
     """Write benchmarks.md, benchmarks/*.svg and benchmarks/results.json; returns the page."""
     import json
@@ -403,6 +415,7 @@ def render(results: dict[str, Any], out_dir: Path) -> Path:
         *_meta(results),
         *_accelerate(results),
         *_capture(results),
+        *_capture_notes(),
         *_analyze(results),
         *_bytes(results),
         *_gpu(),
