@@ -16,6 +16,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import sys
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -26,6 +27,8 @@ from syncscope.capture.opaque import no_frame, opaque
 from syncscope.capture.recorder import Recorder
 
 Undo = Callable[[], None]
+
+_DESTROY_PAUSE_S = 0.05  # seconds without Python's lock before a process group is destroyed
 
 
 def _patch(obj: Any, name: str, value: Any, undo: list[Undo]) -> None:
@@ -423,6 +426,22 @@ def _install_dist(rec: Recorder, undo: list[Undo]) -> None:
 
     _patch(c10d, "init_process_group", init_process_group, undo)
     _patch(dist, "init_process_group", init_process_group, undo)
+
+    destroy = c10d.destroy_process_group
+
+    @functools.wraps(destroy)
+    def destroy_process_group(*args: Any, **kwargs: Any) -> Any:
+        # A gloo worker that has just finished a collective issued in a backward drops the
+        # work's Python state (the backward's contextvars context) with the process group's
+        # work lock held, taking Python's lock to do it; destroying the group waits for that
+        # lock with Python's lock held. A moment without Python's lock first lets such a
+        # worker finish (the deadlock syncscope.attach._release avoids at the end of a
+        # script, here where the script destroys the group itself).
+        time.sleep(_DESTROY_PAUSE_S)
+        return destroy(*args, **kwargs)
+
+    _patch(c10d, "destroy_process_group", destroy_process_group, undo)
+    _patch(dist, "destroy_process_group", destroy_process_group, undo)
 
 
 def install(rec: Recorder) -> Undo:
