@@ -209,9 +209,9 @@ def fingerprint(optimizer: torch.optim.Optimizer, window: int = 0) -> PendingFin
     A few tensor ops per step whatever the parameter count (on CPU, right after a backward,
     each op costs several microseconds however small its tensors): one view per gradient
     and one concatenation (a copy) on the training thread; on CPU the dot product is taken
-    where the value is read (the writer's thread), on CUDA right away. The common case (every gradient of the share a
-    dense contiguous tensor of the parameter's shape) takes its samples from the plan;
-    anything else takes the general path."""
+    where the value is read (the writer's thread), on CUDA right away. The common case
+    (every gradient of the share a dense contiguous tensor of the parameter's shape) takes
+    its samples from the plan; anything else takes the general path."""
     plan = _plan(optimizer)
     if not plan.count:
         return None

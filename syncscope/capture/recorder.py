@@ -228,8 +228,7 @@ class Recorder:
 
     # -- plumbing -------------------------------------------------------------------------
     def now(self) -> int:
-        """Wall-clock nanoseconds, from the monotonic counter (the hot hooks read the same
-        expression inline)."""
+        """Wall-clock nanoseconds, from the monotonic counter."""
         return _perf_ns() + self._clock_offset
 
     def emit(self, event: dict[str, Any]) -> None:
@@ -383,9 +382,7 @@ class Recorder:
             if self.trace is not None:
                 self.trace.micro_batch_begin(self.window, self.micro_batch)
         site = sites.user_site(2, "fwd")
-        self.hold(
-            ("fwd", _perf_ns() + self._clock_offset, wrapper, label, sync, depth, site, extra)
-        )
+        self.hold(("fwd", self.now(), wrapper, label, sync, depth, site, extra))
 
     def on_forward_end(self) -> None:
         """A wrapper forward returned: only the phase changes. No event is written (earlier
@@ -424,8 +421,7 @@ class Recorder:
         self.bwd_depth += 1
         if self.bwd_depth > 1:
             return False
-        if not self._window_open:
-            self._window_begin()
+        self._window_begin()
         if self.micro_batch > 0 and not self._reset_since_backward:
             present = self._count_grads()
             if 0 <= present < self._grads_after_backward:
@@ -442,9 +438,7 @@ class Recorder:
         if self._bucket_ptrs:
             self._bucket_ptrs = set()
         self._window_activity = True
-        self.hold(
-            ("bwd", _perf_ns() + self._clock_offset, self.sync_state(), sites.user_site(2, "bwd"))
-        )
+        self.hold(("bwd", self.now(), self.sync_state(), sites.user_site(2, "bwd")))
         if self.fwd_depth == 0 and self.trace is not None:
             self.trace.micro_batch_begin(self.window, self.micro_batch)
         return True
@@ -453,7 +447,7 @@ class Recorder:
         self.bwd_depth = max(0, self.bwd_depth - 1)
         if not outermost:
             return
-        self.hold(("bwd_end", _perf_ns() + self._clock_offset))
+        self.hold(("bwd_end", self.now()))
         if self.trace is not None:
             self.trace.micro_batch_end(self.window, self.micro_batch)
         if self.micro_batch == 0:
@@ -506,7 +500,7 @@ class Recorder:
         self.hold(
             (
                 "reset",
-                _perf_ns() + self._clock_offset,
+                self.now(),
                 how,
                 set_to_none,
                 sites.user_site(2, "reset"),
@@ -521,7 +515,7 @@ class Recorder:
             how = "no_sync" if in_no_sync else "require_backward_grad_sync"
         else:
             site = sites.user_site(1)
-        self.hold(("toggle", _perf_ns() + self._clock_offset, how, bool(value), label, site))
+        self.hold(("toggle", self.now(), how, bool(value), label, site))
 
     # -- optimizer --------------------------------------------------------------------------
     def on_step_begin(
@@ -552,7 +546,7 @@ class Recorder:
             closure = args[at] if len(args) > at else None
         step = (
             "step",
-            _perf_ns() + self._clock_offset,
+            self.now(),
             type(optimizer).__name__,
             sites.user_site(2, "step"),
             rss_bytes(),
@@ -610,7 +604,7 @@ class Recorder:
         self.step_depth = max(0, self.step_depth - 1)
         if self.step_depth:
             return
-        self.hold(("step_end", _perf_ns() + self._clock_offset))
+        self.hold(("step_end", self.now()))
         if self.window > 0 and not self._window_activity:
             return  # a second optimizer's step closes the same window (as the builder merges)
         if self.trace is not None and self._window_open:
