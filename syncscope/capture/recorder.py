@@ -497,15 +497,7 @@ class Recorder:
         if self.micro_batch or self.bwd_depth:
             self._window_activity = True
         self._grad_ptrs = None
-        self.hold(
-            (
-                "reset",
-                self.now(),
-                how,
-                set_to_none,
-                sites.user_site(2, "reset"),
-            )
-        )
+        self.hold(("reset", self.now(), how, set_to_none, sites.user_site(2, "reset")))
 
     def on_toggle(self, how: str | None, value: bool, label: str) -> None:
         """A sync flag was set. ``how`` None: DDP's ``require_backward_grad_sync``, set by
