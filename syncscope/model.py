@@ -59,7 +59,6 @@ def severity_rank(severity: str) -> int:
 
 
 @functools.lru_cache(maxsize=256)
-@functools.lru_cache(maxsize=256)
 def input_argument(op_name: str) -> int:
     """Which argument of a c10d op holds the tensor(s) it reads: 1 for gathers, scatters and
     all-to-all (output first), else 0. ``op_name`` as dispatched (``allgather_``) or as a

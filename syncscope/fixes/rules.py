@@ -6,8 +6,8 @@ wrong construct or add the canonical form (``canonical.canonical_rewrite``); the
 (``codemod``) applies them one at a time and analyzes again, so a wrong toggle that is
 stripped comes back in the right place through ``NoSyncSuppression``.
 
-Every judgement follows the wrapper's semantics (sync-semantics.md): DDP decides at
-forward, FSDP at backward, Accelerate's ``accumulate`` covers both.
+Every judgement follows the wrapper's semantics (docs/concepts.md, "Sync intent per wrapper"):
+DDP decides at forward, FSDP at backward, Accelerate's ``accumulate`` covers both.
 """
 
 from __future__ import annotations
