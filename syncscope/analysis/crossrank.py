@@ -122,6 +122,20 @@ class _Mismatch:
     members: tuple[int, ...]  # the group's ranks in the run
 
 
+EVIDENCE_RANKS = 16  # rows of a mismatch's evidence, beyond the ranks that differ
+
+
+def _evidence_ranks(ref: int, odd: list[int], at: dict[int, Entry | None]) -> list[int]:
+    """The ranks a mismatch's evidence lists, in rank order: the reference, every rank that
+    differs from it (up to ``EVIDENCE_RANKS``), then agreeing ranks up to that many rows."""
+    chosen = {ref, *odd[: EVIDENCE_RANKS - 1]}
+    for r in sorted(at):
+        if len(chosen) >= EVIDENCE_RANKS:
+            break
+        chosen.add(r)
+    return sorted(chosen)
+
+
 def _mismatch_finding(m: _Mismatch, windows_compared: int) -> Finding:
     ref = min(m.at)
     odd = [r for r in sorted(m.at) if _agreed(m.at[r]) != _agreed(m.at[ref])]
@@ -137,8 +151,9 @@ def _mismatch_finding(m: _Mismatch, windows_compared: int) -> Finding:
     if m.window is not None:
         evidence["window"] = m.window
     evidence["position"] = m.position
-    evidence["per_rank"] = {str(r): _describe(e) for r, e in list(m.at.items())[:16]}
-    evidence["counts"] = {str(r): len(s) for r, s in list(m.seqs.items())[:16]}
+    shown = _evidence_ranks(ref, odd, m.at)
+    evidence["per_rank"] = {str(r): _describe(m.at[r]) for r in shown}
+    evidence["counts"] = {str(r): len(m.seqs[r]) for r in shown if r in m.seqs}
     if m.window is not None:
         evidence["windows_compared"] = windows_compared
     return Finding(

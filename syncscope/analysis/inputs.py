@@ -16,7 +16,7 @@ from syncscope.rundir import is_run_dir
 
 def load(paths: list[Path], skip_bad: bool, progress: bool) -> tuple[Run, dict[int, Path]]:
     """The run named by ``paths`` and, where traces were read, their files by rank."""
-    from syncscope.trace.load import load_traces, trace_files
+    from syncscope.trace.load import load_traces
 
     run_dirs = [p for p in paths if p.is_dir() and is_run_dir(p)]
     if run_dirs and len(run_dirs) != len(paths):
@@ -31,14 +31,8 @@ def load(paths: list[Path], skip_bad: bool, progress: bool) -> tuple[Run, dict[i
             trace_run = load_traces(traced, skip_bad=skip_bad, progress=progress)
             run = with_trace_overlap(run, trace_run)
         return run, {}
-    run = load_traces(paths, skip_bad=skip_bad, progress=progress)
-    files: dict[int, Path] = {}
-    for f in trace_files(paths):
-        for r in run.ranks:
-            if r.rank not in files and f"rank-{r.rank}" in f.name:
-                files[r.rank] = f
-    if len(files) != len(run.ranks):  # name files by the order they were read
-        files = {r.rank: f for r, f in zip(run.ranks, trace_files(paths), strict=False)}
+    files: dict[int, Path] = {}  # each rank's file, as the reader matched them (one pass)
+    run = load_traces(paths, skip_bad=skip_bad, progress=progress, files_out=files)
     return run, files
 
 

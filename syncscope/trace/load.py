@@ -107,8 +107,14 @@ def _results(
         yield from pool.map(files, advance)
 
 
-def load_traces(paths: Sequence[Path], skip_bad: bool = False, progress: bool = False) -> Run:
-    """Read every trace named by ``paths`` into one Run (``source="trace"``).
+def load_traces(
+    paths: Sequence[Path],
+    skip_bad: bool = False,
+    progress: bool = False,
+    files_out: dict[int, Path] | None = None,
+) -> Run:
+    """Read every trace named by ``paths`` into one Run (``source="trace"``); ``files_out``,
+    where given, receives each rank's file (the rank the trace itself names).
 
     Files are read in worker processes (``worker_count``) when there are several large ones;
     each worker sends back only the rank's ``RankResult``. Results are checked in file order
@@ -150,6 +156,8 @@ def load_traces(paths: Sequence[Path], skip_bad: bool = False, progress: bool = 
     notes.extend(_notes(flags, present, world))
     notes.extend(f"skipped {s}" for s in skipped)
     meta = RunMeta(world_size=world, nodes=tuple(sorted(hosts)), source="trace", notes=tuple(notes))
+    if files_out is not None:
+        files_out.update((r, ranks[r][1]) for r in present)
     return Run(meta=meta, ranks=tuple(ranks[r][0] for r in present))
 
 
