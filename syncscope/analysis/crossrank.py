@@ -79,15 +79,25 @@ def _streams(run: Run, per_window: bool) -> dict[GroupKey, dict[int, dict[int, l
     legitimately differ there. Equal entries are one shared tuple (a pointer a collective)."""
     out: dict[GroupKey, dict[int, dict[int, list[Entry]]]] = defaultdict(dict)
     shared: dict[Entry, Entry] = {}
+    # a group's rank tuple is hashed once per distinct object, not once per collective (a
+    # tuple does not keep its hash: at 16k ranks each hash reads 16k entries); readers share
+    # one tuple per group, so this is one hash per group
+    by_id: dict[int, dict[int, dict[int, list[Entry]]]] = {}
     for r in run.ranks:
         for w in r.windows:
             segment = w.index if per_window else 0
             for c in w.collectives:
                 if c.op in ("send", "recv", "other"):
                     continue
-                key = c.group_ranks if c.group_ranks is not None else c.group_name or "default"
+                ranks = c.group_ranks
+                members = by_id.get(id(ranks)) if ranks is not None else None
+                if members is None:
+                    key = ranks if ranks is not None else c.group_name or "default"
+                    members = out[key]
+                    if ranks is not None:
+                        by_id[id(ranks)] = members
                 entry = (c.op, c.bytes)
-                by_segment = out[key].setdefault(r.rank, {})
+                by_segment = members.setdefault(r.rank, {})
                 by_segment.setdefault(segment, []).append(shared.setdefault(entry, entry))
     return out
 
