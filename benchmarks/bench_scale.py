@@ -1,0 +1,139 @@
+"""Benchmark: ``syncscope analyze`` on many ranks and on big files (issue 30's figures).
+
+Sets (synthetic DDP jobs from ``syncscope.trace.synth``, the header spaced as torch.profiler
+writes it):
+
+- ``ranks``: N ranks x ~600 KB (3 windows of the default shape; rank 0's file written once,
+  the others copies with their rank put in the header), N from ``--ranks`` (1024,4096,16384);
+- ``big``: ``--big-files`` files x ``--big-mb`` MB each (default 8 x 1024);
+- ``hta``: HTA's ``TraceAnalysis(trace_dir=...)`` load beside syncscope on ``--hta-files`` x
+  ``--hta-mb`` (default 8 x 256; HTA holds every event in pandas, ~16x the file size).
+
+Each measurement is the whole CLI in a fresh process (start-up and report writing included),
+sampled every 20 ms: wall seconds and the peak of the process tree's summed RSS (workers
+included). The machine's load average at the start is printed beside each figure: on a
+shared machine they are upper bounds.
+
+    python benchmarks/bench_scale.py --dir /tmp/scale [--ranks 1024,4096,16384] [--no-big]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_analyze import HTA_LOAD, _tree_kib  # noqa: E402
+
+from syncscope.trace.synth import write_job, write_rank  # noqa: E402
+
+RANK_BYTES = 500_000  # 3 windows of the default shape: ~604 KiB a file
+
+
+def write_ranks(out: Path, ranks: int) -> Path:
+    """``ranks`` files: rank 0's written by the generator, the others its copies."""
+    done = out / ".complete"
+    if done.exists():
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    first = out / "rank-0.json"
+    write_rank(first, 0, ranks, RANK_BYTES)
+    data = first.read_bytes()
+    head = b'"rank": 0,'
+    at = data.index(head)
+    for r in range(1, ranks):
+        (out / f"rank-{r}.json").write_bytes(
+            data[:at] + b'"rank": %d,' % r + data[at + len(head) :]
+        )
+    done.touch()
+    return out
+
+
+def write_big(out: Path, files: int, mb: int) -> Path:
+    done = out / ".complete"
+    if not done.exists():
+        shutil.rmtree(out, ignore_errors=True)
+        write_job(out, files, mb << 20)
+        done.touch()
+    return out
+
+
+def measure(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
+    """(wall s, peak tree RSS MiB) of ``cmd`` in a fresh process."""
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, _tree_kib(proc.pid)[0])
+        time.sleep(0.02)
+    wall = time.monotonic() - start
+    if proc.returncode not in (0, 1):
+        err = proc.stderr.read().decode() if proc.stderr else ""
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {err[-2000:]}")
+    return wall, peak / 1024
+
+
+def analyze(traces: Path, out: Path, extra: tuple[str, ...] = ()) -> tuple[float, float]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "syncscope", "analyze", "-q", str(traces), "-o", str(out)]
+    return measure([*cmd, "--fail-on", "never", *extra], env)
+
+
+def _size_gb(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.glob("rank-*")) / 1e9
+
+
+def _line(name: str, traces: Path, wall: float, rss: float, tool: str = "syncscope") -> None:
+    load = os.getloadavg()[0]
+    print(
+        f"{name:<28} {_size_gb(traces):7.2f} GB | {tool:<9} {wall:8.1f} s {rss:8.0f} MiB "
+        f"| load {load:.1f} on {os.cpu_count()} cores",
+        flush=True,
+    )
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", type=Path, required=True, help="where the sets are written")
+    parser.add_argument("--ranks", default="1024,4096,16384")
+    parser.add_argument("--no-big", action="store_true")
+    parser.add_argument("--big-files", type=int, default=8)
+    parser.add_argument("--big-mb", type=int, default=1024)
+    parser.add_argument("--hta", action="store_true", help="HTA's load beside it")
+    parser.add_argument("--hta-files", type=int, default=8)
+    parser.add_argument("--hta-mb", type=int, default=256)
+    parser.add_argument("--scheduler", help="also analyze on this Dask scheduler")
+    args = parser.parse_args()
+    out = args.dir / "out"
+    for n in (int(x) for x in args.ranks.split(",") if x):
+        traces = write_ranks(args.dir / f"ranks-{n}", n)
+        _line(f"{n} ranks x 604 KB", traces, *analyze(traces, out))
+        if args.scheduler:
+            wall, rss = analyze(traces, out, ("--scheduler", args.scheduler))
+            _line(f"{n} ranks x 604 KB", traces, wall, rss, "dask")
+    if not args.no_big:
+        traces = write_big(
+            args.dir / f"big-{args.big_files}x{args.big_mb}", args.big_files, args.big_mb
+        )
+        _line(f"{args.big_files} x {args.big_mb} MB", traces, *analyze(traces, out))
+    if args.hta:
+        traces = write_big(
+            args.dir / f"hta-{args.hta_files}x{args.hta_mb}", args.hta_files, args.hta_mb
+        )
+        _line(f"{args.hta_files} x {args.hta_mb} MB", traces, *analyze(traces, out))
+        wall, rss = measure([sys.executable, "-c", HTA_LOAD, str(traces)])
+        _line(f"{args.hta_files} x {args.hta_mb} MB", traces, wall, rss, "HTA load")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
