@@ -6,6 +6,9 @@ writes it):
 - ``ranks``: N ranks x ~600 KB (3 windows of the default shape; rank 0's file written once,
   the others copies with their rank put in the header), N from ``--ranks`` (1024,4096,16384);
 - ``big``: ``--big-files`` files x ``--big-mb`` MB each (default 8 x 1024);
+- ``run dir``: ``--run-dir-ranks`` N ranks of a real 2-rank capture (``--capture``), every
+  collective on a group of all N ranks (``--v1-ranks``: as format 1 wrote it, the list on
+  every collective);
 - ``hta``: HTA's ``TraceAnalysis(trace_dir=...)`` load beside syncscope on ``--hta-files`` x
   ``--hta-mb`` (default 8 x 256; HTA holds every event in pandas, ~16x the file size).
 
@@ -54,6 +57,42 @@ def write_ranks(out: Path, ranks: int) -> Path:
         (out / f"rank-{r}.json").write_bytes(
             data[:at] + b'"rank": %d,' % r + data[at + len(head) :]
         )
+    done.touch()
+    return out
+
+
+def write_run_dir(out: Path, source: Path, ranks: int, groups_once: bool = True) -> Path:
+    """A ``ranks``-rank run directory from a real 2-rank capture (``source``): rank 0's
+    events for every rank, its rank and world size rewritten and every process group made
+    the whole job's (version 2: once per file in ``pg`` events; ``groups_once=False``:
+    version 1, the list on every collective, as runs were written before)."""
+    import json
+
+    done = out / ".complete"
+    if done.exists():
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    (out / "ranks").mkdir(parents=True)
+    meta = json.loads((source / "meta.json").read_text())
+    meta["world_size"] = ranks
+    (out / "meta.json").write_text(json.dumps(meta))
+    events = [json.loads(line) for line in (source / "ranks" / "rank-00000.jsonl").open()]
+    everyone = list(range(ranks))
+    lines = []
+    for ev in events:
+        if ev["type"] == "pg" or (ev["type"] == "coll" and not groups_once):
+            ev["group"] = everyone
+        if ev["type"] == "coll" and groups_once:
+            ev.pop("group", None)
+        if ev["type"] == "pg" and not groups_once:
+            continue
+        lines.append(json.dumps(ev, separators=(",", ":")))
+    text = "\n".join(lines) + "\n"
+    for r in range(ranks):
+        per_rank = text.replace('"rank":0,', f'"rank":{r},').replace(
+            '"world_size":2', f'"world_size":{ranks}'
+        )
+        (out / "ranks" / f"rank-{r:05d}.jsonl").write_text(per_rank)
     done.touch()
     return out
 
@@ -112,6 +151,9 @@ def main() -> int:
     parser.add_argument("--hta-files", type=int, default=8)
     parser.add_argument("--hta-mb", type=int, default=256)
     parser.add_argument("--scheduler", help="also analyze on this Dask scheduler")
+    parser.add_argument("--run-dir-ranks", default="", help="run directories of N ranks")
+    parser.add_argument("--v1-ranks", default="", help="the same, as format 1 wrote them")
+    parser.add_argument("--capture", type=Path, help="a 2-rank run directory to copy")
     args = parser.parse_args()
     out = args.dir / "out"
     for n in (int(x) for x in args.ranks.split(",") if x):
@@ -120,6 +162,13 @@ def main() -> int:
         if args.scheduler:
             wall, rss = analyze(traces, out, ("--scheduler", args.scheduler))
             _line(f"{n} ranks x 604 KB", traces, wall, rss, "dask")
+    for fmt, counts in (("v2", args.run_dir_ranks), ("v1", args.v1_ranks)):
+        for n in (int(x) for x in counts.split(",") if x):
+            if args.capture is None:
+                raise SystemExit("--run-dir-ranks/--v1-ranks need --capture RUN_DIR")
+            run = write_run_dir(args.dir / f"run-{fmt}-{n}", args.capture, n, fmt == "v2")
+            wall, rss = analyze(run, out)
+            _line(f"run dir {fmt}, {n} ranks", run / "ranks", wall, rss)
     if not args.no_big:
         traces = write_big(
             args.dir / f"big-{args.big_files}x{args.big_mb}", args.big_files, args.big_mb
