@@ -131,13 +131,42 @@ def _size_gb(path: Path) -> float:
     return sum(p.stat().st_size for p in path.glob("rank-*")) / 1e9
 
 
+ROWS: list[tuple[str, float, str, float, float, float]] = []  # what --doc writes
+
+
 def _line(name: str, traces: Path, wall: float, rss: float, tool: str = "syncscope") -> None:
     load = os.getloadavg()[0]
+    size = _size_gb(traces)
+    ROWS.append((name, size, tool, wall, rss, load))
     print(
-        f"{name:<28} {_size_gb(traces):7.2f} GB | {tool:<9} {wall:8.1f} s {rss:8.0f} MiB "
+        f"{name:<28} {size:7.2f} GB | {tool:<9} {wall:8.1f} s {rss:8.0f} MiB "
         f"| load {load:.1f} on {os.cpu_count()} cores",
         flush=True,
     )
+
+
+def write_doc(path: Path, argv: list[str]) -> None:
+    """The figures as docs/benchmarks.md's scale section (benchmarks/_report.py puts the
+    file in the page as written)."""
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    lines = [
+        "<!-- written by benchmarks/bench_scale.py --doc; benchmarks/_report.py puts it in -->",
+        "### Scale: 16k ranks and 1 GB files",
+        "",
+        f"`python benchmarks/bench_scale.py {' '.join(argv)}` on {when}, {os.cpu_count()} "
+        "cores: the whole `syncscope analyze` CLI in a fresh process (reports written), wall "
+        "time and the peak of the process tree's summed RSS (workers included); *load* is "
+        "the 1-minute load average when the row ended (above the core count: other jobs "
+        "were running, so the times are upper bounds). Synthetic DDP traces from "
+        "`syncscope.trace.synth` (3 windows, 604 KB a rank; big files of that shape); run "
+        "directories copy a real 2-rank capture to N ranks, every group of all N.",
+        "",
+        "| set | GB | tool | wall s | peak RSS MiB | load |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    for name, size, tool, wall, rss, load in ROWS:
+        lines.append(f"| {name} | {size:.2f} | {tool} | {wall:.1f} | {rss:.0f} | {load:.1f} |")
+    path.write_text("\n".join(lines) + "\n")
 
 
 def main() -> int:
@@ -154,6 +183,7 @@ def main() -> int:
     parser.add_argument("--run-dir-ranks", default="", help="run directories of N ranks")
     parser.add_argument("--v1-ranks", default="", help="the same, as format 1 wrote them")
     parser.add_argument("--capture", type=Path, help="a 2-rank run directory to copy")
+    parser.add_argument("--doc", type=Path, help="write the figures here as markdown")
     args = parser.parse_args()
     out = args.dir / "out"
     for n in (int(x) for x in args.ranks.split(",") if x):
@@ -181,6 +211,9 @@ def main() -> int:
         _line(f"{args.hta_files} x {args.hta_mb} MB", traces, *analyze(traces, out))
         wall, rss = measure([sys.executable, "-c", HTA_LOAD, str(traces)])
         _line(f"{args.hta_files} x {args.hta_mb} MB", traces, wall, rss, "HTA load")
+    if args.doc is not None:
+        argv = [a for a in sys.argv[1:] if not a.startswith(str(args.dir))]
+        write_doc(args.doc, argv)
     return 0
 
 
