@@ -403,6 +403,18 @@ def _capture_notes() -> list[str]:
     return [*text.rstrip("\n").split("\n"), ""]
 
 
+def _scale_notes() -> list[str]:
+    """benchmarks/bench_scale.py's figures (docs/benchmarks/scale.md, written by its
+    ``--doc``: the 16k-rank sets take longer than a run_all.py run), as written."""
+    notes = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "scale.md"
+    if not notes.is_file():
+        return []
+    text = notes.read_text()
+    if text.startswith("<!--"):
+        text = text[text.index("-->") + 3 :].lstrip("\n")
+    return [*text.rstrip("\n").split("\n"), ""]
+
+
 def render(results: dict[str, Any], out_dir: Path) -> Path:
     """Write benchmarks.md, benchmarks/*.svg and benchmarks/results.json; returns the page."""
     import json
@@ -417,6 +429,7 @@ def render(results: dict[str, Any], out_dir: Path) -> Path:
         *_capture(results),
         *_capture_notes(),
         *_analyze(results),
+        *_scale_notes(),
         *_bytes(results),
         *_gpu(),
         *_prediction(results),

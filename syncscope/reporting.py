@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import sys
 import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -31,19 +32,21 @@ def load_and_diagnose(run_dir: Path) -> tuple[Run, list[Finding]]:
 
 
 def analyze(
-    paths: list[Path],
+    paths: Sequence[Path | str],
     out: Path | None = None,
     skip_bad: bool = False,
     hta: bool = False,
     fail_on: str = "error",
     quiet: bool = False,
+    scheduler: str | None = None,
 ) -> int:
     """Report on saved runs or torch.profiler (Kineto) traces: report files in ``out``, the
-    summary on stdout; the exit status by ``fail_on``."""
+    summary on stdout; the exit status by ``fail_on``. ``scheduler``: read the traces on
+    that Dask cluster (``local``, an address or a scheduler file; paths may be URLs)."""
     from syncscope.analysis.inputs import findings_for, load
     from syncscope.render.outputs import exit_status, write_reports
 
-    run, files = load(paths, skip_bad, progress=not quiet)
+    run, files = load(paths, skip_bad, progress=not quiet, scheduler=scheduler)
     extra = None
     if hta:
         from syncscope.trace.overlap import hta_overlap

@@ -29,7 +29,7 @@ from syncscope.files import atomic_write
 RUN_FORMAT = "syncscope-run"
 RUN_FORMAT_VERSION = 1
 EVENTS_FORMAT = "syncscope-events"
-EVENTS_FORMAT_VERSION = 1
+EVENTS_FORMAT_VERSION = 2  # 2: a group's ranks once, in a ``pg`` event (1: on every ``coll``)
 META_FILE = "meta.json"
 RANKS_DIR = "ranks"
 

@@ -157,6 +157,7 @@ class _RankReader:
         self.closure_start: int | None = None
         self.closure_ns = 0
         self.last_t = 0
+        self.groups: dict[str, tuple[int, ...] | None] = {}  # ``pg`` events: name -> ranks
 
     def feed(self, ev: dict[str, Any]) -> None:
         kind = ev.get("type")
@@ -274,7 +275,8 @@ class _RankReader:
         if self.windows or current.micro_batches or self.pending_fwd or self.backward:
             current.touch(t)  # set-up collectives (DDP's init broadcasts) start no window
         position = _position(str(ev.get("phase", "other")), len(current.micro_batches))
-        coll = _collective(ev, position, self.done.get(ev["seq"]))
+        group = _group(ev["group"]) if "group" in ev else self.groups.get(str(ev.get("pg", "")))
+        coll = _collective(ev, group, position, self.done.get(ev["seq"]))
         current.collectives.append(coll)
         summary = PendingCollective(
             seq=coll.seq,
@@ -291,6 +293,9 @@ class _RankReader:
             self.pending_ops[coll.seq] = summary
         elif last is None or coll.done_ns >= self.done.get(last.seq, 0):
             self.last_completed = summary
+
+    def _on_group(self, ev: dict[str, Any], t: int) -> None:
+        self.groups[str(ev.get("pg", ""))] = _group(ev.get("group"))
 
     def _on_step(self, ev: dict[str, Any], t: int) -> None:
         current = self.current
@@ -382,6 +387,7 @@ _HANDLERS: dict[str, _Handler] = {
     "bwd_end": _RankReader._on_backward_end,
     "reset": _RankReader._on_reset,
     "coll": _RankReader._on_collective,
+    "pg": _RankReader._on_group,
     "step": _RankReader._on_step,
     "step_end": _RankReader._on_step_end,
 }
@@ -411,15 +417,30 @@ def _position(phase: str, completed: int) -> int:
     return max(completed - 1, 0)
 
 
-def _collective(ev: dict[str, Any], position: int, done_ns: int | None) -> Collective:
-    group = ev.get("group")
+_GROUPS: dict[tuple[int, ...], tuple[int, ...]] = {}  # one tuple per distinct group
+
+
+def _group(value: object) -> tuple[int, ...] | None:
+    """A group's ranks as one tuple shared by every collective and rank that names it: a
+    16k-rank job's ranks all hold the same 16k-entry tuple, not one each."""
+    if not isinstance(value, list):
+        return None
+    ranks = tuple(int(r) for r in value)
+    if len(_GROUPS) > 4096:  # a bound, should a process read runs with many groups
+        _GROUPS.clear()
+    return _GROUPS.setdefault(ranks, ranks)
+
+
+def _collective(
+    ev: dict[str, Any], group: tuple[int, ...] | None, position: int, done_ns: int | None
+) -> Collective:
     return Collective(
         seq=int(ev["seq"]),
         op=str(ev.get("op", "other")),
         raw_op=str(ev.get("raw", "")),
         bytes=int(ev.get("bytes", 0) or 0),
         dtype=str(ev.get("dtype", "")),
-        group_ranks=tuple(int(r) for r in group) if isinstance(group, list) else None,
+        group_ranks=group,
         group_name=str(ev.get("pg", "")),
         start_ns=int(ev["t"]),
         end_ns=int(ev.get("t_end", ev["t"])),

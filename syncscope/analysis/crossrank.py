@@ -79,15 +79,25 @@ def _streams(run: Run, per_window: bool) -> dict[GroupKey, dict[int, dict[int, l
     legitimately differ there. Equal entries are one shared tuple (a pointer a collective)."""
     out: dict[GroupKey, dict[int, dict[int, list[Entry]]]] = defaultdict(dict)
     shared: dict[Entry, Entry] = {}
+    # a group's rank tuple is hashed once per distinct object, not once per collective (a
+    # tuple does not keep its hash: at 16k ranks each hash reads 16k entries); readers share
+    # one tuple per group, so this is one hash per group
+    by_id: dict[int, dict[int, dict[int, list[Entry]]]] = {}
     for r in run.ranks:
         for w in r.windows:
             segment = w.index if per_window else 0
             for c in w.collectives:
                 if c.op in ("send", "recv", "other"):
                     continue
-                key = c.group_ranks if c.group_ranks is not None else c.group_name or "default"
+                ranks = c.group_ranks
+                members = by_id.get(id(ranks)) if ranks is not None else None
+                if members is None:
+                    key = ranks if ranks is not None else c.group_name or "default"
+                    members = out[key]
+                    if ranks is not None:
+                        by_id[id(ranks)] = members
                 entry = (c.op, c.bytes)
-                by_segment = out[key].setdefault(r.rank, {})
+                by_segment = members.setdefault(r.rank, {})
                 by_segment.setdefault(segment, []).append(shared.setdefault(entry, entry))
     return out
 
@@ -122,6 +132,20 @@ class _Mismatch:
     members: tuple[int, ...]  # the group's ranks in the run
 
 
+EVIDENCE_RANKS = 16  # rows of a mismatch's evidence, beyond the ranks that differ
+
+
+def _evidence_ranks(ref: int, odd: list[int], at: dict[int, Entry | None]) -> list[int]:
+    """The ranks a mismatch's evidence lists, in rank order: the reference, every rank that
+    differs from it (up to ``EVIDENCE_RANKS``), then agreeing ranks up to that many rows."""
+    chosen = {ref, *odd[: EVIDENCE_RANKS - 1]}
+    for r in sorted(at):
+        if len(chosen) >= EVIDENCE_RANKS:
+            break
+        chosen.add(r)
+    return sorted(chosen)
+
+
 def _mismatch_finding(m: _Mismatch, windows_compared: int) -> Finding:
     ref = min(m.at)
     odd = [r for r in sorted(m.at) if _agreed(m.at[r]) != _agreed(m.at[ref])]
@@ -137,8 +161,9 @@ def _mismatch_finding(m: _Mismatch, windows_compared: int) -> Finding:
     if m.window is not None:
         evidence["window"] = m.window
     evidence["position"] = m.position
-    evidence["per_rank"] = {str(r): _describe(e) for r, e in list(m.at.items())[:16]}
-    evidence["counts"] = {str(r): len(s) for r, s in list(m.seqs.items())[:16]}
+    shown = _evidence_ranks(ref, odd, m.at)
+    evidence["per_rank"] = {str(r): _describe(m.at[r]) for r in shown}
+    evidence["counts"] = {str(r): len(m.seqs[r]) for r in shown if r in m.seqs}
     if m.window is not None:
         evidence["windows_compared"] = windows_compared
     return Finding(

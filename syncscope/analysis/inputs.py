@@ -6,6 +6,7 @@ shows the same windows and the same findings.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -14,11 +15,14 @@ from syncscope.model import Finding, Run, severity_rank
 from syncscope.rundir import is_run_dir
 
 
-def load(paths: list[Path], skip_bad: bool, progress: bool) -> tuple[Run, dict[int, Path]]:
-    """The run named by ``paths`` and, where traces were read, their files by rank."""
-    from syncscope.trace.load import load_traces, trace_files
+def load(
+    paths: Sequence[Path | str], skip_bad: bool, progress: bool, scheduler: str | None = None
+) -> tuple[Run, dict[int, Path]]:
+    """The run named by ``paths`` and, where traces were read, their files by rank.
+    ``scheduler``: trace files are read on that Dask cluster (a str path: an fsspec URL)."""
+    from syncscope.trace.load import load_traces
 
-    run_dirs = [p for p in paths if p.is_dir() and is_run_dir(p)]
+    run_dirs = [p for p in paths if isinstance(p, Path) and p.is_dir() and is_run_dir(p)]
     if run_dirs and len(run_dirs) != len(paths):
         raise SyncscopeError("give either syncscope run directories or traces, not both")
     if run_dirs:
@@ -28,17 +32,11 @@ def load(paths: list[Path], skip_bad: bool, progress: bool) -> tuple[Run, dict[i
         run = load_run(run_dirs)
         traced = [d / "traces" for d in run_dirs if (d / "traces").is_dir()]
         if traced:
-            trace_run = load_traces(traced, skip_bad=skip_bad, progress=progress)
+            trace_run = load_traces(traced, skip_bad, progress, scheduler=scheduler)
             run = with_trace_overlap(run, trace_run)
         return run, {}
-    run = load_traces(paths, skip_bad=skip_bad, progress=progress)
-    files: dict[int, Path] = {}
-    for f in trace_files(paths):
-        for r in run.ranks:
-            if r.rank not in files and f"rank-{r.rank}" in f.name:
-                files[r.rank] = f
-    if len(files) != len(run.ranks):  # name files by the order they were read
-        files = {r.rank: f for r, f in zip(run.ranks, trace_files(paths), strict=False)}
+    files: dict[int, Path] = {}  # each rank's file, as the reader matched them (one pass)
+    run = load_traces(paths, skip_bad, progress, files_out=files, scheduler=scheduler)
     return run, files
 
 

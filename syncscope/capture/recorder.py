@@ -649,6 +649,10 @@ class Recorder:
         except Exception:
             ranks = None
         self._pg_cache[name] = ranks
+        # the group's ranks, written once: its collectives name it by ``pg`` (a group of
+        # the whole job on every collective made a 16k-rank run's files grow as world size
+        # squared)
+        self.emit({"type": "pg", "t": self.now(), "pg": name, "group": ranks})
         return name, ranks
 
     def _grads(self) -> list[torch.Tensor]:
@@ -756,7 +760,7 @@ class Recorder:
                         t.untyped_storage().data_ptr() in self._content_hits for t in tensors
                     )
         self._content_hits = set()
-        group_name, group_ranks = self._group_ranks(pg) if pg is not None else ("", None)
+        group_name = self._group_ranks(pg)[0] if pg is not None else ""
         with self._lock:
             seq = self.seq
             self.seq += 1
@@ -772,7 +776,6 @@ class Recorder:
                 nbytes,
                 dtype,
                 group_name,
-                group_ranks,
                 phase,
                 issuer,
                 detail,

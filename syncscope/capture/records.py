@@ -39,7 +39,6 @@ FIELDS: dict[str, tuple[str, ...]] = {
         "bytes",
         "dtype",
         "pg",
-        "group",
         "phase",
         "issuer",
         "detail",

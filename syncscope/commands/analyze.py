@@ -26,9 +26,9 @@ def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
     parser.add_argument(
         "paths",
         nargs="+",
-        type=Path,
         metavar="PATH",
-        help="Run directories, trace directories or trace files.",
+        help="Run directories, trace directories or trace files; with --scheduler also "
+        "fsspec URLs (s3://, gs://, file://) of trace files or directories.",
     )
     parser.add_argument(
         "--out",
@@ -54,6 +54,13 @@ def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
         metavar="LEVEL",
         help="Exit 1 on findings of this severity: %(choices)s. (default: %(default)s)",
     )
+    parser.add_argument(
+        "--scheduler",
+        metavar="ADDRESS",
+        help="Read the trace files on a Dask distributed cluster: its scheduler's address "
+        "(tcp://host:8786), a scheduler file (dask scheduler --scheduler-file), or 'local' "
+        "for a cluster on this machine. Needs syncscope[dask]. (default: built-in workers)",
+    )
     parser.add_argument("--quiet", "-q", action="store_true", help="No terminal summary.")
     parser.set_defaults(run=run)
 
@@ -61,4 +68,7 @@ def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
 def run(args: argparse.Namespace) -> int:
     from syncscope.reporting import analyze
 
-    return analyze(args.paths, args.out, args.skip_bad, args.hta, args.fail_on, args.quiet)
+    paths = [p if "://" in p else Path(p) for p in args.paths]
+    return analyze(
+        paths, args.out, args.skip_bad, args.hta, args.fail_on, args.quiet, args.scheduler
+    )

@@ -2,7 +2,9 @@
 
 The run is read and diagnosed exactly as ``syncscope analyze`` reads it (trace overlap and
 trace-only findings included), so a re-rendered page matches the one written at the time.
-The work is syncscope/reporting.py's.
+It must read the run, not report.json: the page's timeline and the text summary draw each
+window's collectives, which report.json does not hold, and a newer syncscope's diagnoses
+apply to an old run (docs/report.md). The work is syncscope/reporting.py's.
 """
 
 from __future__ import annotations

@@ -19,6 +19,7 @@ from syncscope.trace.read import is_trace_file
 from syncscope.trace.windows import RankNotes
 from syncscope.validate import missing_ranks
 
+Source = Path | str  # a local file, or an fsspec URL (read on a Dask cluster)
 PROGRESS_MIN_BYTES = 64 << 20
 PARALLEL_MIN_BYTES = 32 << 20  # below this (on disk), worker start-up costs more than it saves
 MAX_WORKERS = 2
@@ -49,9 +50,30 @@ def _compatible(a: Job, b: Job) -> bool:
     return not (a.groups and b.groups and a.groups != b.groups)
 
 
+def _sources(paths: Sequence[Path | str], scheduler: str | None) -> tuple[list[Source], list[int]]:
+    """The trace files named by ``paths`` and their sizes; URLs (read on a Dask cluster's
+    workers) only with a scheduler."""
+    files: list[Source] = []
+    sizes: list[int] = []
+    for path in paths:
+        if isinstance(path, str) and "://" in path:
+            if scheduler is None:
+                raise BadTrace(f"{path}: a URL is read by Dask workers: give --scheduler")
+            from syncscope.trace.cluster import url_files
+
+            for url, size in url_files(path):
+                files.append(url)
+                sizes.append(size)
+            continue
+        local = trace_files([Path(path)])
+        files.extend(local)
+        sizes.extend(p.stat().st_size for p in local)
+    return files, sizes
+
+
 @contextmanager
-def _progress(files: list[Path], enabled: bool) -> Iterator[Callable[[int], None] | None]:
-    size = sum(p.stat().st_size for p in files)
+def _progress(sizes: list[int], enabled: bool) -> Iterator[Callable[[int], None] | None]:
+    size = sum(sizes)
     if not enabled or size < PROGRESS_MIN_BYTES:
         yield None
         return
@@ -95,34 +117,52 @@ def worker_count(files: Sequence[Path]) -> int:
 
 
 def _results(
-    files: list[Path], workers: int, advance: Callable[[int], None] | None
+    files: list[Source],
+    sizes: list[int],
+    scheduler: str | None,
+    advance: Callable[[int], None] | None,
 ) -> Iterator[RankResult]:
+    if scheduler is not None:
+        from syncscope.trace.cluster import cluster_results
+
+        yield from cluster_results(files, sizes, scheduler, advance)
+        return
+    local = [Path(f) for f in files]
+    workers = worker_count(local)
     if workers < 2:
-        for path in files:
+        for path in local:
             yield read_rank(path, advance)
         return
     from syncscope.trace.worker import Pool
 
     with Pool(workers) as pool:
-        yield from pool.map(files, advance)
+        yield from pool.map(local, advance)
 
 
-def load_traces(paths: Sequence[Path], skip_bad: bool = False, progress: bool = False) -> Run:
-    """Read every trace named by ``paths`` into one Run (``source="trace"``).
+def load_traces(
+    paths: Sequence[Path | str],
+    skip_bad: bool = False,
+    progress: bool = False,
+    files_out: dict[int, Path] | None = None,
+    scheduler: str | None = None,
+) -> Run:
+    """Read every trace named by ``paths`` into one Run (``source="trace"``); ``files_out``,
+    where given, receives each rank's local file (the rank the trace itself names).
+    ``scheduler``: read on that Dask cluster (trace/cluster.py), where paths may be URLs.
 
     Files are read in worker processes (``worker_count``) when there are several large ones;
     each worker sends back only the rank's ``RankResult``. Results are checked in file order
     either way, so errors and notes do not depend on which worker finished first.
     """
-    files = trace_files(paths)
+    files, sizes = _sources(paths, scheduler)
     notes: list[str] = []
     skipped: list[str] = []
-    ranks: dict[int, tuple[RankRun, Path]] = {}
-    job: tuple[Job, Path] | None = None
+    ranks: dict[int, tuple[RankRun, Path | str]] = {}
+    job: tuple[Job, Path | str] | None = None
     flags = RankNotes()
     hosts: set[str] = set()
-    with _progress(files, progress) as advance:
-        results = _results(files, worker_count(files), advance)
+    with _progress(sizes, progress) as advance:
+        results = _results(files, sizes, scheduler, advance)
         try:
             for result in results:
                 try:
@@ -150,13 +190,15 @@ def load_traces(paths: Sequence[Path], skip_bad: bool = False, progress: bool = 
     notes.extend(_notes(flags, present, world))
     notes.extend(f"skipped {s}" for s in skipped)
     meta = RunMeta(world_size=world, nodes=tuple(sorted(hosts)), source="trace", notes=tuple(notes))
+    if files_out is not None:
+        files_out.update((r, p) for r in present if isinstance(p := ranks[r][1], Path))
     return Run(meta=meta, ranks=tuple(ranks[r][0] for r in present))
 
 
 def _check(
     result: RankResult,
-    ranks: dict[int, tuple[RankRun, Path]],
-    job: tuple[Job, Path] | None,
+    ranks: dict[int, tuple[RankRun, Path | str]],
+    job: tuple[Job, Path | str] | None,
     notes: list[str],
 ) -> tuple[RankRun, Job]:
     """The checks against the files before this one, in the order a sequential read made them."""

@@ -72,7 +72,7 @@ class RankResult:
     Small enough to send from a worker process: the events themselves stay in the worker.
     """
 
-    path: Path
+    path: Path | str  # a str: an fsspec URL, read on a Dask worker (trace/cluster.py)
     job: Job | None = None
     has_info: bool = False
     rank: int | None = None

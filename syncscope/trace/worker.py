@@ -91,10 +91,8 @@ class Pool:
         paths = [p for p in sys.path if p and os.path.isdir(p)]
         env = dict(os.environ)
         env[_PATH_ENV] = os.pathsep.join(paths)
-        # glibc: serve big buffers from mmap and give freed memory back, so a worker's RSS
-        # follows what it holds now, not the high-water mark of every rank it has read
-        env.setdefault("MALLOC_MMAP_THRESHOLD_", "131072")
-        env.setdefault("MALLOC_TRIM_THRESHOLD_", "131072")
+        # glibc's malloc as it comes: MALLOC_MMAP_THRESHOLD_/MALLOC_TRIM_THRESHOLD_ at 128 KiB
+        # cost 18% CPU per file for 4 MB less peak RSS (6 x 40 MB files, 3 repetitions)
         boot = (
             "import os, sys; sys.path[:0] = os.environ.pop('SYNCSCOPE_WORKER_PATH').split(os.pathsep)\n"
             "from syncscope.trace.worker import main; raise SystemExit(main())"

@@ -215,3 +215,41 @@ def test_a_writer_that_cannot_write_or_is_closed_holds_nothing(
     closed.buffer({"type": "bwd"})
     assert len(closed._held) == 0
     assert [e["type"] for e in read_events(tmp_path / "closed.jsonl")] == ["fwd"]
+
+
+def _groups_once(rank: Rank) -> Rank:
+    """The same events in format version 2: each group's ranks in one ``pg`` event."""
+    out: list[dict[str, object]] = []
+    seen: set[str] = set()
+    for ev in rank.events:
+        if ev["type"] == "coll":
+            ev = dict(ev)
+            group = ev.pop("group")
+            if ev["pg"] not in seen:
+                seen.add(str(ev["pg"]))
+                out.append({"type": "pg", "t": ev["t"], "pg": ev["pg"], "group": group})
+        out.append(ev)
+    rank.events = out
+    return rank
+
+
+def test_group_ranks_written_once_read_as_on_every_collective(tmp_path: Path) -> None:
+    # GIVEN the same 3-rank job in format 1 (ranks on every collective) and 2 (once per group)
+    group = (0, 1, 2)
+    for name, convert in (("v1", lambda r: r), ("v2", _groups_once)):
+        for r in range(3):
+            rank = Rank(r, world_size=3).window([3]).window([3]).finish()
+            for ev in rank.events:
+                if ev["type"] == "coll":
+                    ev["group"] = list(group)
+            write_rank(tmp_path / name, convert(rank))
+    v1, v2 = load_run(tmp_path / "v1"), load_run(tmp_path / "v2")
+    v2_events = list(read_events(rank_events_path(tmp_path / "v2", 0)))
+    assert [ev["type"] for ev in v2_events].count("pg") == 1
+    assert not any("group" in ev for ev in v2_events if ev["type"] == "coll")
+    # THEN both read as the same run
+    assert v1.ranks == v2.ranks
+    # AND every collective of every rank holds one shared tuple of the group's ranks
+    colls = [c for run in (v1, v2) for r in run.ranks for w in r.windows for c in w.collectives]
+    assert len(colls) >= 6 * 2 and all(c.group_ranks == group for c in colls)
+    assert len({id(c.group_ranks) for c in colls}) == 1

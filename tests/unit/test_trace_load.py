@@ -167,3 +167,33 @@ def test_worker_processes_report_bad_files_in_file_order(
     assert [r.rank for r in run.ranks] == [0, 1]
     skipped = [n for n in run.meta.notes if n.startswith("skipped ")]
     assert len(skipped) == 2 and "c.json.gz" in skipped[0] and "d.json.gz" in skipped[1]
+
+
+def test_mismatch_evidence_lists_the_differing_rank_beyond_16(tmp_path: Path) -> None:
+    # GIVEN a 20-rank job where rank 18 issues a broadcast in place of a bucket
+    write_job(tmp_path, 20, 20_000, Shape(mismatch_rank=18, ops_per_forward=2, micro_batches=1))
+    run = load_traces([tmp_path])
+    (finding,) = collective_mismatch(run)
+    # THEN the evidence table has the reference rank and rank 18, within 16 rows
+    per_rank = finding.evidence["per_rank"]
+    assert isinstance(per_rank, dict)
+    assert "0" in per_rank and "18" in per_rank and len(per_rank) == 16
+    assert "broadcast" in per_rank["18"] and "broadcast" not in per_rank["0"]
+    assert set(finding.evidence["counts"]) == set(per_rank)  # type: ignore[arg-type]
+
+
+def test_files_matched_to_ranks_by_the_rank_each_file_holds(tmp_path: Path) -> None:
+    from syncscope.analysis.inputs import load
+
+    # GIVEN 11 ranks whose file names do not follow their ranks: rank 1's file is named
+    # "rank-10" and rank 10's "rank-1" (a substring test would match "rank-1" to both)
+    write_job(tmp_path, 11, 20_000, Shape(ops_per_forward=2, micro_batches=1))
+    (tmp_path / "rank-1.json").rename(tmp_path / "tmp.json")
+    (tmp_path / "rank-10.json").rename(tmp_path / "rank-1.json")
+    (tmp_path / "tmp.json").rename(tmp_path / "rank-10.json")
+    run, files = load([tmp_path], skip_bad=False, progress=False)
+    # THEN each rank gets the file that holds it
+    assert len(files) == len(run.ranks) == 11
+    assert files[1].name == "rank-10.json" and files[10].name == "rank-1.json"
+    for r in (0, 2, 9):
+        assert files[r].name == f"rank-{r}.json"

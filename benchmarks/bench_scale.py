@@ -1,0 +1,221 @@
+"""Benchmark: ``syncscope analyze`` on many ranks and on big files (issue 30's figures).
+
+Sets (synthetic DDP jobs from ``syncscope.trace.synth``, the header spaced as torch.profiler
+writes it):
+
+- ``ranks``: N ranks x ~600 KB (3 windows of the default shape; rank 0's file written once,
+  the others copies with their rank put in the header), N from ``--ranks`` (1024,4096,16384);
+- ``big``: ``--big-files`` files x ``--big-mb`` MB each (default 8 x 1024);
+- ``run dir``: ``--run-dir-ranks`` N ranks of a real 2-rank capture (``--capture``), every
+  collective on a group of all N ranks (``--v1-ranks``: as format 1 wrote it, the list on
+  every collective);
+- ``hta``: HTA's ``TraceAnalysis(trace_dir=...)`` load beside syncscope on ``--hta-files`` x
+  ``--hta-mb`` (default 8 x 256; HTA holds every event in pandas, ~16x the file size).
+
+Each measurement is the whole CLI in a fresh process (start-up and report writing included),
+sampled every 20 ms: wall seconds and the peak of the process tree's summed RSS (workers
+included). The machine's load average at the start is printed beside each figure: on a
+shared machine they are upper bounds.
+
+    python benchmarks/bench_scale.py --dir /tmp/scale [--ranks 1024,4096,16384] [--no-big]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "benchmarks"))
+
+from bench_analyze import HTA_LOAD, _tree_kib  # noqa: E402
+
+from syncscope.trace.synth import write_job, write_rank  # noqa: E402
+
+RANK_BYTES = 500_000  # 3 windows of the default shape: ~604 KiB a file
+
+
+def write_ranks(out: Path, ranks: int) -> Path:
+    """``ranks`` files: rank 0's written by the generator, the others its copies."""
+    done = out / ".complete"
+    if done.exists():
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    out.mkdir(parents=True)
+    first = out / "rank-0.json"
+    write_rank(first, 0, ranks, RANK_BYTES)
+    data = first.read_bytes()
+    head = b'"rank": 0,'
+    at = data.index(head)
+    for r in range(1, ranks):
+        (out / f"rank-{r}.json").write_bytes(
+            data[:at] + b'"rank": %d,' % r + data[at + len(head) :]
+        )
+    done.touch()
+    return out
+
+
+def write_run_dir(out: Path, source: Path, ranks: int, groups_once: bool = True) -> Path:
+    """A ``ranks``-rank run directory from a real 2-rank capture (``source``): rank 0's
+    events for every rank, its rank and world size rewritten and every process group made
+    the whole job's (version 2: once per file in ``pg`` events; ``groups_once=False``:
+    version 1, the list on every collective, as runs were written before)."""
+    import json
+
+    done = out / ".complete"
+    if done.exists():
+        return out
+    shutil.rmtree(out, ignore_errors=True)
+    (out / "ranks").mkdir(parents=True)
+    meta = json.loads((source / "meta.json").read_text())
+    meta["world_size"] = ranks
+    (out / "meta.json").write_text(json.dumps(meta))
+    events = [json.loads(line) for line in (source / "ranks" / "rank-00000.jsonl").open()]
+    everyone = list(range(ranks))
+    lines = []
+    for ev in events:
+        if ev["type"] == "pg" or (ev["type"] == "coll" and not groups_once):
+            ev["group"] = everyone
+        if ev["type"] == "coll" and groups_once:
+            ev.pop("group", None)
+        if ev["type"] == "pg" and not groups_once:
+            continue
+        lines.append(json.dumps(ev, separators=(",", ":")))
+    text = "\n".join(lines) + "\n"
+    for r in range(ranks):
+        per_rank = text.replace('"rank":0,', f'"rank":{r},').replace(
+            '"world_size":2', f'"world_size":{ranks}'
+        )
+        (out / "ranks" / f"rank-{r:05d}.jsonl").write_text(per_rank)
+    done.touch()
+    return out
+
+
+def write_big(out: Path, files: int, mb: int) -> Path:
+    done = out / ".complete"
+    if not done.exists():
+        shutil.rmtree(out, ignore_errors=True)
+        write_job(out, files, mb << 20)
+        done.touch()
+    return out
+
+
+def measure(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
+    """(wall s, peak tree RSS MiB) of ``cmd`` in a fresh process."""
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    peak = 0
+    while proc.poll() is None:
+        peak = max(peak, _tree_kib(proc.pid)[0])
+        time.sleep(0.02)
+    wall = time.monotonic() - start
+    if proc.returncode not in (0, 1):
+        err = proc.stderr.read().decode() if proc.stderr else ""
+        raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {err[-2000:]}")
+    return wall, peak / 1024
+
+
+def analyze(traces: Path, out: Path, extra: tuple[str, ...] = ()) -> tuple[float, float]:
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
+    cmd = [sys.executable, "-m", "syncscope", "analyze", "-q", str(traces), "-o", str(out)]
+    return measure([*cmd, "--fail-on", "never", *extra], env)
+
+
+def _size_gb(path: Path) -> float:
+    return sum(p.stat().st_size for p in path.glob("rank-*")) / 1e9
+
+
+ROWS: list[tuple[str, float, str, float, float, float]] = []  # what --doc writes
+
+
+def _line(name: str, traces: Path, wall: float, rss: float, tool: str = "syncscope") -> None:
+    load = os.getloadavg()[0]
+    size = _size_gb(traces)
+    ROWS.append((name, size, tool, wall, rss, load))
+    print(
+        f"{name:<28} {size:7.2f} GB | {tool:<9} {wall:8.1f} s {rss:8.0f} MiB "
+        f"| load {load:.1f} on {os.cpu_count()} cores",
+        flush=True,
+    )
+
+
+def write_doc(path: Path, argv: list[str]) -> None:
+    """The figures as docs/benchmarks.md's scale section (benchmarks/_report.py puts the
+    file in the page as written)."""
+    when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
+    lines = [
+        "<!-- written by benchmarks/bench_scale.py --doc; benchmarks/_report.py puts it in -->",
+        "### Scale: 16k ranks and 1 GB files",
+        "",
+        f"`python benchmarks/bench_scale.py {' '.join(argv)}` on {when}, {os.cpu_count()} "
+        "cores: the whole `syncscope analyze` CLI in a fresh process (reports written), wall "
+        "time and the peak of the process tree's summed RSS (workers included); *load* is "
+        "the 1-minute load average when the row ended (above the core count: other jobs "
+        "were running, so the times are upper bounds). Synthetic DDP traces from "
+        "`syncscope.trace.synth` (3 windows, 604 KB a rank; big files of that shape); run "
+        "directories copy a real 2-rank capture to N ranks, every group of all N.",
+        "",
+        "| set | GB | tool | wall s | peak RSS MiB | load |",
+        "|---|---:|---|---:|---:|---:|",
+    ]
+    for name, size, tool, wall, rss, load in ROWS:
+        lines.append(f"| {name} | {size:.2f} | {tool} | {wall:.1f} | {rss:.0f} | {load:.1f} |")
+    path.write_text("\n".join(lines) + "\n")
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--dir", type=Path, required=True, help="where the sets are written")
+    parser.add_argument("--ranks", default="1024,4096,16384")
+    parser.add_argument("--no-big", action="store_true")
+    parser.add_argument("--big-files", type=int, default=8)
+    parser.add_argument("--big-mb", type=int, default=1024)
+    parser.add_argument("--hta", action="store_true", help="HTA's load beside it")
+    parser.add_argument("--hta-files", type=int, default=8)
+    parser.add_argument("--hta-mb", type=int, default=256)
+    parser.add_argument("--scheduler", help="also analyze on this Dask scheduler")
+    parser.add_argument("--run-dir-ranks", default="", help="run directories of N ranks")
+    parser.add_argument("--v1-ranks", default="", help="the same, as format 1 wrote them")
+    parser.add_argument("--capture", type=Path, help="a 2-rank run directory to copy")
+    parser.add_argument("--doc", type=Path, help="write the figures here as markdown")
+    args = parser.parse_args()
+    out = args.dir / "out"
+    for n in (int(x) for x in args.ranks.split(",") if x):
+        traces = write_ranks(args.dir / f"ranks-{n}", n)
+        _line(f"{n} ranks x 604 KB", traces, *analyze(traces, out))
+        if args.scheduler:
+            wall, rss = analyze(traces, out, ("--scheduler", args.scheduler))
+            _line(f"{n} ranks x 604 KB", traces, wall, rss, "dask")
+    for fmt, counts in (("v2", args.run_dir_ranks), ("v1", args.v1_ranks)):
+        for n in (int(x) for x in counts.split(",") if x):
+            if args.capture is None:
+                raise SystemExit("--run-dir-ranks/--v1-ranks need --capture RUN_DIR")
+            run = write_run_dir(args.dir / f"run-{fmt}-{n}", args.capture, n, fmt == "v2")
+            wall, rss = analyze(run, out)
+            _line(f"run dir {fmt}, {n} ranks", run / "ranks", wall, rss)
+    if not args.no_big:
+        traces = write_big(
+            args.dir / f"big-{args.big_files}x{args.big_mb}", args.big_files, args.big_mb
+        )
+        _line(f"{args.big_files} x {args.big_mb} MB", traces, *analyze(traces, out))
+    if args.hta:
+        traces = write_big(
+            args.dir / f"hta-{args.hta_files}x{args.hta_mb}", args.hta_files, args.hta_mb
+        )
+        _line(f"{args.hta_files} x {args.hta_mb} MB", traces, *analyze(traces, out))
+        wall, rss = measure([sys.executable, "-c", HTA_LOAD, str(traces)])
+        _line(f"{args.hta_files} x {args.hta_mb} MB", traces, wall, rss, "HTA load")
+    if args.doc is not None:
+        argv = [a for a in sys.argv[1:] if not a.startswith(str(args.dir))]
+        write_doc(args.doc, argv)
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
