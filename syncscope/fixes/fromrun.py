@@ -85,7 +85,9 @@ def load_hints(run_dir: Path, script: Path, data: bytes) -> RunHints:
         if style is not None:
             wrapper, form = style[0], style[1] or form
         wrapper = CAUSE_HINTS.get(str(finding.get("cause", "")), wrapper)
-        hsdp = hsdp or fix.get("style") == "hsdp" or str(finding.get("cause", "")).startswith("hsdp-")
+        hsdp = (
+            hsdp or fix.get("style") == "hsdp" or str(finding.get("cause", "")).startswith("hsdp-")
+        )
         sources = field_of(
             finding, "sources", where, list, default=[], label=f"findings[{i}].sources"
         )
