@@ -18,6 +18,13 @@ from dataclasses import dataclass, field, replace
 
 from syncscope.analysis.advice import SNIPPETS, fix_style, in_framework
 from syncscope.analysis.crossrank import collective_mismatch, hang, rank_divergence, run_failed
+from syncscope.analysis.helpers import (
+    HELPER_CAUSE,
+    REPLACED_CAUSES,
+    helper_no_op,
+    helper_text,
+    name_helper,
+)
 from syncscope.figures import Steady, early_sync_ns, mean, median, saved_ns, steady_windows
 from syncscope.model import (
     FAILED_KINDS,
@@ -109,6 +116,9 @@ def _redundant(rank: RankRun, window: Window) -> Iterator[Observation]:
         return  # a single reduction in the wrong place is a missing sync, not a redundant one
     positions = sorted({c.micro_batch for c in early})
     cause, severity = _redundant_cause(rank, window, positions[0])
+    helper = helper_no_op(window, positions[0]) if cause in REPLACED_CAUSES else None
+    if helper is not None:  # the user's own helper was meant to skip these syncs
+        cause, severity = HELPER_CAUSE, "warning"
     # exposed sync time (syncscope.figures), not a sum of overlapping collective durations
     wasted_ns = early_sync_ns(window)
     duration = max(window.duration_ns, 1)
@@ -144,6 +154,8 @@ def _redundant(rank: RankRun, window: Window) -> Iterator[Observation]:
         fix = "hsdp" if any(c.op == "all_reduce" for c in early) else "fsdp-sharded"
     elif cause == "sync-each-batch":
         fix = "sync-each-batch"
+    elif cause == HELPER_CAUSE and {"reduce_scatter", "all_reduce"} <= {c.op for c in early}:
+        fix = "hsdp"
     fix = in_framework(rank, fix)
     yield Observation(
         "redundant-sync",
@@ -158,9 +170,10 @@ def _redundant(rank: RankRun, window: Window) -> Iterator[Observation]:
             "grad_syncs": window.grad_syncs,
             "grad_sync_micro_batches": window.grad_sync_micro_batches,
             "grad_sync_collectives": len(window.grad_sync_collectives),
+            **({"sync_helper": helper_text(helper)} if helper else {}),
         },
         cost,
-        _sites(window, positions[0]),
+        _sites(window, positions[0]) + ([("sync_helper", helper)] if helper else []),
         fix,
     )
 
@@ -450,7 +463,9 @@ def diagnose(run: Run) -> list[Finding]:
             _saved_across_ranks(observations, saved_ns(run))
     for rank in run.ranks:
         observations.extend(_irregular(rank))
-    findings = _fragmented_figures(_group(observations, steady_windows(run)))
+    findings = [
+        name_helper(f) for f in _fragmented_figures(_group(observations, steady_windows(run)))
+    ]
     findings.extend(rank_divergence(run, findings))
     findings.extend(collective_mismatch(run))
     findings.extend(hang(run))
