@@ -138,7 +138,11 @@ def test_trailing_incomplete_window_is_not_irregular() -> None:
 
 
 def _reduced_by_hand(
-    count: int, call_ns: int, compute_ns: int, nbytes: int = 544, issuer: str = "user"
+    count: int,
+    call_ns: int,
+    compute_ns: int,
+    nbytes: int = 544,
+    issuer: str = "user",
 ):  # type: ignore[no-untyped-def]
     """Four micro-batches of ``compute_ns`` each, then ``count`` gradient collectives of
     ``call_ns`` each after the last backward (a per-parameter all-reduce loop)."""
@@ -198,6 +202,32 @@ def test_bucketed_and_sharded_reductions_are_not_fragmented() -> None:
     # DDP's buckets (the first of 1 MiB, then up to 25 MiB): large, latency is not the cost
     ddp = both(_reduced_by_hand(2, 400_000, 100_000, nbytes=1 << 20, issuer="ddp"))
     assert "fragmented-sync" not in {f.kind for f in ddp}
+    # DDP's own bucketing at the default cap, however many collectives (compiled
+    # autograd's reducer issues one per gradient): DDP's choice, not the script's
+    assert both(_ddp_buckets(8, 25 << 20)) == []
+    # a bucket_cap_mb made tiny by the script: its buckets are fragmented
+    (f,) = both(_ddp_buckets(8, 1024))
+    assert (f.kind, f.evidence["collectives_per_round"]) == ("fragmented-sync", 8)
+
+
+def _ddp_buckets(count: int, bucket_cap: int):  # type: ignore[no-untyped-def]
+    """DDP (built with ``bucket_cap``) accumulating with no_sync, ``count`` buckets of 200 us
+    each on the last micro-batch."""
+
+    def make(r: Rank) -> Rank:
+        r.events[-1]["bucket_cap_bytes"] = bucket_cap  # the wrapper event
+        for _ in range(2):
+            for _ in range(3):
+                r.micro_batch(fwd_sync=False, bwd_sync=False, syncs=0)
+            r.add("fwd", wrapper="ddp", module="ddp:M#0", sync=True, depth=0, site=None)
+            r.add("bwd", sync={"ddp:M#0": True}, site=None)
+            for bucket in range(count):
+                r.coll(nbytes=544, issuer="ddp", call_ns=200_000, bucket=bucket)
+            r.add("bwd_end", mem=1000)
+            r.step()
+        return r.finish()
+
+    return make
     # FSDP's reduce-scatter per fully_shard group: the wrapping decides, not a bucketing
     fsdp = both(_reduced_by_hand(12, 400_000, 100_000, issuer="fsdp"))
     assert "fragmented-sync" not in {f.kind for f in fsdp}
