@@ -98,6 +98,7 @@ _NOT_HELPERS = frozenset(
         "accumulate",  # Accelerate's, recorded by its own hooks
     }
 )
+_HELPER_WORDS = ("sync", "accum", "reduce", "ddp", "fsdp")
 _withs_by_file: dict[str, dict[int, list[dict[str, object]]]] = {}
 _MAX_SOURCE_BYTES = 4 << 20
 
@@ -110,7 +111,12 @@ def _helper_calls(expr: ast.expr) -> list[str]:
     if not isinstance(expr, ast.Call):
         return []
     name = ast.unparse(expr.func)
-    return [] if name.rsplit(".", 1)[-1] in _NOT_HELPERS or len(name) > 80 else [name]
+    last = name.rsplit(".", 1)[-1]
+    if last in _NOT_HELPERS or len(name) > 80:
+        return []
+    # a sync helper says so in its name (no_sync, grad_sync_context, maybe_skip_allreduce):
+    # a progress bar, a timer or a profiler around the loop is none
+    return [name] if any(word in last.lower() for word in _HELPER_WORDS) else []
 
 
 def _index_withs(path: str) -> dict[int, list[dict[str, object]]]:
@@ -140,8 +146,9 @@ def _index_withs(path: str) -> dict[int, list[dict[str, object]]]:
 
 def enclosing_withs(file: str, line: int) -> list[dict[str, object]]:
     """The ``with`` statements of the user's source that hold ``file:line`` in their body,
-    outermost first, as ``{"line", "call"}`` (context managers that never change gradient
-    sync left out): a sync helper the user wrapped around forward and backward. Read once
+    outermost first, as ``{"line", "call"}``, of calls whose name speaks of syncing
+    (``sync``, ``accum``, ``reduce``, ``ddp``, ``fsdp``; known context managers that never
+    change it left out): a sync helper the user wrapped around forward and backward. Read once
     per file, from the call site's first lookup (never on a hot path)."""
     index = _withs_by_file.get(file)
     if index is None:

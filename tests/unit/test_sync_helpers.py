@@ -113,6 +113,8 @@ def test_enclosing_withs_reads_the_users_source(tmp_path: Path) -> None:
         "                loss.backward()\n"  # 7
         "            y = 1\n"  # 8
         "    step()\n"  # 9
+        "with tqdm(total=4) as bar, Timer('train'):\n"  # 10: named like no sync helper
+        "    loss.backward()\n"  # 11
     )
     path = str(script)
     expected = [{"line": 4, "call": "no_sync"}, {"line": 5, "call": "grad_sync_context"}]
@@ -120,4 +122,5 @@ def test_enclosing_withs_reads_the_users_source(tmp_path: Path) -> None:
     assert enclosing_withs(path, 7) == expected
     assert enclosing_withs(path, 8) == expected[:1]
     assert enclosing_withs(path, 9) == []
+    assert enclosing_withs(path, 11) == []
     assert enclosing_withs(str(tmp_path / "missing.py"), 3) == []
