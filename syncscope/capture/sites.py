@@ -156,7 +156,7 @@ def enclosing_withs(file: str, line: int) -> list[dict[str, object]]:
     return index.get(line, [])
 
 
-def within_outside_forward(skip: int = 1, depth: int = 12) -> list[dict[str, object]]:
+def within_outside_forward(skip: int = 1, depth: int = 24) -> list[dict[str, object]]:
     """``enclosing_withs`` of the first user frame above the caller that is not a module's
     ``forward``: a wrapper called from the user's own module (``Outer.forward`` calling the
     DDP module) was entered from the training loop further up."""
