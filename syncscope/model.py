@@ -150,6 +150,9 @@ class MicroBatch:
     backward_site: SourceLocation | None = None
     sync_each_batch: bool | None = None  # Accelerate GradientAccumulationPlugin setting
     backward_start_ns: int | None = None  # start of the backward pass (forward ends before)
+    # the user's ``with`` statements around both the forward and the backward (a sync
+    # helper), outermost first: the ``with`` line, ``function`` the call it enters
+    helpers: tuple[SourceLocation, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

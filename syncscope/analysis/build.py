@@ -56,6 +56,32 @@ def _site(value: Any) -> SourceLocation | None:
     )
 
 
+def _withs(site: object, within: object) -> dict[tuple[str, int], str]:
+    """(file, line) -> call, of the ``with`` statements recorded around a site."""
+    file = str(site.get("file", "")) if isinstance(site, dict) else ""
+    out: dict[tuple[str, int], str] = {}
+    for entry in within if isinstance(within, list) else ():
+        if isinstance(entry, dict) and isinstance(entry.get("line"), int):
+            key = (str(entry.get("file") or file), int(entry["line"]))
+            out[key] = str(entry.get("call", ""))
+    return out
+
+
+def _helpers(fwd: dict[str, Any], backward: dict[str, Any]) -> tuple[SourceLocation, ...]:
+    """The user's ``with`` statements around both a micro-batch's forward and backward
+    (``fwd["within"]``: around the user's module that called the wrapper)."""
+    fsite, bsite = fwd.get("site"), backward.get("site")
+    if not isinstance(fsite, dict) or not isinstance(bsite, dict):
+        return ()
+    around_forward = _withs(fsite, fwd.get("within") or fsite.get("within"))
+    around_backward = _withs(bsite, bsite.get("within"))
+    return tuple(
+        SourceLocation(file, line, call)
+        for (file, line), call in around_backward.items()
+        if (file, line) in around_forward
+    )
+
+
 def is_floating_dtype(dtype: str) -> bool:
     """Gradients are floating point; "" (not recorded) is given the benefit of the doubt."""
     return dtype == "" or "float" in dtype.lower()
@@ -258,6 +284,7 @@ class _RankReader:
             backward_site=_site(backward.get("site")),
             sync_each_batch=accel.get("sync_each_batch") if accel else None,
             backward_start_ns=int(backward["t"]),
+            helpers=_helpers(fwd, backward),
         )
 
     def _on_reset(self, ev: dict[str, Any], t: int) -> None:

@@ -14,13 +14,21 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from syncscope.analysis.advice import SNIPPETS, fix_style, in_framework
 from syncscope.analysis.crossrank import collective_mismatch, hang, rank_divergence, run_failed
+from syncscope.analysis.helpers import (
+    HELPER_CAUSE,
+    REPLACED_CAUSES,
+    helper_no_op,
+    helper_text,
+    name_helper,
+)
 from syncscope.figures import Steady, early_sync_ns, mean, median, saved_ns, steady_windows
 from syncscope.model import (
     FAILED_KINDS,
+    Collective,
     Finding,
     RankRun,
     Run,
@@ -30,8 +38,12 @@ from syncscope.model import (
     severity_rank,
 )
 
-FRAGMENT_MIN_COLLECTIVES = 16
-FRAGMENT_MAX_MEAN_BYTES = 256 * 1024
+FRAGMENT_MAX_MEAN_BYTES = 256 * 1024  # smaller collectives cost mostly their latency
+FRAGMENT_BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket: what one collective can carry
+# the extra calls' estimated cost, as a share of the window: reported from 1%; a warning
+# from 10%, the share at which exposed-communication warns (syncscope/trace/findings.py)
+FRAGMENT_MIN_SHARE = 0.01
+FRAGMENT_WARNING_SHARE = 0.10
 
 
 @dataclass
@@ -104,6 +116,9 @@ def _redundant(rank: RankRun, window: Window) -> Iterator[Observation]:
         return  # a single reduction in the wrong place is a missing sync, not a redundant one
     positions = sorted({c.micro_batch for c in early})
     cause, severity = _redundant_cause(rank, window, positions[0])
+    helper = helper_no_op(window, positions[0]) if cause in REPLACED_CAUSES else None
+    if helper is not None:  # the user's own helper was meant to skip these syncs
+        cause, severity = HELPER_CAUSE, "warning"
     # exposed sync time (syncscope.figures), not a sum of overlapping collective durations
     wasted_ns = early_sync_ns(window)
     duration = max(window.duration_ns, 1)
@@ -139,6 +154,8 @@ def _redundant(rank: RankRun, window: Window) -> Iterator[Observation]:
         fix = "hsdp" if any(c.op == "all_reduce" for c in early) else "fsdp-sharded"
     elif cause == "sync-each-batch":
         fix = "sync-each-batch"
+    elif cause == HELPER_CAUSE and {"reduce_scatter", "all_reduce"} <= {c.op for c in early}:
+        fix = "hsdp"
     fix = in_framework(rank, fix)
     yield Observation(
         "redundant-sync",
@@ -153,9 +170,10 @@ def _redundant(rank: RankRun, window: Window) -> Iterator[Observation]:
             "grad_syncs": window.grad_syncs,
             "grad_sync_micro_batches": window.grad_sync_micro_batches,
             "grad_sync_collectives": len(window.grad_sync_collectives),
+            **({"sync_helper": helper_text(helper)} if helper else {}),
         },
         cost,
-        _sites(window, positions[0]),
+        _sites(window, positions[0]) + ([("sync_helper", helper)] if helper else []),
         fix,
     )
 
@@ -232,39 +250,83 @@ def _grad_reset(rank: RankRun, window: Window) -> Iterator[Observation]:
 
 
 def _fragmented(rank: RankRun, window: Window) -> Iterator[Observation]:
-    rounds: dict[tuple[int, str, str], list[int]] = {}
-    durations: list[int] = []
+    """Rounds of many small collectives, reported when their measured extra calls cost a
+    material share of the window (docs/findings/fragmented-sync.md)."""
+    # a wrapper's own reductions: FSDP's per fully_shard group (the wrapping decides), DDP's
+    # buckets unless the script made them smaller than the default (bucket_cap_mb)
+    small_buckets = any(
+        w.kind == "ddp"
+        and w.bucket_cap_bytes is not None
+        and w.bucket_cap_bytes < FRAGMENT_BUCKET_BYTES
+        for w in rank.wrappers
+    )
+    own = {"fsdp"} if small_buckets else {"fsdp", "ddp", "autograd"}
+    rounds: dict[tuple[int, str, str], list[Collective]] = {}
     for c in window.grad_sync_collectives:
-        rounds.setdefault((c.micro_batch, c.phase, c.issuer), []).append(c.bytes)
-        durations.append(c.duration_ns)
-    if not rounds:
+        if c.issuer not in own:
+            rounds.setdefault((c.micro_batch, c.phase, c.issuer), []).append(c)
+    ideal = {k: -(-sum(c.bytes for c in r) // FRAGMENT_BUCKET_BYTES) for k, r in rounds.items()}
+    small = {
+        k: r
+        for k, r in rounds.items()
+        if len(r) > max(1, ideal[k]) and mean([c.bytes for c in r]) <= FRAGMENT_MAX_MEAN_BYTES
+    }
+    if not small:
         return
-    sizes = max(rounds.values(), key=len)
-    average = mean(sizes)
-    if len(sizes) < FRAGMENT_MIN_COLLECTIVES or average > FRAGMENT_MAX_MEAN_BYTES:
+    extra = sum(len(r) - max(1, ideal[k]) for k, r in small.items())
+    # each call's host-side time, issue to return: a blocking call's whole latency, an
+    # asynchronous one's issue cost (the least it adds); the median leaves out the call that
+    # absorbs the ranks' skew
+    call_ns = median([float(c.end_ns - c.start_ns) for r in small.values() for c in r])
+    overhead = call_ns * extra
+    share = overhead / max(window.duration_ns, 1)
+    if share < FRAGMENT_MIN_SHARE:
         return
-    ideal = max(1, -(-sum(sizes) // (25 * 1024 * 1024)))
-    per_collective = mean(durations)
+    largest = max(small, key=lambda k: len(small[k]))
     yield Observation(
         "fragmented-sync",
-        "warning",
+        "warning" if share >= FRAGMENT_WARNING_SHARE else "info",
         "unbucketed",
         rank.rank,
         window.index,
         {
-            "collectives_per_round": len(sizes),
-            "mean_bytes": int(average),
-            "rounds": len(rounds),
+            "collectives_per_round": len(small[largest]),
+            "ideal_collectives_per_round": max(1, ideal[largest]),
+            "mean_bytes": int(mean([c.bytes for c in small[largest]])),
+            "rounds": len(small),
         },
         {
-            "mean_collective_ns": per_collective,
-            "estimated_latency_overhead_ns_per_window": per_collective
-            * (len(sizes) - ideal)
-            * len(rounds),
+            "collective_call_ns": call_ns,
+            "extra_collectives_per_window": extra,
+            "estimated_latency_overhead_ns_per_window": overhead,
+            "window_ns": window.duration_ns,
+            "share_of_window_time": min(1.0, share),
         },
-        [("collective", c.site) for c in window.grad_sync_collectives if c.site][:1],
+        [("collective", c.site) for c in small[largest] if c.site][:1],
         "bucket",
     )
+
+
+def _fragmented_figures(findings: list[Finding]) -> list[Finding]:
+    """The grouped card's derived figures from the medians shown beside them (a median of
+    products is not the product of the medians)."""
+    out = []
+    for f in findings:
+        if f.kind == "fragmented-sync":
+            cost = dict(f.cost)
+            call, extra, window = (
+                float(v) if isinstance(v, (int, float)) else 0.0
+                for v in (
+                    cost["collective_call_ns"],
+                    cost["extra_collectives_per_window"],
+                    cost["window_ns"],
+                )
+            )
+            cost["estimated_latency_overhead_ns_per_window"] = call * extra
+            cost["share_of_window_time"] = min(1.0, call * extra / max(window, 1.0))
+            f = replace(f, cost=cost)
+        out.append(f)
+    return out
 
 
 def _unsharded_memory(rank: RankRun, window: Window) -> Iterator[Observation]:
@@ -410,7 +472,9 @@ def diagnose(run: Run) -> list[Finding]:
             _saved_across_ranks(observations, saved_ns(run))
     for rank in run.ranks:
         observations.extend(_irregular(rank))
-    findings = _group(observations, steady_windows(run))
+    findings = [
+        name_helper(f) for f in _fragmented_figures(_group(observations, steady_windows(run)))
+    ]
     findings.extend(rank_divergence(run, findings))
     findings.extend(collective_mismatch(run))
     findings.extend(hang(run))

@@ -382,6 +382,11 @@ class Recorder:
             if self.trace is not None:
                 self.trace.micro_batch_begin(self.window, self.micro_batch)
         site = sites.user_site(2, "fwd")
+        if depth == 0 and site is not None and site["function"] == "forward":
+            # the wrapper runs inside the user's own module: what encloses that module's call
+            within = sites.within_outside_forward(2)
+            if within:
+                extra = {**(extra or {}), "within": within}
         self.hold(("fwd", self.now(), wrapper, label, sync, depth, site, extra))
 
     def on_forward_end(self) -> None:

@@ -7,6 +7,7 @@ Results are cached per code object, so a lookup costs a short walk of the stack.
 
 from __future__ import annotations
 
+import ast
 import os
 import sys
 import sysconfig
@@ -71,8 +72,103 @@ def _site_of(frame: FrameType, code: CodeType, file: str) -> SiteDict:
     if site is None:
         if len(_site_dicts) > 4096:  # call sites are few; never grows without bound
             _site_dicts.clear()
-        site = _site_dicts[key] = {"file": file, "line": frame.f_lineno, "function": code.co_name}
+        line = frame.f_lineno
+        site = _site_dicts[key] = {"file": file, "line": line, "function": code.co_name}
+        within = enclosing_withs(file, line)
+        if within:
+            site["within"] = within
     return site
+
+
+# context managers that are no sync helper: they never change gradient sync
+_NOT_HELPERS = frozenset(
+    {
+        "nullcontext",
+        "no_grad",
+        "enable_grad",
+        "inference_mode",
+        "set_grad_enabled",
+        "autocast",
+        "record_function",
+        "profile",
+        "open",
+        "suppress",
+        "ExitStack",
+        "sdpa_kernel",
+        "accumulate",  # Accelerate's, recorded by its own hooks
+    }
+)
+_HELPER_WORDS = ("sync", "accum", "reduce", "ddp", "fsdp")
+_withs_by_file: dict[str, dict[int, list[dict[str, object]]]] = {}
+_MAX_SOURCE_BYTES = 4 << 20
+
+
+def _helper_calls(expr: ast.expr) -> list[str]:
+    """Names of the calls a ``with`` item enters: ``helper(...)``, or either branch of
+    ``helper(...) if cond else contextlib.nullcontext()``."""
+    if isinstance(expr, ast.IfExp):
+        return _helper_calls(expr.body) + _helper_calls(expr.orelse)
+    if not isinstance(expr, ast.Call):
+        return []
+    name = ast.unparse(expr.func)
+    last = name.rsplit(".", 1)[-1]
+    if last in _NOT_HELPERS or len(name) > 80:
+        return []
+    # a sync helper says so in its name (no_sync, grad_sync_context, maybe_skip_allreduce):
+    # a progress bar, a timer or a profiler around the loop is none
+    return [name] if any(word in last.lower() for word in _HELPER_WORDS) else []
+
+
+def _index_withs(path: str) -> dict[int, list[dict[str, object]]]:
+    """Line -> the ``with`` statements whose body holds it (outermost first), for a file."""
+    index: dict[int, list[dict[str, object]]] = {}
+    try:
+        if os.path.getsize(path) > _MAX_SOURCE_BYTES:
+            return index
+        with open(path, "rb") as f:
+            tree = ast.parse(f.read(), path)
+    except (OSError, SyntaxError, ValueError, RecursionError, MemoryError):
+        return index
+    for node in ast.walk(tree):
+        if not isinstance(node, (ast.With, ast.AsyncWith)) or not node.body:
+            continue
+        names = [name for item in node.items for name in _helper_calls(item.context_expr)]
+        if not names:
+            continue
+        entry: dict[str, object] = {"line": node.lineno, "call": names[0]}
+        end = node.end_lineno or node.body[-1].lineno
+        for line in range(node.body[0].lineno, end + 1):
+            index.setdefault(line, []).append(entry)
+    for entries in index.values():
+        entries.sort(key=lambda e: int(str(e["line"])))
+    return index
+
+
+def enclosing_withs(file: str, line: int) -> list[dict[str, object]]:
+    """The ``with`` statements of the user's source that hold ``file:line`` in their body,
+    outermost first, as ``{"line", "call"}``, of calls whose name speaks of syncing
+    (``sync``, ``accum``, ``reduce``, ``ddp``, ``fsdp``; known context managers that never
+    change it left out): a sync helper the user wrapped around forward and backward. Read once
+    per file, from the call site's first lookup (never on a hot path)."""
+    index = _withs_by_file.get(file)
+    if index is None:
+        index = _withs_by_file[file] = _index_withs(file)
+    return index.get(line, [])
+
+
+def within_outside_forward(skip: int = 1, depth: int = 24) -> list[dict[str, object]]:
+    """``enclosing_withs`` of the first user frame above the caller that is not a module's
+    ``forward``: a wrapper called from the user's own module (``Outer.forward`` calling the
+    DDP module) was entered from the training loop further up."""
+    frame: FrameType | None = sys._getframe(skip + 1)
+    while frame is not None and depth > 0:
+        code = frame.f_code
+        file = _user_file(code)
+        if file and code.co_name not in ("forward", "__call__", "_call_impl"):
+            return [{"file": file, **e} for e in enclosing_withs(file, frame.f_lineno)]
+        frame = frame.f_back
+        depth -= 1
+    return []
 
 
 # Where the user's frame was found last, per kind of hook: (its depth above the caller, its

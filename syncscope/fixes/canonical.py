@@ -3,7 +3,7 @@
 Raw DDP gets ``with (model.no_sync() if not is_last else contextlib.nullcontext()):`` around
 forward and backward (or ``model.require_backward_grad_sync = is_last`` before the forward
 where the script uses the flag); FSDP2 gets ``model.set_requires_gradient_sync(is_last)``
-before the forward. A script that wraps its model only under a condition (``if ddp:``) also
+before the forward (``set_requires_all_reduce(is_last)`` where a profile saw HSDP). A script that wraps its model only under a condition (``if ddp:``) also
 runs unwrapped, so the toggle goes under that condition: ``model.no_sync() if ddp and not
 is_last else ...``, ``if ddp: model.require_backward_grad_sync = is_last``; Accelerate gets ``with accelerator.accumulate(model):`` and
 ``Accelerator(gradient_accumulation_steps=N)``.
@@ -41,6 +41,9 @@ class Context:
     # the script's condition for wrapping the model (``ddp``): it also runs unwrapped, so
     # what only a wrapper has (``no_sync``, the flag, the FSDP2 setter) is used under it
     guard: str | None = None
+    # the profile (``--from``) saw HSDP: ``set_requires_all_reduce`` skips only the
+    # cross-replica all-reduce and keeps gradients sharded (sync-semantics.md)
+    hsdp: bool = False
 
 
 def _fresh_name(module: cst.Module) -> str:
@@ -204,7 +207,8 @@ def canonical_rewrite(ctx: Context) -> tuple[Edit | None, str]:
         return f"if {guard}:\n    {line}" if guard else line
 
     if ctx.wrapper == "fsdp2":
-        lines = [*setup, guarded(f"{model}.set_requires_gradient_sync({name})")]
+        setter = "set_requires_all_reduce" if ctx.hsdp else "set_requires_gradient_sync"
+        lines = [*setup, guarded(f"{model}.{setter}({name})")]
         return edits.insert_before_forward(ctx.loop, lines, None, gate), ""
     if ctx.wrapper == "ddp" and ctx.ddp_form == "flag":
         lines = [*setup, guarded(f"{model}.require_backward_grad_sync = {name}")]

@@ -42,6 +42,7 @@ class RunHints:
     ddp_form: DdpForm | None = None
     lines: frozenset[int] = frozenset()  # source lines of findings, in this script
     helper_codes: frozenset[str] = frozenset()  # statements that toggle sync via a helper
+    hsdp: bool = False  # the run was HSDP: skip the cross-replica all-reduce only
 
 
 @dataclass(frozen=True)
@@ -170,6 +171,7 @@ class _Driver:
             ctx = Context(
                 loop, kind, form, resolution, wrapper.module, why, self.distributed, guard
             )
+            ctx.hsdp = kind == "fsdp2" and hints is not None and hints.hsdp
             for rule in ALL_RULES:
                 violation = rule.check(ctx)
                 if violation is not None:

@@ -140,7 +140,9 @@ def _is_toggle_if(node: cst.BaseStatement) -> bool:
     body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
     text = code_of(node.body)
     return len(body) == 1 and (
-        "require_backward_grad_sync" in text or "set_requires_gradient_sync" in text
+        "require_backward_grad_sync" in text
+        or "set_requires_gradient_sync" in text
+        or "set_requires_all_reduce" in text
     )
 
 

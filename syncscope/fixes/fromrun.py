@@ -75,6 +75,7 @@ def load_hints(run_dir: Path, script: Path, data: bytes) -> RunHints:
     helper_codes: set[str] = set()
     wrapper: WrapperKind | None = None
     form: DdpForm | None = None
+    hsdp = False
     text = data.decode("utf-8", errors="replace").splitlines()
     findings = field_of(report, "findings", where, list, default=[])
     for i, finding in enumerate(findings):
@@ -84,6 +85,9 @@ def load_hints(run_dir: Path, script: Path, data: bytes) -> RunHints:
         if style is not None:
             wrapper, form = style[0], style[1] or form
         wrapper = CAUSE_HINTS.get(str(finding.get("cause", "")), wrapper)
+        hsdp = (
+            hsdp or fix.get("style") == "hsdp" or str(finding.get("cause", "")).startswith("hsdp-")
+        )
         sources = field_of(
             finding, "sources", where, list, default=[], label=f"findings[{i}].sources"
         )
@@ -96,4 +100,4 @@ def load_hints(run_dir: Path, script: Path, data: bytes) -> RunHints:
             lines.add(line)
             if source.get("role") in TOGGLE_ROLES:
                 helper_codes.add(text[line - 1].strip())
-    return RunHints(wrapper, form, frozenset(lines), frozenset(helper_codes))
+    return RunHints(wrapper, form, frozenset(lines), frozenset(helper_codes), hsdp)

@@ -361,13 +361,14 @@ def _flag_value(statement: cst.BaseStatement) -> cst.BaseExpression | None:
 
 
 def _setter_value(statement: cst.BaseStatement) -> cst.BaseExpression | None:
-    """``model.set_requires_gradient_sync(value)`` -> value."""
+    """``model.set_requires_gradient_sync(value)`` (or HSDP's ``set_requires_all_reduce``)
+    -> value."""
     for small in _simple_statements(statement):
         call = small.value if isinstance(small, cst.Expr) else None
         if (
             isinstance(call, cst.Call)
             and isinstance(call.func, cst.Attribute)
-            and call.func.attr.value == "set_requires_gradient_sync"
+            and call.func.attr.value in ("set_requires_gradient_sync", "set_requires_all_reduce")
             and call.args
         ):
             return call.args[0].value

@@ -92,7 +92,12 @@ class NoSyncSuppression(Rule):
         if ctx.wrapper is None or loop.style == "accumulate" or loop.toggles:
             return None
         n = _n(ctx)
-        if ctx.wrapper == "fsdp2":
+        if ctx.wrapper == "fsdp2" and ctx.hsdp:
+            message = (
+                f"HSDP all-reduces across replicas on every micro-batch ({n} per window, 1 "
+                "needed); set_requires_all_reduce skips it and keeps gradients sharded"
+            )
+        elif ctx.wrapper == "fsdp2":
             message = (
                 f"FSDP2 reduce-scatters on every micro-batch ({n} per window, 1 needed); "
                 f"toggling saves {n} - 1 per window but holds unsharded gradients between "

@@ -148,6 +148,18 @@ def _num(value: object) -> float:
     return float(value) if isinstance(value, (int, float)) else 0.0
 
 
+def _fragment_cost(c: dict[str, object]) -> str:
+    """fragmented-sync: the estimate from the figures shown beside it."""
+    overhead = f"~{human_ns(_num(c['estimated_latency_overhead_ns_per_window']))}"
+    if "extra_collectives_per_window" not in c:  # a report from before these figures
+        return f"{overhead} of per-call latency per window"
+    return (
+        f"{_num(c['extra_collectives_per_window']):.0f} extra collectives x "
+        f"{human_ns(_num(c['collective_call_ns']))} per call = {overhead} per window "
+        f"({_num(c['share_of_window_time']):.0%} of the {human_ns(_num(c['window_ns']))} window)"
+    )
+
+
 def _cost_line(f: Finding) -> str:
     parts = []
     c = f.cost
@@ -178,9 +190,7 @@ def _cost_line(f: Finding) -> str:
             f"~{human_bytes(_num(c['estimated_extra_memory_bytes']))} extra gradient memory held"
         )
     if "estimated_latency_overhead_ns_per_window" in c:
-        parts.append(
-            f"~{human_ns(_num(c['estimated_latency_overhead_ns_per_window']))} of per-call latency per window"
-        )
+        parts.append(_fragment_cost(c))
     if "lost_share_of_gradient" in c:
         parts.append(f"{_num(c['lost_share_of_gradient']):.0%} of the window's gradient lost")
     return "; ".join(parts)

@@ -77,14 +77,26 @@ def test_off_by_one_step_gate_makes_an_irregular_first_window(profiled) -> None:
     assert (finding["cause"], finding["windows"]) == ("first-window", [0])
 
 
-def test_one_all_reduce_per_parameter_is_fragmented(profiled) -> None:  # type: ignore[no-untyped-def]
-    run = loop(profiled, "per-param-allreduce")
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("pattern", "tensors"), [("per-param-allreduce", 20), ("per-param-allreduce-mlp3", 6)]
+)
+def test_one_all_reduce_per_parameter_is_fragmented(profiled, pattern, tensors) -> None:  # type: ignore[no-untyped-def]
+    # 6 tensors (a 3-layer MLP) reduced one by one: no count threshold, the measured cost
+    run = loop(profiled, pattern)
     w = run.complete_windows(0)[0]
-    assert (w["grad_syncs"], w["grad_sync_collectives"]) == (1, 20)
+    assert (w["grad_syncs"], w["grad_sync_collectives"]) == (1, tensors)
     finding = run.finding("fragmented-sync")
-    assert finding["evidence"]["collectives_per_round"] == 20
+    assert finding["evidence"]["collectives_per_round"] == tensors
+    assert finding["evidence"]["ideal_collectives_per_round"] == 1
     assert finding["evidence"]["mean_bytes"] < 2048
-    assert finding["cost"]["estimated_latency_overhead_ns_per_window"] > 0
+    cost = finding["cost"]
+    assert cost["extra_collectives_per_window"] == tensors - 1
+    overhead = cost["collective_call_ns"] * cost["extra_collectives_per_window"]
+    assert cost["estimated_latency_overhead_ns_per_window"] == pytest.approx(overhead)
+    assert cost["share_of_window_time"] == pytest.approx(overhead / cost["window_ns"])
+    assert 0.01 <= cost["share_of_window_time"] < 1
+    assert finding["severity"] == ("warning" if cost["share_of_window_time"] >= 0.1 else "info")
 
 
 def test_fsdp_toggle_before_forward_only_still_syncs_every_micro_batch(profiled) -> None:  # type: ignore[no-untyped-def]

@@ -8,11 +8,14 @@ reduce-scatter runs early, which keeps gradients sharded: a deliberate trade-off
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import pytest
 
-from tests.conftest import LOOPS, profile
+from tests.conftest import LOOPS, profile, run_syncscope
+
+STEP_FUNCTION = Path(__file__).parents[1] / "scripts" / "hsdp_step_function.py"
 
 
 @pytest.fixture(scope="module")
@@ -61,3 +64,40 @@ def test_set_requires_all_reduce_toggle_is_sharded_accumulation(hsdp: dict[str, 
     assert run.report["verdict"] == "clean"
     assert run.kinds() == {("redundant-sync", "fsdp-sharded-accumulation")}
     assert run.finding("redundant-sync")["severity"] == "info"
+
+
+@pytest.mark.slow
+def test_fix_from_an_hsdp_run_rewrites_a_step_function_with_set_requires_all_reduce(
+    tmp_path: Path,
+) -> None:
+    # GIVEN an HSDP run of `training_step(model, opt, batches)` (step after the loop)
+    script = tmp_path / "train.py"
+    script.write_text(STEP_FUNCTION.read_text())
+    for name in ("before", "after"):
+        (tmp_path / name).mkdir()
+    before = profile(tmp_path / "before", script, nproc=4)
+    finding = before.finding("redundant-sync")
+    assert finding["cause"] == "hsdp-all-reduce-every-micro-batch"
+    # WHEN fixed from that run
+    done = run_syncscope(
+        "fix",
+        "--from",
+        str(before.run_dir),
+        "--apply",
+        "--no-backup",
+        "--allow-outside",
+        str(script),
+    )
+    assert done.returncode == 0, done.stderr  # found, and fixed in place
+    assert "no finding of the profile" not in done.stdout + done.stderr
+    assert "model.set_requires_all_reduce(is_last)" in script.read_text()
+    assert "set_requires_gradient_sync" not in script.read_text()
+    # THEN the fixed script all-reduces across replicas once per window, keeps its
+    # reduce-scatters on every micro-batch, and is the deliberate trade-off (info)
+    after = profile(tmp_path / "after", script, nproc=4)
+    for rank in range(4):
+        for w, was in zip(after.complete_windows(rank), before.complete_windows(rank), strict=True):
+            assert w["collectives"]["reduce_scatter"] == was["collectives"]["reduce_scatter"]
+            assert 0 < w["collectives"]["all_reduce"] < was["collectives"]["all_reduce"]
+    assert after.report["verdict"] == "clean"
+    assert after.kinds() == {("redundant-sync", "fsdp-sharded-accumulation")}

@@ -138,8 +138,9 @@ elif PATTERN == "manual-flat-allreduce":  # no DDP: one flattened all-reduce bef
             g.copy_(s)
         opt.step()
         opt.zero_grad()
-elif PATTERN == "per-param-allreduce":  # one all-reduce per parameter tensor: fragmented
-    model = mlp(layers=10)
+elif PATTERN in ("per-param-allreduce", "per-param-allreduce-mlp3"):  # fragmented
+    # one all-reduce per parameter tensor: 20 tensors, or 6 (a 3-layer MLP)
+    model = mlp(layers=3 if PATTERN.endswith("mlp3") else 10)
     opt = torch.optim.SGD(model.parameters(), 0.1)
     for step in range(STEPS):
         for micro in range(ACCUM):

@@ -57,12 +57,13 @@ class Rank:
         phase: str = "backward",
         issuer: str = "ddp",
         group: tuple[int, ...] = (0, 1),
+        call_ns: int | None = None,  # the call's time, issue to return (None: as before, 10 ns)
         **extra: Any,
     ) -> Rank:
         self.add(
             "coll",
             seq=self.seq,
-            t_end=self.t + 10,
+            t_end=self.t + 10 if call_ns is None else self.t + 1000 + call_ns,
             op=op,
             raw=op,
             bytes=nbytes,
@@ -73,6 +74,7 @@ class Rank:
             issuer=issuer,
             **extra,
         )
+        self.t += call_ns or 0  # the call returns call_ns after its issue
         self.add("done", seq=self.seq)
         self.seq += 1
         return self

@@ -117,3 +117,69 @@ def test_from_run_refuses_a_changed_script(tmp_path: Path) -> None:
 def test_from_run_without_report_is_an_error(tmp_path: Path) -> None:
     with pytest.raises(SyncscopeError, match=r"no report\.json"):
         load_hints(tmp_path, tmp_path / "x.py", b"")
+
+
+STEP_FUNCTION = """import torch
+from torch import nn
+
+
+def training_step(model, opt, batches):
+    for i, (x, y) in enumerate(batches):
+        loss = nn.functional.mse_loss(model(x), y) / len(batches)
+        loss.backward()
+    opt.step()
+    opt.zero_grad()
+"""
+
+
+@pytest.mark.parametrize(
+    ("finding", "added"),
+    [
+        (
+            {"cause": "hsdp-all-reduce-every-micro-batch", "fix": {"style": "hsdp"}},
+            "        model.set_requires_all_reduce(is_last)",
+        ),
+        (
+            {"cause": "fsdp-sharded-accumulation", "fix": {"style": "fsdp2"}},
+            "        model.set_requires_gradient_sync(is_last)",
+        ),
+        (
+            {"cause": "no-no_sync", "fix": {"style": "ddp-no_sync"}},
+            "        with (model.no_sync() if not is_last else contextlib.nullcontext()):",
+        ),
+    ],
+)
+def test_from_run_fixes_a_loop_in_a_function_whose_step_follows_it(
+    tmp_path: Path, finding: dict[str, object], added: str
+) -> None:
+    # GIVEN `training_step(model, opt, batches)`: the model is a parameter (its wrapper
+    # known only from the run), the step after the loop, the sources inside the function
+    script = tmp_path / "train.py"
+    script.write_text(STEP_FUNCTION)
+    sources = [
+        {"role": role, "file": str(script), "line": line, "function": "training_step"}
+        for role, line in (("forward", 7), ("backward", 8), ("step", 9))
+    ]
+    report = [{"kind": "redundant-sync", "sources": sources, **finding}]
+    hints = load_hints(_run_dir(tmp_path, script, report), script, script.read_bytes())
+    # WHEN fixed from the run THEN the loop is rewritten in the run's wrapper's terms
+    result = fix_source(script.read_text(), FixOptions(hints=hints))
+    assert not result.notes
+    lines = result.fixed.splitlines()
+    assert "        is_last = i == len(batches) - 1" in lines
+    assert added in lines
+    assert [(p.code, p.fixed) for p in result.problems] == [("SYN101", True)]
+    if "all_reduce" in added:  # HSDP: the cause names the all-reduce, not the reduce-scatter
+        assert "HSDP all-reduces across replicas" in result.problems[0].message
+        assert "set_requires_gradient_sync" not in result.fixed
+
+
+def test_hsdp_all_reduce_toggle_is_a_toggle() -> None:
+    # a loop that already skips the cross-replica all-reduce off the last micro-batch is fine
+    source = STEP_FUNCTION.replace(
+        "        loss = nn",
+        "        model.set_requires_all_reduce(i == len(batches) - 1)\n        loss = nn",
+    )
+    source = "from torch.distributed.fsdp import fully_shard\nmodel = fully_shard(net)\n" + source
+    result = fix_source(source)
+    assert not result.problems and not result.changed
