@@ -16,6 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+from syncscope.analysis import deepspeed
 from syncscope.analysis.advice import SNIPPETS, fix_style, in_framework
 from syncscope.analysis.crossrank import collective_mismatch, hang, rank_divergence, run_failed
 from syncscope.figures import Steady, early_sync_ns, mean, median, saved_ns, steady_windows
@@ -71,6 +72,8 @@ def _redundant_cause(rank: RankRun, window: Window, position: int) -> tuple[str,
     if mb.sync_each_batch:
         return "sync-each-batch", "info"
     toggled = bool(window.toggles)
+    if mb.wrapper == "deepspeed":
+        return deepspeed.redundant_cause(rank, window, position)
     if mb.wrapper == "fsdp":
         if mb.forward_sync is False and mb.backward_sync:
             return "no_sync-forward-only", "warning"
@@ -139,6 +142,9 @@ def _redundant(rank: RankRun, window: Window) -> Iterator[Observation]:
         fix = "hsdp" if any(c.op == "all_reduce" for c in early) else "fsdp-sharded"
     elif cause == "sync-each-batch":
         fix = "sync-each-batch"
+    elif window.micro_batches[positions[0]].wrapper == "deepspeed":
+        cost.update(deepspeed.redundant_cost(rank, window, cause))
+        fix = deepspeed.fix_for(cause)
     fix = in_framework(rank, fix)
     yield Observation(
         "redundant-sync",
@@ -300,6 +306,7 @@ WINDOW_RULES: tuple[Callable[[RankRun, Window], Iterator[Observation]], ...] = (
     _grad_reset,
     _fragmented,
     _unsharded_memory,
+    deepspeed.observations,
 )
 
 
