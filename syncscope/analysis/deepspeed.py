@@ -28,9 +28,16 @@ def engine(rank: RankRun) -> WrapperInfo | None:
 def redundant_cause(rank: RankRun, window: Window, position: int) -> tuple[str, Severity]:
     """Why a DeepSpeed window reduced gradients before its last micro-batch."""
     info = engine(rank)
-    early = [c for c in window.grad_sync_collectives if c.micro_batch < len(window.micro_batches) - 1]
+    last = len(window.micro_batches) - 1
+    early = [c for c in window.grad_sync_collectives if c.micro_batch < last]
     if any(c.issuer == "user" for c in early):
         return "deepspeed-manual-all-reduce", "warning"
+    gas = info.accumulation_steps if info is not None else None
+    n = len(window.micro_batches)
+    if gas and n > gas and n % gas == 0:
+        # DeepSpeed's boundary holds for every backward between the last two engine.step()
+        # calls of a window: each of those backwards reduces
+        return "deepspeed-step-every-n", "warning"
     if info is not None and (info.zero_stage or 0) >= 2:
         return "zero-partitioned-gradients", "info"
     return "other", "warning"
@@ -49,6 +56,7 @@ def fix_for(cause: str) -> str:
     return {
         "zero-partitioned-gradients": "deepspeed-zero-stage",
         "deepspeed-manual-all-reduce": "deepspeed-manual-all-reduce",
+        "deepspeed-step-every-n": "deepspeed-step",
     }.get(cause, "deepspeed")
 
 
@@ -67,7 +75,9 @@ def _reduced_twice(rank: RankRun, window: Window) -> Iterator[Observation]:
     from syncscope.analysis.diagnose import Observation, _sites
 
     ours = {c.micro_batch for c in window.grad_sync_collectives if c.issuer == "deepspeed"}
-    manual = [c for c in window.grad_sync_collectives if c.issuer == "user" and c.micro_batch in ours]
+    manual = [
+        c for c in window.grad_sync_collectives if c.issuer == "user" and c.micro_batch in ours
+    ]
     if not manual:
         return
     position = manual[0].micro_batch
@@ -109,6 +119,7 @@ def _step_every_n(rank: RankRun, window: Window, info: WrapperInfo) -> Iterator[
         return
     from syncscope.analysis.diagnose import Observation
 
+    severity: Severity
     if gas == 1 and (info.zero_stage or 0) >= 2:
         # every engine.step() is a boundary: ZeRO-2 keeps only the last micro-batch's reduced
         # partition of each window: the others' gradients are lost

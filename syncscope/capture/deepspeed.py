@@ -19,6 +19,7 @@ hooks cannot tell the window. Hooked when the job imports DeepSpeed:
 from __future__ import annotations
 
 import functools
+import sys
 from typing import Any
 
 import torch
@@ -84,11 +85,8 @@ def patch_engine(rec: Recorder, patch: Any, engine_class: Any) -> None:
     @functools.wraps(init)
     def ds_init(self: Any, *args: Any, **kwargs: Any) -> None:
         init(self, *args, **kwargs)
-        if rec.listening or rec.muted:
-            import deepspeed
-
-            info = engine_info(self)
-            rec.on_engine(self, info, str(getattr(deepspeed, "__version__", "")))
+        version = getattr(sys.modules.get("deepspeed"), "__version__", "")
+        rec.on_engine(self, engine_info(self), str(version or ""))
 
     @functools.wraps(forward)
     def ds_forward(self: Any, *args: Any, **kwargs: Any) -> Any:

@@ -1,17 +1,18 @@
 """DeepSpeed on CPU (``DS_ACCELERATOR=cpu``, gloo) with a tiny MLP:
-``deepspeed_zero.py STAGE [MODE]``, ``gradient_accumulation_steps=4`` and the loop
+``deepspeed_zero.py STAGE [MODE [TRUTH_DIR]]``, ``gradient_accumulation_steps=4`` and the loop
 ``loss = engine(x); engine.backward(loss); engine.step()`` on every micro-batch.
 
 MODE (the misuses of issue 27): ``clean`` (default); ``step-every-2`` (``engine.step()``
 once per 2 micro-batches); ``manual-twice`` (the user all-reduces the model's gradients at
 the boundary beside DeepSpeed's reduction); ``manual-every`` (the user all-reduces the
 gradients after every backward); ``gas1-by-hand`` (``gradient_accumulation_steps`` 1 in the
-config while the loop accumulates 4 micro-batches by hand).
+config while the loop accumulates 4 micro-batches by hand); ``diverge`` (rank 0 alone
+scales a weight after each boundary: ranks train different models under ZeRO-0).
 
 Ground truth, taken without syncscope: every ``torch.distributed`` collective the job issues
 is counted by a wrapper of the Python API (op, bytes, the micro-batch it came in, and
 whether the step that followed was DeepSpeed's boundary), and the parameters are compared
-across ranks (by the test, from the files) after every boundary. Each rank writes it as JSON to ``$DS_TRUTH_DIR/rank<R>.json``.
+across ranks (by the test, from the files) after every boundary. Each rank writes it as JSON to ``TRUTH_DIR/rank<R>.json`` (or ``$DS_TRUTH_DIR``).
 """
 
 from __future__ import annotations
@@ -85,9 +86,7 @@ def main() -> None:
     deepspeed.init_distributed(dist_backend="gloo")
     rank = dist.get_rank()
     torch.manual_seed(0)
-    model = torch.nn.Sequential(
-        torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)
-    )
+    model = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8))
     gas = 1 if mode == "gas1-by-hand" else GAS
     config = {
         "train_micro_batch_size_per_gpu": 4,
@@ -131,6 +130,9 @@ def main() -> None:
             boundaries.append(i)
             _state["counting"] = False
             params_after_boundary.append(_params(engine))
+            if mode == "diverge" and rank == 0:  # a rank-local change of the weights
+                with torch.no_grad():
+                    next(model.parameters()).mul_(1.01)
             _state["counting"] = True
             _state["window"] += 1
             micro_in_window = 0
@@ -147,7 +149,7 @@ def main() -> None:
         "params": params_after_boundary,
         "collectives": _log,
     }
-    out = os.environ.get("DS_TRUTH_DIR")
+    out = sys.argv[3] if len(sys.argv) > 3 else os.environ.get("DS_TRUTH_DIR")
     if out:
         with open(os.path.join(out, f"rank{rank}.json"), "w") as f:
             json.dump(truth, f)
