@@ -12,12 +12,24 @@ the boundary). The rules here see a window through the engine recorded at captur
 from __future__ import annotations
 
 from collections.abc import Iterator
-from typing import TYPE_CHECKING
+from dataclasses import dataclass
 
-from syncscope.model import Fix, RankRun, Severity, Window, WrapperInfo
+from syncscope.model import Fix, RankRun, Severity, SourceLocation, Window, WrapperInfo
 
-if TYPE_CHECKING:
-    from syncscope.analysis.diagnose import Observation
+
+@dataclass(frozen=True)
+class Misuse:
+    """One window's DeepSpeed-specific observation (diagnose makes it an Observation, with
+    the sites of micro-batch ``position`` after ``sites``)."""
+
+    kind: str
+    severity: Severity
+    cause: str
+    evidence: dict[str, object]
+    cost: dict[str, float]
+    position: int
+    fix: str
+    sites: tuple[tuple[str, SourceLocation], ...] = ()
 
 
 def engine(rank: RankRun) -> WrapperInfo | None:
@@ -60,7 +72,7 @@ def fix_for(cause: str) -> str:
     }.get(cause, "deepspeed")
 
 
-def observations(rank: RankRun, window: Window) -> Iterator[Observation]:
+def observations(rank: RankRun, window: Window) -> Iterator[Misuse]:
     """The DeepSpeed-only rules of one window: a manual reduction on the micro-batch DeepSpeed
     reduces (twice), ``engine.step()`` called once per N micro-batches, and ZeRO-2 with
     ``gradient_accumulation_steps`` 1 while the loop accumulates by hand."""
@@ -71,9 +83,7 @@ def observations(rank: RankRun, window: Window) -> Iterator[Observation]:
     yield from _step_every_n(rank, window, info)
 
 
-def _reduced_twice(rank: RankRun, window: Window) -> Iterator[Observation]:
-    from syncscope.analysis.diagnose import Observation, _sites
-
+def _reduced_twice(rank: RankRun, window: Window) -> Iterator[Misuse]:
     ours = {c.micro_batch for c in window.grad_sync_collectives if c.issuer == "deepspeed"}
     manual = [
         c for c in window.grad_sync_collectives if c.issuer == "user" and c.micro_batch in ours
@@ -82,12 +92,10 @@ def _reduced_twice(rank: RankRun, window: Window) -> Iterator[Observation]:
         return
     position = manual[0].micro_batch
     wasted_ns = sum(c.duration_ns for c in manual)
-    yield Observation(
+    yield Misuse(
         "redundant-sync",
         "warning",
         "deepspeed-reduced-twice",
-        rank.rank,
-        window.index,
         {
             "micro_batches": len(window.micro_batches),
             "micro_batch": position,
@@ -103,22 +111,19 @@ def _reduced_twice(rank: RankRun, window: Window) -> Iterator[Observation]:
             "share_of_window_time": min(1.0, wasted_ns / max(window.duration_ns, 1)),
             "window_ns": window.duration_ns,
         },
-        [("all_reduce", c.site) for c in manual[:1] if c.site] + _sites(window, position),
+        position,
         "deepspeed-manual-all-reduce",
+        tuple(("all_reduce", c.site) for c in manual[:1] if c.site),
     )
 
 
-def _step_every_n(rank: RankRun, window: Window, info: WrapperInfo) -> Iterator[Observation]:
+def _step_every_n(rank: RankRun, window: Window, info: WrapperInfo) -> Iterator[Misuse]:
     """More micro-batches in a window than DeepSpeed's accumulation steps: the loop calls
     ``engine.step()`` once per N micro-batches, so the boundary comes every N x gas."""
-    from syncscope.analysis.diagnose import _sites
-
     gas = info.accumulation_steps or 0
     n = len(window.micro_batches)
     if gas < 1 or n <= gas or n % gas:
         return
-    from syncscope.analysis.diagnose import Observation
-
     severity: Severity
     if gas == 1 and (info.zero_stage or 0) >= 2:
         # every engine.step() is a boundary: ZeRO-2 keeps only the last micro-batch's reduced
@@ -138,12 +143,10 @@ def _step_every_n(rank: RankRun, window: Window, info: WrapperInfo) -> Iterator[
             "deepspeed-step",
         )
         cost = {"effective_batch_share": n / gas}
-    yield Observation(
+    yield Misuse(
         kind,
         severity,
         cause,
-        rank.rank,
-        window.index,
         {
             "micro_batches": n,
             "gradient_accumulation_steps": gas,
@@ -151,7 +154,7 @@ def _step_every_n(rank: RankRun, window: Window, info: WrapperInfo) -> Iterator[
             "zero_stage": info.zero_stage or 0,
         },
         cost,
-        _sites(window, n - 1),
+        n - 1,
         fix,
     )
 

@@ -300,13 +300,22 @@ def _unsharded_memory(rank: RankRun, window: Window) -> Iterator[Observation]:
     )
 
 
+def _deepspeed(rank: RankRun, window: Window) -> Iterator[Observation]:
+    """DeepSpeed's own misuses (``syncscope.analysis.deepspeed``), as observations."""
+    for m in deepspeed.observations(rank, window):
+        sites = [*m.sites, *_sites(window, m.position)]
+        yield Observation(
+            m.kind, m.severity, m.cause, rank.rank, window.index, m.evidence, m.cost, sites, m.fix
+        )
+
+
 WINDOW_RULES: tuple[Callable[[RankRun, Window], Iterator[Observation]], ...] = (
     _redundant,
     _missing,
     _grad_reset,
     _fragmented,
     _unsharded_memory,
-    deepspeed.observations,
+    _deepspeed,
 )
 
 

@@ -25,6 +25,7 @@ from typing import Any
 import torch
 
 from syncscope.capture.fingerprint import PendingFingerprint, fingerprint_tensors
+from syncscope.capture.grads import deepspeed_reduce_grads
 from syncscope.capture.recorder import Recorder
 
 ENGINE_MODULE = "deepspeed.runtime.engine"
@@ -53,15 +54,6 @@ def engine_info(engine: Any) -> dict[str, Any]:
         "zero_stage": _stage(engine),
         "accumulation_steps": gas,
     }
-
-
-def reduces_now(engine: Any) -> bool:
-    """Whether the engine's next backward reduces gradients: at its boundary, or always
-    from ZeRO-2 on (each rank keeps only its partition of the gradients)."""
-    try:
-        return _stage(engine) >= 2 or bool(engine.is_gradient_accumulation_boundary())
-    except Exception:
-        return True
 
 
 def params_fingerprint(engine: Any, window: int) -> PendingFingerprint | None:
@@ -93,7 +85,9 @@ def patch_engine(rec: Recorder, patch: Any, engine_class: Any) -> None:
         if torch.compiler.is_compiling() or not rec.listening:
             return forward(self, *args, **kwargs)
         label = rec.engines.get(self) or rec.on_engine(self, engine_info(self), "")
-        rec.on_forward_begin("deepspeed", label, torch.is_grad_enabled() and reduces_now(self))
+        rec.on_forward_begin(
+            "deepspeed", label, torch.is_grad_enabled() and deepspeed_reduce_grads(self)
+        )
         try:
             return forward(self, *args, **kwargs)
         finally:

@@ -28,7 +28,7 @@ from syncscope.capture.fingerprint import (
     rss_bytes,
 )
 from syncscope.capture.frameworks import FRAMEWORKS, detect_framework
-from syncscope.capture.grads import fsdp_reduce_grads, holds_grads
+from syncscope.capture.grads import deepspeed_reduce_grads, fsdp_reduce_grads, holds_grads
 from syncscope.capture.records import Item, Record, event_of
 from syncscope.model import input_argument, normalize_op
 from syncscope.rundir import EVENTS_FORMAT, EVENTS_FORMAT_VERSION
@@ -439,9 +439,7 @@ class Recorder:
             elif kind == "fsdp2":
                 state[label] = fsdp_reduce_grads(obj)
             elif kind == "deepspeed":
-                from syncscope.capture.deepspeed import reduces_now
-
-                state[label] = reduces_now(obj)
+                state[label] = deepspeed_reduce_grads(obj)
             else:
                 state[label] = bool(getattr(obj, "_sync_gradients", True))
         return state
