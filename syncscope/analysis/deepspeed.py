@@ -44,14 +44,13 @@ def redundant_cause(rank: RankRun, window: Window, position: int) -> tuple[str, 
     early = [c for c in window.grad_sync_collectives if c.micro_batch < last]
     if any(c.issuer == "user" for c in early):
         return "deepspeed-manual-all-reduce", "warning"
+    if info is not None and (info.zero_stage or 0) >= 2:
+        return "zero-partitioned-gradients", "info"
     gas = info.accumulation_steps if info is not None else None
-    n = len(window.micro_batches)
-    if gas and n > gas and n % gas == 0:
+    if gas and last + 1 > gas and (last + 1) % gas == 0:
         # DeepSpeed's boundary holds for every backward between the last two engine.step()
         # calls of a window: each of those backwards reduces
         return "deepspeed-step-every-n", "warning"
-    if info is not None and (info.zero_stage or 0) >= 2:
-        return "zero-partitioned-gradients", "info"
     return "other", "warning"
 
 

@@ -494,7 +494,9 @@ class Recorder:
             return self._params_cache
         self._params_dirty = False
         seen: dict[int, torch.Tensor] = {}
-        for opt in list(self.optimizers):
+        # a DeepSpeed engine's optimizer holds flat partitions (ZeRO 1-3): its model's
+        # parameters are the ones whose gradients are the job's
+        for opt in [] if self.engines else list(self.optimizers):
             for group in opt.param_groups:
                 for p in group["params"]:
                     seen[id(p)] = p
