@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import re
 from typing import Any
 
 import pytest
@@ -21,6 +22,7 @@ import pytest
 from tests.conftest import ROOT, ProfiledRun, profile
 
 SCRIPT = ROOT / "tests" / "scripts" / "frameworks" / "deepspeed_zero.py"
+ACCELERATE = ROOT / "tests" / "scripts" / "frameworks" / "accelerate_deepspeed.py"
 GAS = 4
 
 pytestmark = [
@@ -215,3 +217,22 @@ def test_zero_2_with_gas_1_and_hand_accumulation_loses_gradients(deepspeed_job) 
     assert (finding["kind"], finding["severity"]) == ("grad-reset-mid-window", "error")
     assert finding["cost"]["lost_micro_batches_per_window"] == GAS - 1
     assert finding["fix"]["style"] == "deepspeed-gas"
+
+
+def test_deepspeed_under_accelerate_is_recorded_as_deepspeed_and_clean(profiled) -> None:  # type: ignore[no-untyped-def]
+    # GIVEN Accelerate's DeepSpeedPlugin (ZeRO-1, gas 4), accumulate() and optimizer.step()
+    run = profiled(ACCELERATE, "1")
+    assert run.proc.returncode == 0, run.proc.stderr[-3000:]
+    out = run.proc.stdout + run.proc.stderr
+    grad_bytes = int(re.search(r"grad_bytes=(\d+)", out).group(1))  # type: ignore[union-attr]
+    for rank in (0, 1):
+        batches = int(re.search(rf"rank{rank}_batches=(\d+)", out).group(1))  # type: ignore[union-attr]
+        windows = run.complete_windows(rank)
+        assert len(windows) == batches // GAS
+        for w in windows:
+            assert (w["micro_batches"], w["grad_syncs"]) == (GAS, 1)
+            assert w["grad_sync_micro_batches"] == [GAS - 1]
+            assert w["grad_sync_bytes"] == grad_bytes
+            assert w["fingerprint_match"] is True
+    assert run.report["verdict"] == "clean", run.report["findings"]
+    assert framework(run) == {("deepspeed", _ds_version(), 1)}
