@@ -133,7 +133,7 @@ def _step_every_n(rank: RankRun, window: Window, info: WrapperInfo) -> Iterator[
             "deepspeed-boundary-every-micro-batch",
             "deepspeed-gas",
         )
-        cost: dict[str, float] = {"lost_micro_batches_per_window": n - 1}
+        cost: dict[str, float] = {"lost_share_of_gradient": (n - 1) / n}
     else:
         kind, severity, cause, fix = (
             "irregular-window",
