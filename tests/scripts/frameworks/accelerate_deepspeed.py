@@ -36,10 +36,11 @@ def main() -> None:
     optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
     data = torch.utils.data.TensorDataset(torch.randn(4 * 2 * GAS * WINDOWS, 16))
     loader = torch.utils.data.DataLoader(data, batch_size=4)
-    if accelerator.process_index == 0:
-        print(f"grad_bytes={sum(p.numel() * p.element_size() for p in model.parameters())}")
+    print(f"grad_bytes={sum(p.numel() * p.element_size() for p in model.parameters())}")
     model, optimizer, loader = accelerator.prepare(model, optimizer, loader)
-    print(f"rank{accelerator.process_index}_batches={len(loader)}")
+    # the rank as torch.distributed has it (Accelerate's process_index read 0 on both CPU
+    # ranks here, and its loader was not sharded: each rank runs every batch)
+    print(f"rank{torch.distributed.get_rank()}_batches={len(loader)}")
     for (x,) in loader:
         with accelerator.accumulate(model):
             loss = model(x).pow(2).mean()

@@ -98,7 +98,8 @@ def main() -> None:
     engine, _, _, _ = deepspeed.initialize(
         model=model, model_parameters=model.parameters(), config=config
     )
-    grad_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+    # the model's gradient bytes (ZeRO-3 leaves each parameter empty but for ds_numel)
+    grad_bytes = sum(getattr(p, "ds_numel", p.numel()) * 4 for p in model.parameters())
     gen = torch.Generator().manual_seed(100 + rank)
     boundaries: list[int] = []
     params_after_boundary: list[list[float]] = []
