@@ -8,12 +8,15 @@ hooks cannot tell the window. Hooked when the job imports DeepSpeed:
 
 - ``DeepSpeedEngine.__init__``: the engine is a wrapper (``deepspeed``, with its ZeRO stage,
   accumulation steps and data-parallel size) and the framework is recorded as DeepSpeed;
-- ``forward``: the micro-batch's forward (ZeRO-3's parameter all-gathers land in it);
+- ``forward``: the micro-batch's forward (ZeRO-3's parameter all-gathers land in it); the
+  window's first takes the fingerprint: of the parameters the window computes with, which
+  every rank holds whole and identical on a correct job up to ZeRO-2 (a rank that loaded or
+  changed its weights alone differs; the post-step all-gather of ZeRO 1-2 would hide it
+  after the step), each rank's own partition under ZeRO-3 (sharded: not compared);
 - ``backward``: the micro-batch's backward, DeepSpeed's reduction after ``loss.backward()``
   (its backward epilogue) included, so every gradient reduction is in phase ``backward``;
 - ``step`` at the boundary: the window's optimizer step, the post-step all-gather of the
-  updated partitions included; the fingerprint is of the parameters after it, which every
-  rank holds whole and identical on a correct job (ZeRO 0-2; ZeRO-3 holds only its shard).
+  updated partitions included.
 """
 
 from __future__ import annotations
@@ -57,8 +60,8 @@ def engine_info(engine: Any) -> dict[str, Any]:
 
 
 def params_fingerprint(engine: Any, window: int) -> PendingFingerprint | None:
-    """The parameters after the step: whole on every rank up to ZeRO-2 (identical on a
-    correct job), each rank's own partition under ZeRO-3 (not comparable: sharded)."""
+    """The parameters before the window's first forward: whole on every rank up to ZeRO-2
+    (identical on a correct job), each rank's own partition under ZeRO-3 (sharded)."""
     params = [p for p in engine.module.parameters() if p.requires_grad]
     if not params:
         return None
@@ -85,6 +88,8 @@ def patch_engine(rec: Recorder, patch: Any, engine_class: Any) -> None:
         if torch.compiler.is_compiling() or not rec.listening:
             return forward(self, *args, **kwargs)
         label = rec.engines.get(self) or rec.on_engine(self, engine_info(self), "")
+        if torch.is_grad_enabled():
+            rec.fingerprint_window(lambda window: params_fingerprint(self, window))
         rec.on_forward_begin(
             "deepspeed", label, torch.is_grad_enabled() and deepspeed_reduce_grads(self)
         )
@@ -121,7 +126,7 @@ def patch_engine(rec: Recorder, patch: Any, engine_class: Any) -> None:
         try:
             return step(self, *args, **kwargs)
         finally:
-            rec.on_engine_step_end(lambda window: params_fingerprint(self, window))
+            rec.on_engine_step_end()
 
     patch(engine_class, "__init__", ds_init)
     patch(engine_class, "forward", ds_forward)

@@ -182,6 +182,7 @@ class Recorder:
         self.fsdp1_modules: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self.engines: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self._grads_freed = False  # ZeRO-2/3: the model's .grad is freed once reduced
+        self._fp_window = -1  # the window fingerprint_window last fingerprinted
         # (kind, weak reference, label) of every wrapper: what sync_state reads per backward
         self._wrappers: list[tuple[str, weakref.ref[Any], str]] = []
         self._sync_dicts: dict[bool, dict[str, bool]] = {}  # sync_state's, one DDP module
@@ -609,16 +610,20 @@ class Recorder:
         site = sites.user_site(2, "step")
         self.hold(("step", self.now(), name, site, rss_bytes(), cuda_peak_and_reset(), None))
 
-    def on_engine_step_end(self, take_fingerprint: Any) -> None:
-        """The boundary step returned: ``take_fingerprint(window)`` fingerprints what every
-        rank must now hold identical (the updated parameters), before the window closes."""
-        if self.step_depth == 1:
-            fp = None
-            with contextlib.suppress(Exception):  # a record must never break the user's job
-                fp = take_fingerprint(self.window)
-            if fp is not None:
-                self._pending_fp.append((self.window, fp))
-                self._resolve_fingerprints(wait=False)
+    def fingerprint_window(self, take: Any) -> None:
+        """Once per window, at its first forward: ``take(window)`` fingerprints what every rank
+        must hold identical then (a DeepSpeed engine's parameters), not the gradients."""
+        if self._fp_window == self.window or self.micro_batch or self.fwd_depth:
+            return
+        self._fp_window = self.window
+        fp = None
+        with contextlib.suppress(Exception):  # a record must never break the user's job
+            fp = take(self.window)
+        if fp is not None:
+            self._pending_fp.append((self.window, fp))
+
+    def on_engine_step_end(self) -> None:
+        """The boundary step returned: the window closes."""
         self.on_step_end()
 
     def _wrap_closure(self, optimizer: Any, closure: Any) -> Any:

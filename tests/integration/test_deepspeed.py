@@ -165,16 +165,24 @@ def _ds_version() -> str:
     return str(deepspeed.__version__)
 
 
-def test_rank_divergence_is_still_proven_under_deepspeed(deepspeed_job) -> None:  # type: ignore[no-untyped-def]
-    # GIVEN ZeRO-0 where rank 0 alone scales a weight after each boundary step
-    run, truths = deepspeed_job(0, "diverge")
+def params_equal_before(truths: list[dict[str, Any]]) -> list[bool]:
+    return [a == b for a, b in zip(*(t["params_before"] for t in truths), strict=False)]
+
+
+@pytest.mark.parametrize(("stage", "mode"), [(0, "diverge"), (1, "rank0-load")])
+def test_rank_divergence_is_still_proven_under_deepspeed(deepspeed_job, stage, mode) -> None:  # type: ignore[no-untyped-def]
+    # GIVEN ZeRO-0 where rank 0 alone scales a weight after each boundary step, or ZeRO-1
+    # where rank 0 alone changes its weights after deepspeed.initialize (the post-step
+    # all-gather of the partitions makes them equal again from window 1 on)
+    run, truths = deepspeed_job(stage, mode)
     assert_counts_match_truth(run, truths)
-    assert params_equal(truths) == [True, False, False]  # the script's own comparison
-    matches = [w["fingerprint_match"] for w in run.complete_windows(0)]
-    assert matches == [True, False, False]
-    assert ("rank-divergence", "unknown") in run.kinds() or any(
-        f["kind"] == "rank-divergence" for f in run.report["findings"]
-    )
+    expected = params_equal_before(truths)  # the script's own comparison
+    assert expected == ([True, False, False] if mode == "diverge" else [False, True, True])
+    for rank in (0, 1):
+        assert [w["fingerprint_match"] for w in run.complete_windows(rank)] == expected
+    (finding,) = [f for f in run.report["findings"] if f["kind"] == "rank-divergence"]
+    assert finding["severity"] == "error"
+    assert finding["windows"] == [i for i, same in enumerate(expected) if not same]
 
 
 def test_step_once_per_two_micro_batches_is_named(deepspeed_job) -> None:  # type: ignore[no-untyped-def]

@@ -7,7 +7,9 @@ once per 2 micro-batches); ``manual-twice`` (the user all-reduces the model's gr
 the boundary beside DeepSpeed's reduction); ``manual-every`` (the user all-reduces the
 gradients after every backward); ``gas1-by-hand`` (``gradient_accumulation_steps`` 1 in the
 config while the loop accumulates 4 micro-batches by hand); ``diverge`` (rank 0 alone
-scales a weight after each boundary: ranks train different models under ZeRO-0).
+scales a weight after each boundary: ranks train different models under ZeRO-0);
+``rank0-load`` (rank 0 alone changes its weights after ``deepspeed.initialize``, as a
+checkpoint loaded on one rank: window 0 computes with different weights).
 
 Ground truth, taken without syncscope: every ``torch.distributed`` collective the job issues
 is counted by a wrapper of the Python API (op, bytes, the micro-batch it came in, and
@@ -103,11 +105,21 @@ def main() -> None:
     gen = torch.Generator().manual_seed(100 + rank)
     boundaries: list[int] = []
     params_after_boundary: list[list[float]] = []
+    params_before_window: list[list[float]] = []
     micro_in_window = 0
+    if (
+        mode == "rank0-load" and rank == 0
+    ):  # rank 0 alone loads (here: changes) its weights after init
+        with torch.no_grad():
+            next(model.parameters()).mul_(1.01)
     _state["counting"] = True
     for i in range(WINDOWS * GAS * (2 if mode == "step-every-2" else 1)):
         _state["micro"] = micro_in_window
         x = torch.randn(4, 16, generator=gen)
+        if mode in ("diverge", "rank0-load") and micro_in_window == 0:
+            _state["counting"] = False  # the weights each window computes with (ZeRO 0-1)
+            params_before_window.append(_params(engine))
+            _state["counting"] = True
         _state["phase"] = "forward"
         loss = engine(x).pow(2).mean()
         _state["phase"] = "backward"
@@ -148,6 +160,7 @@ def main() -> None:
         "grad_bytes": grad_bytes,
         "boundaries": boundaries,
         "params": params_after_boundary,
+        "params_before": params_before_window,
         "collectives": _log,
     }
     out = sys.argv[3] if len(sys.argv) > 3 else os.environ.get("DS_TRUTH_DIR")
