@@ -127,13 +127,17 @@ def test_zero_0_and_1_reduce_once_per_window_and_are_clean(deepspeed_job, stage:
     assert framework(run) == {("deepspeed", _ds_version(), stage)}
 
 
-@pytest.mark.parametrize("stage", [2, 3])
+@pytest.mark.parametrize(("stage", "mode"), [(2, "clean"), (2, "buckets"), (3, "clean")])
 def test_zero_2_and_3_reduce_every_micro_batch_as_a_deliberate_trade_off(  # type: ignore[no-untyped-def]
-    deepspeed_job, stage: int
+    deepspeed_job, stage: int, mode: str
 ) -> None:
-    run, truths = deepspeed_job(stage)
+    # GIVEN ZeRO-2 (also with overlap_comm, contiguous_gradients and small buckets: several
+    # collectives per reduction, some from gradient hooks) or ZeRO-3
+    run, truths = deepspeed_job(stage, mode)
     assert_counts_match_truth(run, truths)
     for w in run.complete_windows(0):
+        # one reduction per micro-batch, however many collectives it takes
+        assert w["grad_syncs"] == GAS
         assert w["grad_sync_micro_batches"] == list(range(GAS))
         # ZeRO-3: parameters gathered in the first forward and after the step, in this window
         if stage == 3:

@@ -2,7 +2,8 @@
 ``deepspeed_zero.py STAGE [MODE [TRUTH_DIR]]``, ``gradient_accumulation_steps=4`` and the loop
 ``loss = engine(x); engine.backward(loss); engine.step()`` on every micro-batch.
 
-MODE (the misuses of issue 27): ``clean`` (default); ``step-every-2`` (``engine.step()``
+MODE: ``clean`` (default); ``buckets`` (ZeRO-2 with ``overlap_comm``, ``contiguous_gradients``
+and a small ``reduce_bucket_size``); the misuses of issue 27: ``step-every-2`` (``engine.step()``
 once per 2 micro-batches); ``manual-twice`` (the user all-reduces the model's gradients at
 the boundary beside DeepSpeed's reduction); ``manual-every`` (the user all-reduces the
 gradients after every backward); ``gas1-by-hand`` (``gradient_accumulation_steps`` 1 in the
@@ -29,6 +30,9 @@ import torch
 import torch.distributed as dist
 
 GAS = 4
+# mode "buckets": overlapped, contiguous reduction in small buckets (more collectives per
+# reduction, some issued from gradient hooks inside loss.backward())
+BUCKETS = {"overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": 300}
 WINDOWS = 3
 _OPS = (
     "all_reduce",
@@ -94,7 +98,7 @@ def main() -> None:
         "train_micro_batch_size_per_gpu": 4,
         "gradient_accumulation_steps": gas,
         "optimizer": {"type": "SGD", "params": {"lr": 0.01}},
-        "zero_optimization": {"stage": stage},
+        "zero_optimization": {"stage": stage, **(BUCKETS if mode == "buckets" else {})},
         "zero_allow_untested_optimizer": True,
     }
     engine, _, _, _ = deepspeed.initialize(
