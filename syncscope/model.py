@@ -19,8 +19,8 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 Phase = Literal["forward", "backward", "after-backward", "optimizer", "other"]
-Wrapper = Literal["ddp", "fsdp", "none"]
-Issuer = Literal["ddp", "fsdp", "user", "torch"]
+Wrapper = Literal["ddp", "fsdp", "deepspeed", "none"]
+Issuer = Literal["ddp", "fsdp", "deepspeed", "user", "torch"]
 Severity = Literal["info", "warning", "error"]
 # Most severe first: the order findings are listed and counted in.
 SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
@@ -247,6 +247,8 @@ class WrapperInfo:
     shard_world: int = 1  # FSDP shard group size
     bucket_cap_bytes: int | None = None
     site: SourceLocation | None = None
+    zero_stage: int | None = None  # DeepSpeed engine: its ZeRO stage (0-3)
+    accumulation_steps: int | None = None  # DeepSpeed engine: gradient_accumulation_steps
 
 
 @dataclass(frozen=True, slots=True)
@@ -282,8 +284,9 @@ class RankRun:
     pending: tuple[PendingCollective, ...] = ()
     dist_initialized: bool = True
     backend: str = ""
-    framework: str = ""  # "lightning", "transformers" (HF Trainer), "accelerate" or ""
+    framework: str = ""  # "lightning", "transformers" (HF Trainer), "accelerate", "deepspeed"
     framework_version: str = ""
+    zero_stage: int | None = None  # DeepSpeed: the engine's ZeRO stage
 
 
 @dataclass(frozen=True, slots=True)

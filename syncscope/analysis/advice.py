@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from syncscope.analysis.deepspeed import SNIPPETS as DEEPSPEED_SNIPPETS
 from syncscope.model import Fix, RankRun, Window
 
 SNIPPETS: dict[str, Fix] = {
@@ -260,7 +261,13 @@ FRAMEWORK_FIXES: dict[str, dict[str, str]] = {
         "zero-grad": "accelerate-zero-grad",
     },
 }
+FRAMEWORK_FIXES["deepspeed"] = {
+    **dict.fromkeys(_SYNC_STYLES, "deepspeed"),
+    "step-gate": "deepspeed-step",
+}
+SNIPPETS.update(DEEPSPEED_SNIPPETS)
 FRAMEWORK_NAMES = {
+    "deepspeed": "DeepSpeed",
     "lightning": "PyTorch Lightning",
     "transformers": "Hugging Face Trainer",
     "accelerate": "Accelerate",

@@ -104,7 +104,7 @@ def is_grad_sync(event: dict[str, Any]) -> bool:
     if event.get("op") not in GRAD_REDUCING_OPS:
         return False
     issuer = event.get("issuer")
-    if issuer in ("ddp", "fsdp"):
+    if issuer in ("ddp", "fsdp", "deepspeed"):
         return event.get("phase") == "backward" and is_floating_dtype(str(event.get("dtype", "")))
     if issuer == "user":
         if "grad_content" in event:
@@ -227,6 +227,8 @@ class _RankReader:
                 shard_world=int(ev.get("shard_world", 1) or 1),
                 bucket_cap_bytes=ev.get("bucket_cap_bytes"),
                 site=_site(ev.get("site")),
+                zero_stage=ev.get("zero_stage"),
+                accumulation_steps=ev.get("accumulation_steps"),
             )
         )
 
@@ -394,6 +396,7 @@ class _RankReader:
             backend=str(footer.get("backend", "")) if footer else "",
             framework=str(self.framework.get("name", "")),
             framework_version=str(self.framework.get("version", "")),
+            zero_stage=self.framework.get("zero_stage"),
         )
 
 
@@ -430,7 +433,7 @@ def rank_from_events(events: Sequence[dict[str, Any]], rank: int | None = None) 
 
 
 def _wrapper(value: object) -> Wrapper:
-    return "ddp" if value == "ddp" else "fsdp" if value == "fsdp" else "none"
+    return value if value in ("ddp", "fsdp", "deepspeed") else "none"  # type: ignore[return-value]
 
 
 def _default_wrapper(wrappers: list[WrapperInfo]) -> str:
@@ -476,7 +479,7 @@ def _collective(
         micro_batch=position,
         grad_sync=is_grad_sync(ev),
         issuer=ev.get("issuer", "torch")
-        if ev.get("issuer") in ("ddp", "fsdp", "user")
+        if ev.get("issuer") in ("ddp", "fsdp", "deepspeed", "user")
         else "torch",
         bucket=ev.get("bucket"),
         module=str(ev.get("detail", "")),

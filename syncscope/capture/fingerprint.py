@@ -229,6 +229,16 @@ def fingerprint(optimizer: torch.optim.Optimizer, window: int = 0) -> PendingFin
     return _start(flat, False, plan.count, (offset, plan.cycle))
 
 
+def fingerprint_tensors(
+    tensors: list[torch.Tensor], window: int, sharded: bool
+) -> PendingFingerprint:
+    """A fingerprint of window ``window``'s share of ``tensors`` themselves (not of their
+    gradients): what a framework leaves identical on every rank after its step, such as
+    DeepSpeed's parameters after the post-step all-gather."""
+    share, part = _share(tensors, window)
+    return _start(_flat_sample(share), sharded, len(tensors), part)
+
+
 def _general(plan: _Plan, window: int) -> PendingFingerprint | None:
     """The fingerprint when some gradient of the window's share is missing, sparse, a
     DTensor, not contiguous or elsewhere: of the share's gradients present (of every

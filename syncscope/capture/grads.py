@@ -56,3 +56,14 @@ def fsdp_reduce_grads(state: Any) -> bool:
         for group in getattr(s, "_fsdp_param_groups", ())
     ]
     return all(flags) if flags else True
+
+
+def deepspeed_reduce_grads(engine: Any) -> bool:
+    """Whether the engine's next backward reduces gradients: at its boundary, or always
+    from ZeRO-2 on (each rank keeps only its partition of the gradients)."""
+    try:
+        return int(engine.zero_optimization_stage()) >= 2 or bool(
+            engine.is_gradient_accumulation_boundary()
+        )
+    except Exception:
+        return True

@@ -444,6 +444,18 @@ def _install_dist(rec: Recorder, undo: list[Undo]) -> None:
     _patch(dist, "destroy_process_group", destroy_process_group, undo)
 
 
+def _install_deepspeed(rec: Recorder, undo: list[Undo]) -> None:
+    """Hook DeepSpeed's engine when the job imports it (see ``syncscope.capture.deepspeed``)."""
+    from syncscope.capture import deepspeed
+    from syncscope.capture.imports import when_imported
+
+    def patch(module: Any) -> None:
+        engine_class = module.DeepSpeedEngine
+        deepspeed.patch_engine(rec, lambda o, n, v: _patch(o, n, v, undo), engine_class)
+
+    undo.append(when_imported(deepspeed.ENGINE_MODULE, patch))
+
+
 def install(rec: Recorder) -> Undo:
     """Install every hook for ``rec``; returns a callable that removes them all."""
     undo: list[Undo] = []
@@ -453,6 +465,7 @@ def install(rec: Recorder) -> Undo:
     _install_ddp(rec, undo)
     _install_fsdp2(rec, undo)
     _install_fsdp1(rec, undo)
+    _install_deepspeed(rec, undo)
     undo.append(collectives.attach(rec))
 
     def uninstall() -> None:

@@ -28,7 +28,7 @@ from syncscope.capture.fingerprint import (
     rss_bytes,
 )
 from syncscope.capture.frameworks import FRAMEWORKS, detect_framework
-from syncscope.capture.grads import fsdp_reduce_grads, holds_grads
+from syncscope.capture.grads import deepspeed_reduce_grads, fsdp_reduce_grads, holds_grads
 from syncscope.capture.records import Item, Record, event_of
 from syncscope.model import input_argument, normalize_op
 from syncscope.rundir import EVENTS_FORMAT, EVENTS_FORMAT_VERSION
@@ -122,7 +122,7 @@ _AT_ONCE = frozenset(
     ("header", "exit", "wrapper", "dist", "framework", "warning", "skipped", "bwd_error")
 )
 
-_WRAPPER_ORDER = ("ddp", "fsdp2", "fsdp1")  # the order of a backward's ``sync`` state
+_WRAPPER_ORDER = ("ddp", "fsdp2", "fsdp1", "deepspeed")  # the order of a backward's ``sync`` state
 
 _perf_ns = time.perf_counter_ns  # the recorder's clock (see Recorder.now)
 _GRAD_SAMPLE = 4  # parameters whose .grad is looked at around backwards (a reset)
@@ -180,6 +180,9 @@ class Recorder:
         self.ddp_modules: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self.fsdp_roots: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         self.fsdp1_modules: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        self.engines: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
+        self._grads_freed = False  # ZeRO-2/3: the model's .grad is freed once reduced
+        self._fp_window = -1  # the window fingerprint_window last fingerprinted
         # (kind, weak reference, label) of every wrapper: what sync_state reads per backward
         self._wrappers: list[tuple[str, weakref.ref[Any], str]] = []
         self._sync_dicts: dict[bool, dict[str, bool]] = {}  # sync_state's, one DDP module
@@ -347,6 +350,31 @@ class Recorder:
         self.emit({"type": "wrapper", "kind": kind, "label": label, "t": self.now(), **info})
         return label
 
+    def on_engine(self, engine: Any, info: dict[str, Any], version: str) -> str:
+        """Register a DeepSpeed engine (see ``syncscope.capture.deepspeed``): a wrapper, and
+        the framework, with its ZeRO stage, whatever runs it (Accelerate, the HF Trainer)."""
+        self._note_dist()
+        label = self.new_label("deepspeed", engine)
+        self.engines[engine] = label
+        self._wrappers.append(("deepspeed", weakref.ref(engine), label))
+        self._wrappers.sort(key=lambda w: _WRAPPER_ORDER.index(w[0]))
+        self._params_dirty = True
+        stage = int(info.get("zero_stage", 0) or 0)
+        self._grads_freed = self._grads_freed or stage >= 2
+        self.emit({"type": "wrapper", "kind": "deepspeed", "label": label, "t": self.now(), **info})
+        if version or self.framework is None:
+            self.framework, self._framework_final = ("deepspeed", version), True
+            self.emit(
+                {
+                    "type": "framework",
+                    "t": self.now(),
+                    "name": "deepspeed",
+                    "version": version,
+                    "zero_stage": stage,
+                }
+            )
+        return label
+
     def note_framework(self, skip: int = 1) -> None:
         """Record the framework driving the job (Lightning, HF Trainer, Accelerate), as seen
         from the stack at a wrapper's creation and at the first optimizer step."""
@@ -416,6 +444,8 @@ class Recorder:
                 state[label] = bool(obj.require_backward_grad_sync)
             elif kind == "fsdp2":
                 state[label] = fsdp_reduce_grads(obj)
+            elif kind == "deepspeed":
+                state[label] = deepspeed_reduce_grads(obj)
             else:
                 state[label] = bool(getattr(obj, "_sync_gradients", True))
         return state
@@ -427,7 +457,7 @@ class Recorder:
         if self.bwd_depth > 1:
             return False
         self._window_begin()
-        if self.micro_batch > 0 and not self._reset_since_backward:
+        if self.micro_batch > 0 and not self._reset_since_backward and not self._grads_freed:
             present = self._count_grads()
             if 0 <= present < self._grads_after_backward:
                 self.emit(
@@ -470,12 +500,15 @@ class Recorder:
             return self._params_cache
         self._params_dirty = False
         seen: dict[int, torch.Tensor] = {}
-        for opt in list(self.optimizers):
+        # a DeepSpeed engine's optimizer holds flat partitions (ZeRO 1-3): its model's
+        # parameters are the ones whose gradients are the job's
+        for opt in [] if self.engines else list(self.optimizers):
             for group in opt.param_groups:
                 for p in group["params"]:
                     seen[id(p)] = p
         if not seen:
             modules = [*self.ddp_modules, *self.fsdp1_modules]
+            modules += [e.module for e in list(self.engines)]
             modules += [m for s in list(self.fsdp_roots) for m in getattr(s, "_modules", ())]
             for module in modules:
                 for p in module.parameters():
@@ -570,6 +603,33 @@ class Recorder:
             self._pending_fp.append((self.window, fp))
         self.hold((*step, more))
         return None
+
+    def on_engine_step_begin(self, name: str) -> None:
+        """A framework's step at its boundary (DeepSpeed's ``engine.step()``) begins: the
+        window's step, the optimizer steps inside it nested (not windows of their own)."""
+        self.step_depth += 1
+        if self.step_depth > 1:
+            return
+        if self._pending_fp:
+            self._resolve_fingerprints(wait=False)
+        site = sites.user_site(2, "step")
+        self.hold(("step", self.now(), name, site, rss_bytes(), cuda_peak_and_reset(), None))
+
+    def fingerprint_window(self, take: Any) -> None:
+        """Once per window, at its first forward: ``take(window)`` fingerprints what every rank
+        must hold identical then (a DeepSpeed engine's parameters), not the gradients."""
+        if self._fp_window == self.window or self.micro_batch or self.fwd_depth:
+            return
+        self._fp_window = self.window
+        fp = None
+        with contextlib.suppress(Exception):  # a record must never break the user's job
+            fp = take(self.window)
+        if fp is not None:
+            self._pending_fp.append((self.window, fp))
+
+    def on_engine_step_end(self) -> None:
+        """The boundary step returned: the window closes."""
+        self.on_step_end()
 
     def _wrap_closure(self, optimizer: Any, closure: Any) -> Any:
         """The closure, run as micro-batch code (phase forward/backward, not "optimizer");
@@ -792,7 +852,9 @@ class Recorder:
             )
         )
         grad_sync = bucket is not None or grad_storage or grad_content
-        grad_sync = grad_sync or (issuer == "fsdp" and phase == "backward" and floating)
+        grad_sync = grad_sync or (
+            issuer in ("fsdp", "deepspeed") and phase == "backward" and floating
+        )
         if self.trace is not None and grad_sync:
             self.trace.grad_sync(op, nbytes)
         if work is not None:

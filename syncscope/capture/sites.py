@@ -236,7 +236,11 @@ _TORCH_MARKERS = (
     ("/torch/distributed/_composable/fsdp/", "fsdp"),
     ("/torch/nn/parallel/distributed.py", "ddp"),
     ("/torch/distributed/algorithms/ddp_comm_hooks/", "ddp"),
-    ("/torch/distributed/tensor/", "torch"),  # DTensor / tensor parallelism's own collectives
+    ("/torch/distributed/tensor/", "torch"),
+    (
+        "/deepspeed/",
+        "deepspeed",
+    ),  # DeepSpeed's engine and ZeRO optimizers (not torch)  # DTensor / tensor parallelism's own collectives
     # a compiled-autograd backward graph (DDP's Python reducer): as from the autograd engine
     ("/torch/_dynamo/compiled_autograd.py", "autograd"),
 )

@@ -61,6 +61,15 @@ def window_dict(w: Window) -> dict[str, Any]:
     }
 
 
+def _framework(r: RankRun) -> dict[str, Any] | None:
+    if not r.framework:
+        return None
+    out: dict[str, Any] = {"name": r.framework, "version": r.framework_version}
+    if r.zero_stage is not None:
+        out["zero_stage"] = r.zero_stage
+    return out
+
+
 def rank_dict(r: RankRun) -> dict[str, Any]:
     return {
         "rank": r.rank,
@@ -70,7 +79,7 @@ def rank_dict(r: RankRun) -> dict[str, Any]:
         "finished": r.finished,
         "exit_status": r.exit_status,
         "exit_reason": r.exit_reason,
-        "framework": {"name": r.framework, "version": r.framework_version} if r.framework else None,
+        "framework": _framework(r),
         "wrappers": [
             {
                 "kind": w.kind,
