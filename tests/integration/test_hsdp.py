@@ -14,6 +14,8 @@ import pytest
 
 from tests.conftest import LOOPS, profile
 
+pytestmark = pytest.mark.slow  # 4-rank profile runs
+
 
 @pytest.fixture(scope="module")
 def hsdp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
