@@ -61,9 +61,11 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """The quick loop leaves out ``slow`` tests unless ``--slow`` (or any ``-m``) is given;
-    ``gpu`` tests need CUDA: without it they are skipped, with the reason, never passed."""
-    if not config.getoption("--slow") and not config.option.markexpr:
+    """The quick loop leaves out ``slow`` tests unless ``--slow``, any ``-m`` or a test's own
+    id (``file.py::test``) is given; ``gpu`` tests need CUDA: without it they are skipped,
+    with the reason, never passed."""
+    named = any("::" in arg for arg in config.args)
+    if not (config.getoption("--slow") or config.option.markexpr or named):
         slow = [item for item in items if item.get_closest_marker("slow")]
         if slow:
             config.hook.pytest_deselected(items=slow)
