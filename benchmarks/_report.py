@@ -391,16 +391,22 @@ def _gpu() -> list[str]:
     ]
 
 
-def _capture_notes() -> list[str]:
-    """The hand-measured notes on capture cost (docs/benchmarks/capture-notes.md, kept apart
-    so that regenerating the page keeps them), without the file's leading comment."""
-    notes = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "capture-notes.md"
-    if not notes.is_file():
-        return []
-    text = notes.read_text()
-    if text.startswith("<!--"):
-        text = text[text.index("-->") + 3 :].lstrip("\n")
-    return [*text.rstrip("\n").split("\n"), ""]
+def _method_note() -> list[str]:
+    """How to read the capture-cost figures: what launched runs can resolve, and where a
+    smaller cost is measured (the figures of a change to capture are in its commit message)."""
+    return [
+        "### Reading the capture cost",
+        "",
+        "- Whole launched runs of the same command differ by tens of percent on a shared "
+        "2-core machine, so a launched ratio near 1 (either way) is noise, not a cost; the "
+        "paired ratios and CPU time are the steadier figures.",
+        "- A smaller cost is measured in one process: `benchmarks/capture_breakdown.py` "
+        "alternates blocks of windows with every hook installed and without any in the same "
+        "ranks and takes paired ratios per round; `benchmarks/hook_time.py` gives the time "
+        "inside the recorder per window, by hook.",
+        "- The measurements behind a change to capture are in that change's commit message.",
+        "",
+    ]
 
 
 def _scale_notes() -> list[str]:
@@ -427,7 +433,7 @@ def render(results: dict[str, Any], out_dir: Path) -> Path:
         *_meta(results),
         *_accelerate(results),
         *_capture(results),
-        *_capture_notes(),
+        *_method_note(),
         *_analyze(results),
         *_scale_notes(),
         *_bytes(results),

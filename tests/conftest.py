@@ -52,8 +52,24 @@ def process_group(tmp_path: Path) -> Iterator[None]:
         dist.destroy_process_group()
 
 
+def pytest_addoption(parser: pytest.Parser) -> None:
+    parser.addoption(
+        "--slow",
+        action="store_true",
+        help="also run the tests marked slow (they launch ranks or processes); .ci/run does",
+    )
+
+
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
-    """``gpu`` tests need CUDA: without it they are skipped, with the reason, never passed."""
+    """The quick loop leaves out ``slow`` tests unless ``--slow``, any ``-m`` or a test's own
+    id (``file.py::test``) is given; ``gpu`` tests need CUDA: without it they are skipped,
+    with the reason, never passed."""
+    named = any("::" in arg for arg in config.args)
+    if not (config.getoption("--slow") or config.option.markexpr or named):
+        slow = [item for item in items if item.get_closest_marker("slow")]
+        if slow:
+            config.hook.pytest_deselected(items=slow)
+            items[:] = [item for item in items if not item.get_closest_marker("slow")]
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu:
         return

@@ -27,6 +27,8 @@ from syncscope.render.diff import compare, render_diff_html
 from syncscope.render.html import render_html
 from tests.unit import runs
 
+pytestmark = pytest.mark.slow  # launches Chromium
+
 CANDIDATES = ("chromium", "chromium-browser", "google-chrome", "chrome")
 FLAGS = (
     "--headless",

@@ -57,6 +57,7 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
+@pytest.mark.slow
 def test_sigkill_of_profile_leaves_no_orphans(tmp_path: Path) -> None:
     script = tmp_path / "sleeper.py"
     script.write_text(SLEEPER)
@@ -150,6 +151,7 @@ USER_ERROR = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_user_traceback_shows_only_user_frames(tmp_path: Path) -> None:
     script = tmp_path / "user_error.py"
     script.write_text(USER_ERROR)
@@ -168,6 +170,7 @@ def test_user_traceback_shows_only_user_frames(tmp_path: Path) -> None:
     assert "runpy" not in err
 
 
+@pytest.mark.slow
 def test_disk_full_during_profile_lets_the_script_finish(tmp_path: Path) -> None:
     """The 4th write of each rank's event file fails (ENOSPC seam; one write carries the
     events held since the previous one: the header, the process group and DDP's first
@@ -229,6 +232,7 @@ ODD = textwrap.dedent(
 )
 
 
+@pytest.mark.slow
 def test_forking_chdir_script_records_only_the_rank(tmp_path: Path) -> None:
     (tmp_path / "odd.py").write_text(ODD)
     command = [sys.executable, "-m", "syncscope", "profile", "-q", "--nproc-per-node", "2"]

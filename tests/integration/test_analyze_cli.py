@@ -61,6 +61,7 @@ def test_bad_trace_is_one_line_and_status_2(
     assert "skipped" in notes and "rank-1.json.gz" in notes
 
 
+@pytest.mark.slow
 def test_subprocess(tmp_path: Path) -> None:
     traces = _copy(tmp_path, "nccl_parser_config")
     env = {**os.environ, "PYTHONPATH": str(ROOT)}

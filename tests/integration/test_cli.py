@@ -1,4 +1,6 @@
-"""The command line as a user meets it: real subprocesses, exit codes, one-line errors."""
+"""The command line as a user meets it: its errors in process through ``main()``, and real
+``syncscope profile`` launches (marked slow) for exit codes, the launcher and what runs keep.
+Argument parsing itself is tests/unit/test_cli_args.py's."""
 
 from __future__ import annotations
 
@@ -11,18 +13,29 @@ from pathlib import Path
 
 import pytest
 
+from syncscope import cli
 from tests.conftest import EXAMPLES, LOOPS, ROOT, run_syncscope
 
 SINGLE = ROOT / "tests" / "scripts" / "single.py"
 
 
-def one_line_error(proc: subprocess.CompletedProcess[str], needle: str) -> None:
-    assert proc.returncode == 2, proc.stderr
-    lines = [line for line in proc.stderr.splitlines() if line.strip()]
-    assert len(lines) == 1, proc.stderr
+def one_line_error(capsys: pytest.CaptureFixture[str], argv: list[str], needle: str) -> None:
+    """``syncscope *argv`` in process: exit status 2 and one ``syncscope: error:`` line."""
+    assert cli.main(argv) == 2
+    err = capsys.readouterr().err
+    lines = [line for line in err.splitlines() if line.strip()]
+    assert len(lines) == 1, err
     assert lines[0].startswith("syncscope: error: ")
     assert needle in lines[0]
-    assert "Traceback" not in proc.stderr
+    assert "Traceback" not in err
+
+
+def main_out(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    """``syncscope *argv`` in process: its exit status, stdout and stderr."""
+    capsys.readouterr()
+    status = cli.main(list(argv))
+    out = capsys.readouterr()
+    return status, out.out, out.err
 
 
 def profile_loop(out: Path, pattern: str) -> subprocess.CompletedProcess[str]:
@@ -30,6 +43,7 @@ def profile_loop(out: Path, pattern: str) -> subprocess.CompletedProcess[str]:
     return run_syncscope("profile", "--nproc-per-node", "2", "--out", str(out), str(LOOPS), pattern)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("entry", [["syncscope"], [sys.executable, "-m", "syncscope"]])
 def test_help_from_console_script_and_module(entry: list[str]) -> None:
     exe = shutil.which(entry[0]) if entry[0] == "syncscope" else entry[0]
@@ -41,61 +55,61 @@ def test_help_from_console_script_and_module(entry: list[str]) -> None:
     assert "--nproc-per-node" in proc.stdout and "--hang-timeout" in proc.stdout
 
 
-def test_missing_script(tmp_path: Path) -> None:
-    one_line_error(
-        run_syncscope("profile", "--out", str(tmp_path / "r"), "nope.py"),
-        "script not found: nope.py",
-    )
+def test_missing_script(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["profile", "--out", str(tmp_path / "r"), "nope.py"]
+    one_line_error(capsys, argv, "script not found: nope.py")
 
 
-def test_script_with_syntax_error(tmp_path: Path) -> None:
+def test_script_with_syntax_error(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("import torch\nfor x in range(3)\n    pass\n")
-    one_line_error(run_syncscope("profile", "--out", str(tmp_path / "r"), str(bad)), "bad.py:2")
+    one_line_error(capsys, ["profile", "--out", str(tmp_path / "r"), str(bad)], "bad.py:2")
 
 
-def test_out_under_missing_parent(tmp_path: Path) -> None:
-    proc = run_syncscope("profile", "--out", str(tmp_path / "no" / "such" / "r"), str(SINGLE))
-    one_line_error(proc, "does not exist")
+def test_out_under_missing_parent(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    argv = ["profile", "--out", str(tmp_path / "no" / "such" / "r"), str(SINGLE)]
+    one_line_error(capsys, argv, "does not exist")
 
 
-def test_out_under_a_file(tmp_path: Path) -> None:
+def test_out_under_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     blocker = tmp_path / "file"
     blocker.write_text("")
-    one_line_error(
-        run_syncscope("profile", "--out", str(blocker / "r"), str(SINGLE)), "cannot create"
-    )
+    argv = ["profile", "--out", str(blocker / "r"), str(SINGLE)]
+    one_line_error(capsys, argv, "cannot create")
 
 
-def test_unknown_launcher_option(tmp_path: Path) -> None:
-    one_line_error(run_syncscope("profile", "--nproc-per-nod", "2", str(SINGLE)), "--nproc-per-nod")
-
-
-def test_world_size_the_machine_cannot_host(tmp_path: Path) -> None:
-    proc = run_syncscope(
-        "profile", "--nproc-per-node", "100000", "--out", str(tmp_path / "r"), str(SINGLE)
-    )
-    one_line_error(proc, "cannot host")
+def test_world_size_the_machine_cannot_host(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    argv = ["profile", "--nproc-per-node", "100000", "--out", str(tmp_path / "r"), str(SINGLE)]
+    one_line_error(capsys, argv, "cannot host")
     assert not (tmp_path / "r").exists()
 
 
-def test_bad_fail_on_value(tmp_path: Path) -> None:
-    one_line_error(run_syncscope("profile", "--fail-on", "sometimes", str(SINGLE)), "--fail-on")
+def test_bad_fail_on_value(capsys: pytest.CaptureFixture[str]) -> None:
+    one_line_error(capsys, ["profile", "--fail-on", "sometimes", str(SINGLE)], "--fail-on")
 
 
-def test_script_that_never_initialises_distributed(tmp_path: Path) -> None:
-    proc = run_syncscope(
-        "profile", "--nproc-per-node", "1", "--out", str(tmp_path / "r"), str(SINGLE)
-    )
+@pytest.mark.slow
+def test_script_that_never_initialises_distributed_in_the_default_run_directory(
+    tmp_path: Path,
+) -> None:
+    # GIVEN a fresh working directory (no syncscope-out/ yet), WHEN profiling without --out
+    proc = run_syncscope("profile", "--nproc-per-node", "1", str(SINGLE), cwd=tmp_path)
     assert proc.returncode == 0, proc.stderr
     assert "single done" in proc.stdout
-    report = json.loads((tmp_path / "r" / "report.json").read_text())
+    # THEN the run lands in syncscope-out/<name>-<timestamp>/
+    (run_dir,) = (tmp_path / "syncscope-out").iterdir()
+    assert run_dir.name.startswith("single-")
+    assert (run_dir / "report.html").exists()
+    report = json.loads((run_dir / "report.json").read_text())
     assert report["world_size"] == 1
     assert any("never initialised" in note for note in report["notes"])
     assert [w["micro_batches"] for w in report["ranks"][0]["windows"]] == [3, 3]
     assert report["findings"] == [] and report["verdict"] == "clean"
 
 
+@pytest.mark.slow
 def test_script_failure_propagates_and_keeps_data(tmp_path: Path) -> None:
     proc = profile_loop(tmp_path / "r", "raise-on-rank-1")
     assert proc.returncode == 1
@@ -119,6 +133,7 @@ def test_script_failure_propagates_and_keeps_data(tmp_path: Path) -> None:
     assert "redundant-sync" in [f["kind"] for f in report["findings"]]
 
 
+@pytest.mark.slow
 def test_script_crashing_on_every_rank_is_failed_not_clean(tmp_path: Path) -> None:
     proc = profile_loop(tmp_path / "r", "raise-in-backward-everywhere")
     assert proc.returncode == 1, proc.stderr[-2000:]
@@ -141,6 +156,7 @@ def test_script_crashing_on_every_rank_is_failed_not_clean(tmp_path: Path) -> No
     assert "as it should be" not in html
 
 
+@pytest.mark.slow
 def test_crash_in_shutdown_after_the_script_finished_is_a_warning(tmp_path: Path) -> None:
     """A process that dies after every rank recorded a normal end lost nothing: say so."""
     proc = profile_loop(tmp_path / "r", "abort-at-shutdown-on-rank-1")
@@ -152,6 +168,7 @@ def test_crash_in_shutdown_after_the_script_finished_is_a_warning(tmp_path: Path
     assert [w["grad_syncs"] for w in report["ranks"][1]["windows"] if w["complete"]] == [4, 4]
 
 
+@pytest.mark.slow
 def test_fail_on_controls_exit_status(tmp_path: Path) -> None:
     # profile itself: a warning-only run fails with --fail-on warning
     proc = run_syncscope(
@@ -183,6 +200,7 @@ def test_fail_on_controls_exit_status(tmp_path: Path) -> None:
         assert again.returncode == code, (fail_on, again.stderr)
 
 
+@pytest.mark.slow
 def test_terminal_summary_and_module_mode(tmp_path: Path) -> None:
     package = tmp_path / "pkg"
     package.mkdir()
@@ -215,6 +233,7 @@ def test_terminal_summary_and_module_mode(tmp_path: Path) -> None:
     assert (tmp_path / "r" / "report.html").exists()
 
 
+@pytest.mark.slow
 def test_attach_under_torchrun_then_report(tmp_path: Path) -> None:
     run_dir = tmp_path / "attached"
     proc = subprocess.run(
@@ -252,6 +271,7 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
+@pytest.mark.slow
 def test_two_nodes_through_multi_node_rendezvous_then_merge(tmp_path: Path) -> None:
     port = _free_port()
     launcher = [
@@ -314,6 +334,7 @@ def test_two_nodes_through_multi_node_rendezvous_then_merge(tmp_path: Path) -> N
     assert all(w["fingerprint_match"] for r in data["ranks"] for w in r["windows"] if w["complete"])
 
 
+@pytest.mark.slow
 def test_analyze_of_a_run_directory_gives_the_live_findings(profiled, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
     live = profiled(LOOPS, "flag-after-forward")
     proc = run_syncscope(
@@ -326,6 +347,7 @@ def test_analyze_of_a_run_directory_gives_the_live_findings(profiled, tmp_path: 
     assert again["verdict"] == live.report["verdict"] == "errors"
 
 
+@pytest.mark.slow
 def test_killed_launcher_still_reports_what_was_captured(tmp_path: Path) -> None:
     import os
     import signal
@@ -372,16 +394,6 @@ def test_killed_launcher_still_reports_what_was_captured(tmp_path: Path) -> None
     assert all(w["grad_syncs"] == 1 for w in windows)
 
 
-def test_default_run_directory_is_created(tmp_path: Path) -> None:
-    # GIVEN a fresh working directory (no syncscope-out/ yet), WHEN profiling without --out
-    proc = run_syncscope("profile", "-q", "--nproc-per-node", "1", str(SINGLE), cwd=tmp_path)
-    # THEN the run lands in syncscope-out/<name>-<timestamp>/
-    assert proc.returncode == 0, proc.stderr
-    (run_dir,) = (tmp_path / "syncscope-out").iterdir()
-    assert run_dir.name.startswith("single-")
-    assert (run_dir / "report.json").exists() and (run_dir / "report.html").exists()
-
-
 # The argparse command line: what belongs to syncscope, what to the script ---------------------
 
 ARGV_PROBE = """\
@@ -394,6 +406,7 @@ print("probe done")
 """
 
 
+@pytest.mark.slow
 def test_options_after_the_script_belong_to_the_script(tmp_path: Path) -> None:
     # GIVEN a script that records its own arguments
     script = tmp_path / "probe.py"
@@ -427,6 +440,7 @@ def test_options_after_the_script_belong_to_the_script(tmp_path: Path) -> None:
     assert not (tmp_path / "elsewhere").exists()
 
 
+@pytest.mark.slow
 def test_module_arguments_belong_to_the_module(tmp_path: Path) -> None:
     package = tmp_path / "probepkg"
     package.mkdir()
@@ -457,35 +471,27 @@ def test_module_arguments_belong_to_the_module(tmp_path: Path) -> None:
     assert "verdict:" in proc.stdout
 
 
-def test_bad_hang_timeout_is_one_line(tmp_path: Path) -> None:
-    proc = run_syncscope("profile", "--hang-timeout", "abc", "--out", str(tmp_path / "r"), "x.py")
-    one_line_error(proc, "--hang-timeout")
-    assert "'abc'" in proc.stderr and "syncscope profile --help" in proc.stderr
-    assert not (tmp_path / "r").exists()
+def test_bad_fix_nproc_per_node_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    one_line_error(capsys, ["fix", "--nproc-per-node", "two", "x.py"], "--nproc-per-node")
 
 
-def test_bad_fix_nproc_per_node_is_one_line(tmp_path: Path) -> None:
-    one_line_error(run_syncscope("fix", "--nproc-per-node", "two", "x.py"), "--nproc-per-node")
+def test_missing_script_argument_is_one_line(capsys: pytest.CaptureFixture[str]) -> None:
+    one_line_error(capsys, ["profile", "-q"], "missing SCRIPT (or -m MODULE) to profile")
 
 
-def test_missing_script_argument_is_one_line() -> None:
-    one_line_error(run_syncscope("profile", "-q"), "missing SCRIPT (or -m MODULE) to profile")
-
-
-def test_no_arguments_prints_help_on_stderr_and_exits_2() -> None:
-    proc = run_syncscope()
-    assert proc.returncode == 2
-    assert proc.stdout == ""
-    assert proc.stderr.startswith("usage: syncscope")
+def test_no_arguments_lists_the_commands_on_stderr(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = main_out(capsys)
+    assert (status, out) == (2, "")
+    assert err.startswith("usage: syncscope")
     for command in ("profile", "report", "analyze", "diff", "fix"):
-        assert f"\n    {command} " in proc.stderr, command
+        assert f"\n    {command} " in err, command
 
 
-def test_help_lists_the_commands_on_stdout() -> None:
-    proc = run_syncscope("--help")
-    assert proc.returncode == 0 and proc.stderr == ""
-    assert "Run SCRIPT on N ranks through torch's launcher" in proc.stdout
-    assert "Compare two runs" in proc.stdout
+def test_help_lists_the_commands_on_stdout(capsys: pytest.CaptureFixture[str]) -> None:
+    status, out, err = main_out(capsys, "--help")
+    assert status == 0 and err == ""
+    assert "Run SCRIPT on N ranks through torch's launcher" in out
+    assert "Compare two runs" in out
 
 
 def test_importing_the_cli_imports_no_typer_click_or_pydantic() -> None:
@@ -502,6 +508,7 @@ def test_importing_the_cli_imports_no_typer_click_or_pydantic() -> None:
     assert proc.stdout.strip() == "[]"
 
 
+@pytest.mark.slow
 def test_profile_trace_records_the_chosen_windows_and_reports_both_sources(
     tmp_path: Path,
 ) -> None:
@@ -562,6 +569,7 @@ dist.destroy_process_group()
 """
 
 
+@pytest.mark.slow
 def test_formerly_rejected_launcher_options_reach_torchrun(tmp_path: Path) -> None:
     # GIVEN a script whose every rank prints a line
     script = tmp_path / "hello.py"
@@ -592,9 +600,3 @@ def test_formerly_rejected_launcher_options_reach_torchrun(tmp_path: Path) -> No
         "local_ranks_filter": "0",
         "log_dir": str(logs),
     }
-
-
-def test_launcher_option_that_makes_no_sense_is_one_line(tmp_path: Path) -> None:
-    proc = run_syncscope("profile", "--no-python", "--out", str(tmp_path / "r"), str(SINGLE))
-    one_line_error(proc, "not under syncscope")
-    assert not (tmp_path / "r").exists()

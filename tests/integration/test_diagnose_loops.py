@@ -10,6 +10,8 @@ import pytest
 
 from tests.conftest import LOOPS
 
+pytestmark = pytest.mark.slow  # every test profiles a loop on 2 ranks (shared per session)
+
 
 def loop(profiled, pattern: str, *options: str):  # type: ignore[no-untyped-def]
     run = profiled(LOOPS, pattern, options=tuple(options))

@@ -9,6 +9,8 @@ import pytest
 from syncscope.testing import spawn
 from tests.helpers.ranks import run_example_tracked
 
+pytestmark = pytest.mark.slow  # spawn() starts 2 rank processes per test
+
 
 def test_no_sync_around_forward_and_backward_syncs_once_on_the_last_micro_batch() -> None:
     for seen in spawn(run_example_tracked, args=("ddp_no_sync.py",), timeout=120):

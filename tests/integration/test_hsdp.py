@@ -17,6 +17,8 @@ from tests.conftest import LOOPS, profile, run_syncscope
 
 STEP_FUNCTION = Path(__file__).parents[1] / "scripts" / "hsdp_step_function.py"
 
+pytestmark = pytest.mark.slow  # 4-rank profile runs
+
 
 @pytest.fixture(scope="module")
 def hsdp(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:

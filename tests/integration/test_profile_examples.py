@@ -6,6 +6,8 @@ import pytest
 
 from tests.conftest import EXAMPLES
 
+pytestmark = pytest.mark.slow  # every test profiles an example on 2 ranks (shared per session)
+
 CASES = [
     # script, grad syncs per window, on micro-batches, collectives per window (op, count)
     ("ddp_sync_every_step.py", 4, [0, 1, 2, 3], ("all_reduce", 4)),

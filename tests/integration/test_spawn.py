@@ -16,6 +16,7 @@ from syncscope.testing import spawn
 from tests.helpers import ranks
 
 
+@pytest.mark.slow
 def test_a_rank_failure_is_reraised_with_that_ranks_traceback() -> None:
     # GIVEN rank 1 raises ValueError while rank 0 waits for it in a barrier
     with pytest.raises(ValueError, match="bad batch on rank 1") as info:
@@ -29,6 +30,7 @@ def test_a_rank_failure_is_reraised_with_that_ranks_traceback() -> None:
     assert not multiprocessing.active_children()
 
 
+@pytest.mark.slow
 def test_a_hung_rank_times_out_and_every_process_is_ended(tmp_path: Path) -> None:
     # GIVEN rank 1 sleeps forever while rank 0 waits for it in a barrier
     start = time.monotonic()
@@ -51,6 +53,7 @@ def test_bad_arguments() -> None:
         spawn(ranks.fail_on_rank_1, timeout=0)
 
 
+@pytest.mark.slow
 def test_track_on_two_ranks_passes_for_no_sync() -> None:
     # GIVEN the correct no_sync loop (pattern 2) tracked on 2 DDP ranks
     summaries = spawn(ranks.track_ddp, world_size=2, args=("no_sync",), timeout=60)
@@ -65,6 +68,7 @@ def test_track_on_two_ranks_passes_for_no_sync() -> None:
         assert summary["findings"] == []
 
 
+@pytest.mark.slow
 def test_track_on_two_ranks_fails_readably_for_no_sync_around_backward_only() -> None:
     # GIVEN no_sync entered after the forward (pattern 3): DDP still all-reduces every time
     with pytest.raises(AssertionError) as info:

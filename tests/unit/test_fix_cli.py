@@ -1,25 +1,41 @@
-"""``syncscope fix`` as users run it: a subprocess, exit statuses 0/1/2, --apply safety."""
+"""``syncscope fix`` as users run it, in process through ``main()``: exit statuses 0/1/2,
+stdout and stderr, --apply safety (the console script itself: test_cli.py)."""
 
 from __future__ import annotations
 
-import subprocess
-import sys
+from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
 
+from syncscope import cli
+
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "fix"
 
 
-def run(*args: str, cwd: Path) -> subprocess.CompletedProcess[str]:
-    return subprocess.run(
-        [sys.executable, "-m", "syncscope", "fix", *args],
-        cwd=cwd,
-        capture_output=True,
-        text=True,
-        check=False,
-        env={"PYTHONPATH": str(Path(__file__).parents[2]), "PATH": "/usr/bin:/bin"},
-    )
+@dataclass
+class Done:
+    returncode: int
+    stdout: str
+    stderr: str
+
+
+Run = Callable[..., Done]
+
+
+@pytest.fixture
+def run(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> Run:
+    """run(*args, cwd=DIR): ``syncscope fix *args`` from DIR, what it printed and returned."""
+
+    def fix(*args: str, cwd: Path) -> Done:
+        monkeypatch.chdir(cwd)
+        capsys.readouterr()
+        status = cli.main(["fix", *args])
+        out = capsys.readouterr()
+        return Done(status, out.out, out.err)
+
+    return fix
 
 
 @pytest.fixture
@@ -29,7 +45,7 @@ def script(tmp_path: Path) -> Path:
     return path
 
 
-def test_dry_run_prints_diff_and_problems_exit_1(script: Path) -> None:
+def test_dry_run_prints_diff_and_problems_exit_1(run: Run, script: Path) -> None:
     done = run("train.py", cwd=script.parent)
     assert done.returncode == 1
     assert done.stdout.startswith("--- a/train.py\n+++ b/train.py\n")
@@ -37,13 +53,13 @@ def test_dry_run_prints_diff_and_problems_exit_1(script: Path) -> None:
     assert script.read_text() == (FIXTURES / "ddp_no_suppression_modulo.in.py").read_text()
 
 
-def test_nothing_to_fix_exit_0(tmp_path: Path) -> None:
+def test_nothing_to_fix_exit_0(run: Run, tmp_path: Path) -> None:
     (tmp_path / "ok.py").write_text((FIXTURES / "nanogpt_flag_before_forward.in.py").read_text())
     done = run("ok.py", cwd=tmp_path)
     assert (done.returncode, done.stdout, done.stderr) == (0, "", "")
 
 
-def test_apply_writes_and_keeps_backup(script: Path) -> None:
+def test_apply_writes_and_keeps_backup(run: Run, script: Path) -> None:
     original = script.read_text()
     done = run("train.py", "--apply", cwd=script.parent)
     assert done.returncode == 0, done.stderr
@@ -54,14 +70,14 @@ def test_apply_writes_and_keeps_backup(script: Path) -> None:
     assert (again.returncode, again.stdout) == (0, "")
 
 
-def test_apply_no_backup(script: Path) -> None:
+def test_apply_no_backup(run: Run, script: Path) -> None:
     done = run("train.py", "--apply", "--no-backup", cwd=script.parent)
     assert done.returncode == 0
     assert not script.with_name("train.py.bak").exists()
     assert sorted(p.name for p in script.parent.iterdir()) == ["train.py"]
 
 
-def test_syntax_error_refused_exit_2(tmp_path: Path) -> None:
+def test_syntax_error_refused_exit_2(run: Run, tmp_path: Path) -> None:
     bad = tmp_path / "bad.py"
     bad.write_text("for i in range(3)\n    pass\n")
     done = run("bad.py", "--apply", cwd=tmp_path)
@@ -71,7 +87,9 @@ def test_syntax_error_refused_exit_2(tmp_path: Path) -> None:
     assert bad.read_text() == "for i in range(3)\n    pass\n"
 
 
-def test_outside_working_tree_refused_unless_allowed(script: Path, tmp_path: Path) -> None:
+def test_outside_working_tree_refused_unless_allowed(
+    run: Run, script: Path, tmp_path: Path
+) -> None:
     elsewhere = tmp_path / "cwd"
     elsewhere.mkdir()
     done = run(str(script), "--apply", cwd=elsewhere)
@@ -83,20 +101,20 @@ def test_outside_working_tree_refused_unless_allowed(script: Path, tmp_path: Pat
     assert "is_last" in script.read_text()
 
 
-def test_unresolved_wrapper_exit_1_no_diff(tmp_path: Path) -> None:
+def test_unresolved_wrapper_exit_1_no_diff(run: Run, tmp_path: Path) -> None:
     (tmp_path / "t.py").write_text((FIXTURES / "unresolved_wrapper.in.py").read_text())
     done = run("t.py", cwd=tmp_path)
     assert done.returncode == 1 and done.stdout == ""
     assert "SYN100" in done.stderr and "not rewritten" in done.stderr
 
 
-def test_bad_style_and_missing_file_exit_2(script: Path) -> None:
+def test_bad_style_and_missing_file_exit_2(run: Run, script: Path) -> None:
     assert run("train.py", "--style", "magic", cwd=script.parent).returncode == 2
     missing = run("nope.py", cwd=script.parent)
     assert missing.returncode == 2 and "nope.py: no such file" in missing.stderr
 
 
-def test_from_a_changed_script_refused(script: Path, tmp_path: Path) -> None:
+def test_from_a_changed_script_refused(run: Run, script: Path, tmp_path: Path) -> None:
     run_dir = tmp_path / "run"
     run_dir.mkdir()
     (run_dir / "report.json").write_text(
