@@ -25,7 +25,14 @@ SCRIPT = ROOT / "tests" / "scripts" / "functional.py"
 def colls(run: ProfiledRun, rank: int) -> list[dict[str, Any]]:
     path = run.run_dir / "ranks" / f"rank-{rank:05d}.jsonl"
     events = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
-    return [e for e in events if e.get("type") == "coll"]
+    groups: dict[str, Any] = {}  # format 2: a group's ranks once, in its "pg" event
+    out = []
+    for e in events:
+        if e.get("type") == "pg":
+            groups[e["pg"]] = e["group"]
+        elif e.get("type") == "coll":
+            out.append({"group": groups.get(e["pg"]), **e})
+    return out
 
 
 def dones(run: ProfiledRun, rank: int) -> set[int]:
