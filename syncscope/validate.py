@@ -140,6 +140,9 @@ def list_of(
     error: type[SyncscopeError] = SyncscopeError,
 ) -> list[Any]:
     """Every item of ``values`` is a ``kind`` (bools are not numbers)."""
+    kinds = set(kind) if isinstance(kind, tuple) else {kind}
+    if set(map(type, values)) <= kinds - {bool, float}:  # at C speed: a 16k-rank group list
+        return values
     for i, item in enumerate(values):
         if isinstance(item, bool) or not isinstance(item, kind):
             names = _KIND_NAMES.get(kind, getattr(kind, "__name__", "number"))

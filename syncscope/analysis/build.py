@@ -455,7 +455,9 @@ def _group(value: object) -> tuple[int, ...] | None:
     16k-rank job's ranks all hold the same 16k-entry tuple, not one each."""
     if not isinstance(value, list):
         return None
-    ranks = tuple(int(r) for r in value)
+    ranks = tuple(value)  # validated: integers (checked at C speed, as the reader's input)
+    if not set(map(type, ranks)) <= {int}:
+        ranks = tuple(int(r) for r in value)
     if len(_GROUPS) > 4096:  # a bound, should a process read runs with many groups
         _GROUPS.clear()
     return _GROUPS.setdefault(ranks, ranks)

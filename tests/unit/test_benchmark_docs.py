@@ -20,3 +20,17 @@ def test_the_page_carries_the_generators_method_note() -> None:
     page = (ROOT / "docs" / "benchmarks.md").read_text()
     assert note.startswith("### ") and note in page
     assert page.index("## 2. Capture cost") < page.index(note) < page.index("## 3. Analysis")
+
+
+def test_the_page_carries_the_scale_figures_as_written() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        report = importlib.import_module("_report")
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    lines = report._scale_notes()
+    assert lines and lines[0].startswith("### Scale")
+    notes = "\n".join(lines).rstrip("\n")
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert notes in page  # bench_scale.py --doc's figures, as run_all.py would put them
+    assert page.index("## 3. Analysis speed") < page.index(notes) < page.index("## 4. ")
