@@ -258,15 +258,16 @@ def _grad_reset(rank: RankRun, window: Window) -> Iterator[Observation]:
 def _fragmented(rank: RankRun, window: Window) -> Iterator[Observation]:
     """Rounds of many small collectives, reported when their measured extra calls cost a
     material share of the window (docs/findings/fragmented-sync.md)."""
-    # a wrapper's own reductions: FSDP's per fully_shard group (the wrapping decides), DDP's
-    # buckets unless the script made them smaller than the default (bucket_cap_mb)
+    # a wrapper's own reductions: FSDP's per fully_shard group (the wrapping decides),
+    # DeepSpeed's (its reduce_bucket_size decides), DDP's buckets unless the script made them
+    # smaller than the default (bucket_cap_mb)
     small_buckets = any(
         w.kind == "ddp"
         and w.bucket_cap_bytes is not None
         and w.bucket_cap_bytes < FRAGMENT_BUCKET_BYTES
         for w in rank.wrappers
     )
-    own = {"fsdp"} if small_buckets else {"fsdp", "ddp", "autograd"}
+    own = {"fsdp", "deepspeed"} if small_buckets else {"fsdp", "deepspeed", "ddp", "autograd"}
     rounds: dict[tuple[int, str, str], list[Collective]] = {}
     for c in window.grad_sync_collectives:
         if c.issuer not in own:
