@@ -16,8 +16,8 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 
-from syncscope.fixes.codemod import FixOptions, fix_source  # noqa: E402
-from tests.faults.test_faults_fix import _functions  # noqa: E402
+from syncscope.fixes.codemod import FixOptions, fix_source
+from tests.faults.test_faults_fix import _functions
 
 
 def main() -> None:
