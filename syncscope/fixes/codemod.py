@@ -283,6 +283,7 @@ class _Driver:
         return FixResult(original, state.module.code, tuple(problems), tuple(notes))
 
 
+MAX_LINES = 50_000  # a longer file is refused: libcst's tree and metadata take ~80 KB a line
 MAX_NESTING = 500  # brackets plus operators in one logical line: deeper is refused
 _STACK_BYTES = 256 << 20  # the rewrite runs on a thread with this much stack ...
 _RECURSION_LIMIT = 20_000  # ... and this recursion limit, so MAX_NESTING always fits
@@ -340,6 +341,12 @@ def fix_source(source: str, options: FixOptions | None = None, path: str = "<scr
     import sys
     import threading
 
+    lines = source.count("\n") + 1
+    if lines > MAX_LINES:
+        raise SyncscopeError(
+            f"{path}: {lines:,} lines, more than syncscope fix reads ({MAX_LINES:,}: its "
+            "syntax tree takes about 80 KB a line); give it the file that holds the loop"
+        )
     _check_nesting(source, path)
     outcome: dict[str, object] = {}
 
