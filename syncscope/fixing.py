@@ -37,10 +37,7 @@ def fix(
     from syncscope.fixes.codemod import FixOptions, fix_source
 
     data = _read(script)
-    try:
-        source = data.decode("utf-8")
-    except UnicodeDecodeError:
-        raise SyncscopeError(f"{script}: not UTF-8 text") from None
+    source, encoding = _decode(script, data)
     hints = None
     if from_run is not None:
         from syncscope.fixes.fromrun import load_hints
@@ -48,26 +45,55 @@ def fix(
         hints = load_hints(from_run, script, data)
     result = fix_source(source, FixOptions(style, hints), path=str(script))
     if result.changed and not apply:
-        sys.stdout.write(result.diff(str(script)))
-    _print_problems(result, str(script))
-    if verify and result.changed:
-        _check_inside(script, allow_outside)
-        _verify(script, result, nproc_per_node, args)
+        diff = result.diff(str(script))
+        sys.stdout.write(diff if diff.endswith("\n") else diff + "\n")
     if apply and result.changed:
         _check_inside(script, allow_outside)
-        _write(script, result.fixed, backup)
+        _check_writable(script)
+    if verify and result.changed:
+        _check_inside(script, allow_outside)
+        _verify(script, result, nproc_per_node, args, encoding)
+    if apply and result.changed:
+        _write(script, result.fixed.encode(encoding), backup)
+    _print_problems(result, str(script))  # "(fixed)" only once the file is written
+    if apply and result.changed:
         print(f"syncscope: wrote {script}", file=sys.stderr)
     unfixed = any(not p.fixed for p in result.problems)
     return 1 if result.problems and (not apply or unfixed) else 0
 
 
 def _read(script: Path) -> bytes:
+    if script.is_dir():
+        raise SyncscopeError(f"{script}: is a directory; give the training script's file")
     if not script.is_file():
         raise SyncscopeError(f"{script}: no such file")
     try:
         return script.read_bytes()
     except OSError as exc:
         raise SyncscopeError(f"{script}: cannot read it ({exc.strerror})") from None
+
+
+def _decode(script: Path, data: bytes) -> tuple[str, str]:
+    """The script's text and the encoding to write it back in, as Python reads it: a PEP 263
+    coding line, a UTF-8 byte-order mark (kept: ``utf-8-sig``), else UTF-8."""
+    import io
+    import tokenize
+
+    try:
+        encoding, _ = tokenize.detect_encoding(io.BytesIO(data).readline)
+        return data.decode(encoding), encoding
+    except (SyntaxError, LookupError) as exc:
+        raise SyncscopeError(f"{script}: cannot tell its text encoding ({exc})") from None
+    except UnicodeDecodeError:
+        raise SyncscopeError(f"{script}: not text in its declared encoding") from None
+
+
+def _check_writable(script: Path) -> None:
+    import os
+
+    target = script.resolve()
+    if not os.access(target, os.W_OK) or not os.access(target.parent, os.W_OK):
+        raise SyncscopeError(f"{script}: cannot write it (read-only); nothing was changed")
 
 
 def _check_inside(path: Path, allow_outside: bool) -> None:
@@ -96,18 +122,21 @@ def _print_problems(result: FixResult, shown: str) -> None:
         print(f"{shown}: {note}", file=sys.stderr)
 
 
-def _verify(script: Path, result: FixResult, nproc_per_node: int, args: Sequence[str]) -> None:
+def _verify(
+    script: Path, result: FixResult, nproc_per_node: int, args: Sequence[str], encoding: str
+) -> None:
     """Profile the original and the fixed script; refuse the fix unless it checks out."""
     from syncscope.fixes.verify import render, verify
 
     codes = [p.code for p in result.problems]
-    checked = verify(script, result.fixed, codes, ("--nproc-per-node", str(nproc_per_node)), args)
+    launcher = ("--nproc-per-node", str(nproc_per_node))
+    checked = verify(script, result.fixed, codes, launcher, args, encoding)
     print("\n".join(render(checked)))
     if not checked.ok:
         raise SyncscopeError("verification failed: the fix was not applied")
 
 
-def _write(script: Path, text: str, backup: bool) -> None:
+def _write(script: Path, text: bytes, backup: bool) -> None:
     """Write ``text`` over ``script`` (through a symlink, to the file it names), whole or
     not at all; with ``backup`` the original is kept first as ``SCRIPT.bak`` (or
     ``SCRIPT.bak.1`` ... where that name is taken)."""
@@ -119,4 +148,7 @@ def _write(script: Path, text: str, backup: bool) -> None:
             copy_fresh(target, target.with_name(target.name + ".bak"))
         except OSError as exc:
             raise SyncscopeError(f"{script}: cannot write it ({exc.strerror})") from None
-    atomic_write(script, text.encode("utf-8"), durable=True)
+    try:
+        atomic_write(script, text, durable=True)
+    except OSError as exc:
+        raise SyncscopeError(f"{script}: cannot write it ({exc.strerror})") from None

@@ -46,8 +46,31 @@ class Context:
     hsdp: bool = False
 
 
+class _Names(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.names: set[str] = set()
+
+    def visit_Name(self, node: cst.Name) -> None:
+        self.names.add(node.value)
+
+
+# the names of the last module asked about: every loop of a pass asks about the same module,
+# and collecting them once per loop made ``fix`` quadratic in the number of loops
+_module_names: list[tuple[cst.Module, frozenset[str]]] = []
+
+
+def _module_names_of(module: cst.Module) -> frozenset[str]:
+    if _module_names and _module_names[0][0] is module:
+        return _module_names[0][1]
+    visitor = _Names()
+    module.visit(visitor)
+    names = frozenset(visitor.names)
+    _module_names[:] = [(module, names)]
+    return names
+
+
 def _fresh_name(module: cst.Module) -> str:
-    used = _names_in(module)
+    used = _module_names_of(module)
     for candidate in ("is_last", "is_last_micro_batch", "syncscope_is_last"):
         if candidate not in used:
             return candidate

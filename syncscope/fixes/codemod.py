@@ -29,6 +29,7 @@ from syncscope.fixes.resolve import (
 )
 from syncscope.fixes.rules import ALL_RULES, Violation
 from syncscope.fixes.styles import Style
+from syncscope.fixes.syntax import effects
 
 MAX_PASSES = 24
 DISTRIBUTED_WORDS = ("torch.distributed", "accelerate", "DistributedDataParallel", "fully_shard")
@@ -215,6 +216,28 @@ class _Driver:
             batch.append((o, v))
         return batch
 
+    def _without_lossy(
+        self,
+        state: _Pass,
+        batch: list[tuple[int, Violation]],
+        before: frozenset[str],
+        refused: dict[tuple[int, str], str],
+    ) -> list[tuple[int, Violation]]:
+        """The batch less the rewrites that would drop a call or an assignment expression
+        of the user's (``if (loss := model(x)...)``: removing the test removed the forward);
+        those are refused, naming what they would drop. Tried one by one only when the batch
+        together dropped something."""
+        kept = []
+        for ordinal, violation in batch:
+            lost = before - effects(self.apply(state, [violation]))
+            if lost:
+                refused[(ordinal, violation.code)] = (
+                    f"the rewrite would drop `{sorted(lost)[0]}`: rewrite this loop by hand"
+                )
+            else:
+                kept.append((ordinal, violation))
+        return kept
+
     def run(self) -> FixResult:
         original = self.module.code
         state = self.analyze(self.module)
@@ -226,8 +249,13 @@ class _Driver:
             if not batch:
                 break
             tried.update((o, v.code) for o, v in batch)
+            had = effects(state.module)
             while batch:
-                candidate = self.analyze(self.apply(state, [v for _, v in batch]))
+                module = self.apply(state, [v for _, v in batch])
+                if had - effects(module):
+                    batch = self._without_lossy(state, batch, had, refused)
+                    continue
+                candidate = self.analyze(module)
                 stuck_loops: set[int] = set()
                 for ordinal, violation in batch:
                     before = {v.code for o, v in state.violations if o == ordinal}
@@ -255,6 +283,7 @@ class _Driver:
         return FixResult(original, state.module.code, tuple(problems), tuple(notes))
 
 
+MAX_LINES = 50_000  # a longer file is refused: libcst's tree and metadata take ~80 KB a line
 MAX_NESTING = 500  # brackets plus operators in one logical line: deeper is refused
 _STACK_BYTES = 256 << 20  # the rewrite runs on a thread with this much stack ...
 _RECURSION_LIMIT = 20_000  # ... and this recursion limit, so MAX_NESTING always fits
@@ -312,6 +341,12 @@ def fix_source(source: str, options: FixOptions | None = None, path: str = "<scr
     import sys
     import threading
 
+    lines = source.count("\n") + 1
+    if lines > MAX_LINES:
+        raise SyncscopeError(
+            f"{path}: {lines:,} lines, more than syncscope fix reads ({MAX_LINES:,}: its "
+            "syntax tree takes about 80 KB a line); give it the file that holds the loop"
+        )
     _check_nesting(source, path)
     outcome: dict[str, object] = {}
 

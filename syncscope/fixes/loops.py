@@ -396,6 +396,8 @@ def _withs(
         no_sync = no_sync_item(statement.items[0].item, names)
         return [(statement, no_sync.sync if no_sync is not None else None)]
     found: list[tuple[cst.With, Gate | None]] = []
+    if isinstance(statement, cst.Match):
+        return _match_withs(statement, names)
     if isinstance(statement, cst.If):
         test = parse_gate(statement.test, names)
         branches: list[tuple[cst.BaseSuite, Gate | None]] = [
@@ -408,6 +410,35 @@ def _withs(
                 for inner in suite.body:
                     if isinstance(inner, cst.With):
                         found.append((inner, sync))
+    return found
+
+
+def _match_withs(
+    statement: cst.Match, names: dict[str, cst.BaseExpression]
+) -> list[tuple[cst.With, Gate | None]]:
+    """``with`` statements at the top of a ``match``'s cases. A case ``V`` runs when
+    ``subject == V``; a wildcard case after exactly one value case runs when it does not."""
+    subject = code_of(statement.subject)
+    values = [c.pattern for c in statement.cases if isinstance(c.pattern, cst.MatchValue)]
+    found: list[tuple[cst.With, Gate | None]] = []
+    for case in statement.cases:
+        runs: Gate | None = None
+        if isinstance(case.pattern, cst.MatchValue):
+            equal = parse_gate(
+                cst.parse_expression(f"{subject} == {code_of(case.pattern.value)}"), names
+            )
+            runs = equal
+        elif (
+            isinstance(case.pattern, cst.MatchAs)
+            and case.pattern.pattern is None
+            and len(values) == 1
+        ):
+            other = f"{subject} == {code_of(values[0].value)}"
+            equal = parse_gate(cst.parse_expression(other), names)
+            runs = equal.negated() if equal is not None else None
+        sync = runs.negated() if runs is not None else None  # no_sync here: syncs otherwise
+        if isinstance(case.body, cst.IndentedBlock):
+            found += [(inner, sync) for inner in case.body.body if isinstance(inner, cst.With)]
     return found
 
 

@@ -123,3 +123,32 @@ def no_sync_item(
         if model is not None:
             return NoSync(model, gate, True)
     return None
+
+
+# calls a rewrite may remove: the sync toggles it replaces or moves, and the grad resets and
+# steps it moves (a moved call is still there; a removed toggle is the fix)
+_REWRITTEN = frozenset(
+    {"no_sync", "set_requires_gradient_sync", "set_requires_all_reduce", "nullcontext", "zero_grad"}
+)
+
+
+class _Effects(cst.CSTVisitor):
+    def __init__(self) -> None:
+        self.found: set[str] = set()
+
+    def visit_Call(self, node: cst.Call) -> None:
+        name = method_name(node) or (node.func.value if isinstance(node.func, cst.Name) else "")
+        if name not in _REWRITTEN:  # the callee: a rewrite may change the arguments
+            self.found.add(cst.Module([]).code_for_node(node.func) + "(...)")
+
+    def visit_NamedExpr(self, node: cst.NamedExpr) -> None:
+        self.found.add(cst.Module([]).code_for_node(node))
+
+
+def effects(node: cst.CSTNode) -> frozenset[str]:
+    """The distinct callees and assignment expressions in ``node``, as code: what a faithful
+    rewrite keeps (it may merge two calls of one callee, or change their arguments, never
+    drop every call of one)."""
+    visitor = _Effects()
+    node.visit(visitor)
+    return frozenset(visitor.found)

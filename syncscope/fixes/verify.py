@@ -98,8 +98,10 @@ def verify(
     codes: Sequence[str],
     launcher: Sequence[str] = ("--nproc-per-node", "2"),
     args: Sequence[str] = (),
+    encoding: str = "utf-8",
 ) -> Verification:
-    """Profile ``script`` and ``fixed_source`` (run as a sibling file) and compare."""
+    """Profile ``script`` and ``fixed_source`` (run as a sibling file, written in the
+    script's ``encoding``) and compare."""
     import signal
 
     from syncscope.files import fresh_name
@@ -116,7 +118,7 @@ def verify(
             original = _profile(script, Path(tmp) / "original", launcher, args)
             try:
                 name = fresh_name(script.with_name(f"_syncscope_fixed_{script.name}"))
-                with open(name, "x", encoding="utf-8") as out:  # never over a user's file
+                with open(name, "x", encoding=encoding) as out:  # never over a user's file
                     copy = name
                     out.write(fixed_source)
                 fixed = _profile(copy, Path(tmp) / "fixed", launcher, args)
