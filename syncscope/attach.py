@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import runpy
 import signal
 import sys
@@ -131,7 +132,9 @@ def bounds(given: dict[str, str]) -> tuple[int | None, int, str]:
 
 def default_out(target: str) -> Path:
     stem = Path(target).stem
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or time.strftime("%Y%m%d-%H%M%S")
+    # the launcher's --rdzv-id is user text: one path component, never ``..`` or a separator
+    given = re.sub(r"[^A-Za-z0-9_.-]", "_", os.environ.get("TORCHELASTIC_RUN_ID", "")).strip(".")
+    run_id = given or time.strftime("%Y%m%d-%H%M%S")
     return Path("syncscope-out") / f"{stem.split('.')[-1]}-{run_id}"
 
 

@@ -74,3 +74,19 @@ def _noop() -> int:
 def test_spawn_checks_its_arguments(kwargs: dict[str, object], error: type, says: str) -> None:
     with pytest.raises(error, match=says):
         spawn(_noop, **kwargs)  # type: ignore[arg-type]
+
+
+@pytest.mark.parametrize("rdzv_id", ["../../..", "/etc/x", "a/../../b", "..", "ok-1.2"])
+def test_rdzv_id_never_leaves_syncscope_out(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path, rdzv_id: str
+) -> None:
+    from syncscope.attach import default_out
+
+    monkeypatch.setenv("TORCHELASTIC_RUN_ID", rdzv_id)
+    out = default_out("train.py")
+    assert out.parent == Path("syncscope-out")
+    assert ".." not in out.parts and len(out.parts) == 2
+    resolved = (tmp_path / out).resolve()
+    assert resolved.is_relative_to((tmp_path / "syncscope-out").resolve())
+    if rdzv_id == "ok-1.2":
+        assert out.name == "train-ok-1.2"
