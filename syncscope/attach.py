@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import os
+import re
 import runpy
 import signal
 import sys
@@ -131,7 +132,9 @@ def bounds(given: dict[str, str]) -> tuple[int | None, int, str]:
 
 def default_out(target: str) -> Path:
     stem = Path(target).stem
-    run_id = os.environ.get("TORCHELASTIC_RUN_ID") or time.strftime("%Y%m%d-%H%M%S")
+    # the launcher's --rdzv-id is user text: one path component, never ``..`` or a separator
+    given = re.sub(r"[^A-Za-z0-9_.-]", "_", os.environ.get("TORCHELASTIC_RUN_ID", "")).strip(".")
+    run_id = given or time.strftime("%Y%m%d-%H%M%S")
     return Path("syncscope-out") / f"{stem.split('.')[-1]}-{run_id}"
 
 
@@ -182,8 +185,24 @@ def _write_meta(
     )
 
 
+def _rank_env() -> tuple[int, int, int]:
+    """RANK, WORLD_SIZE and LOCAL_RANK from the environment, checked: a one-line error
+    naming the variable for anything but a whole number in range."""
+    values = {}
+    for name, default, least in (("RANK", "0", 0), ("WORLD_SIZE", "1", 1), ("LOCAL_RANK", "0", 0)):
+        text = os.environ.get(name, default).strip()
+        if not text.isdigit() or int(text) < least:
+            _die(f"{name}={text!r} in the environment is not a whole number >= {least}")
+        values[name] = int(text)
+    if values["RANK"] >= values["WORLD_SIZE"]:
+        _die(f"RANK={values['RANK']} is not below WORLD_SIZE={values['WORLD_SIZE']}")
+    return values["RANK"], values["WORLD_SIZE"], values["LOCAL_RANK"]
+
+
 def main(argv: list[str] | None = None) -> int:
     given, is_module, target, script_args = parse(list(sys.argv[1:] if argv is None else argv))
+    if "--out" in given and not given["--out"].strip():
+        _die("--out is empty: give a directory for the run")
     out = Path(given["--out"]) if "--out" in given else None
     windows, skip_windows, then = bounds(given)
     if not is_module and not Path(target).is_file():
@@ -191,9 +210,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = out or (Path(os.environ[ENV_OUT]) if os.environ.get(ENV_OUT) else None)
     # absolute before the script runs: whatever it does with its working directory
     run_dir = Path(os.path.abspath(run_dir or default_out(target)))
-    rank = int(os.environ.get("RANK", "0"))
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    rank, world_size, local_rank = _rank_env()
 
     from syncscope.capture.session import CaptureSession
 

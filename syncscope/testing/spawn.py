@@ -11,6 +11,7 @@ the one re-raised, not a peer that saw the connection drop afterwards.
 
 from __future__ import annotations
 
+import math
 import multiprocessing as mp
 import pickle
 import queue
@@ -110,10 +111,14 @@ def spawn(
     """
     import torch.distributed as dist
 
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int, not {world_size!r}")
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, not {world_size}")
-    if timeout <= 0:
-        raise ValueError(f"timeout must be positive, not {timeout}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds, not {timeout!r}")
+    if not math.isfinite(timeout) or timeout <= 0:
+        raise ValueError(f"timeout must be a finite positive number of seconds, not {timeout}")
     store = dist.TCPStore(  # type: ignore[attr-defined]
         "127.0.0.1",
         0,
