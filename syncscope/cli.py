@@ -193,7 +193,9 @@ def build_parser(command: str | None = None) -> Parser:
 
 def error(message: str) -> None:
     """Print one error line to stderr."""
-    print(f"syncscope: error: {message}", file=sys.stderr)
+    from syncscope.render.safe import visible  # a path or a script's text may carry escapes
+
+    print(f"syncscope: error: {visible(message)}", file=sys.stderr)
 
 
 def main(argv: list[str] | None = None) -> int:

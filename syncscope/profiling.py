@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from syncscope.errors import SyncscopeError
+from syncscope.render.safe import visible
 
 if TYPE_CHECKING:
     from syncscope.launch import LaunchOptions, LaunchResult
@@ -79,7 +80,7 @@ def profile(request: Request) -> int:
         return _ran_on(result.status, early.code)
     if result.error:
         # the launcher failed or was stopped: say so in one line, and report what was captured
-        print(f"syncscope: error: the launcher stopped: {result.error}", file=sys.stderr)
+        print(f"syncscope: error: the launcher stopped: {visible(result.error)}", file=sys.stderr)
     if result.hung:
         write_meta(plan.run_dir, {**meta, "hung": True})
         print(
@@ -311,9 +312,8 @@ def report_run(run_dir: Path, status: int, failed: int | None, fail_on: str, qui
     paths = write_reports(run, findings, run_dir)
     if not quiet:
         print_summary(run, findings)
-    print(
-        f"syncscope: run directory {run_dir} ({', '.join(p.name for p in paths)})", file=sys.stderr
-    )
+    names = ", ".join(p.name for p in paths)
+    print(visible(f"syncscope: run directory {run_dir} ({names})"), file=sys.stderr)
     if failed is not None and _finished_everywhere(run):
         # every rank recorded the script's normal end; a process then died in shutdown
         print(
@@ -360,7 +360,7 @@ class _EarlyReport:
                 flush=True,
             )
         except Exception as exc:  # the final report below then says what it can
-            print(f"syncscope: error: early report failed: {exc}", file=sys.stderr)
+            print(visible(f"syncscope: error: early report failed: {exc}"), file=sys.stderr)
         finally:
             self._done.set()
 

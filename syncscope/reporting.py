@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from syncscope.errors import BadRunDirectory
+from syncscope.render.safe import visible
 
 if TYPE_CHECKING:
     from syncscope.model import Finding, Run, RunMeta
@@ -64,9 +65,8 @@ def analyze(
         from syncscope.render.terminal import render_text  # rich: only when it prints
 
         print(render_text(run, findings))
-    print(
-        f"syncscope: reports in {out_dir} ({', '.join(p.name for p in written)})", file=sys.stderr
-    )
+    names = ", ".join(p.name for p in written)
+    print(visible(f"syncscope: reports in {out_dir} ({names})"), file=sys.stderr)
     return exit_status(findings, fail_on)
 
 
@@ -87,7 +87,7 @@ def report(run_dir: Path, fmt: str = "html", output: str | None = None) -> None:
     from syncscope.files import atomic_write
 
     atomic_write(Path(output), partial(writer(fmt), run, findings))
-    print(f"syncscope: wrote {output}", file=sys.stderr)
+    print(visible(f"syncscope: wrote {output}"), file=sys.stderr)
 
 
 def diff(run_a: Path, run_b: Path, html: Path | None = None, color: bool | None = None) -> None:
@@ -98,7 +98,7 @@ def diff(run_a: Path, run_b: Path, html: Path | None = None, color: bool | None 
     run_1, findings_1 = load_and_diagnose(run_a)
     run_2, findings_2 = load_and_diagnose(run_b)
     for warning in _mismatches(run_1.meta, run_2.meta):
-        print(f"syncscope: warning: {warning}", file=sys.stderr)
+        print(visible(f"syncscope: warning: {warning}"), file=sys.stderr)
     result = compare(run_1, findings_1, run_2, findings_2, labels=_labels(run_a, run_b))
     use_color = sys.stdout.isatty() if color is None else color
     sys.stdout.write(render_diff_text(result, color=use_color))
@@ -106,7 +106,7 @@ def diff(run_a: Path, run_b: Path, html: Path | None = None, color: bool | None 
         from syncscope.files import atomic_write
 
         atomic_write(html, render_diff_html(result).encode("utf-8"))
-        print(f"syncscope: wrote {html}", file=sys.stderr)
+        print(visible(f"syncscope: wrote {html}"), file=sys.stderr)
 
 
 def _labels(a: Path, b: Path) -> tuple[str, str]:

@@ -12,7 +12,6 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Literal
 
-from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
@@ -36,6 +35,7 @@ from syncscope.render.summary import (
     headline,
     window_means,
 )
+from syncscope.render.terminal import SafeConsole
 from syncscope.render.units import human_bytes, human_ns
 
 Unit = Literal["count", "bytes", "ns"]
@@ -257,7 +257,7 @@ TONES = {"clean": "green", "warnings": "yellow", "errors": "red", "failed": "bol
 def render_diff_text(diff: RunDiff, *, color: bool = False, width: int = 100) -> str:
     """The comparison for a terminal; ``color`` adds ANSI styles (for a tty)."""
     out = io.StringIO()
-    console = Console(
+    console = SafeConsole(
         file=out,
         width=width,
         force_terminal=color,

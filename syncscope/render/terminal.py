@@ -3,11 +3,12 @@
 from __future__ import annotations
 
 import io
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import IO
 
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
+from rich.segment import Segment
 from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
@@ -16,6 +17,7 @@ from syncscope import figures
 from syncscope.figures import median
 from syncscope.model import SEVERITIES, Finding, RankRun, Run, Window, compress_ranks, verdict_of
 from syncscope.render import units
+from syncscope.render.safe import visible
 from syncscope.render.summary import headline, human_value, label_of, plain_text, window_basis
 from syncscope.render.units import human_bytes
 
@@ -264,17 +266,29 @@ def summary_renderables(run: Run, findings: Sequence[Finding]) -> list[Renderabl
     return out
 
 
+class SafeConsole(Console):
+    """A rich Console that shows the control characters of every text it renders. Styles are
+    applied after, from each segment's style: syncscope's colours still work; a user's
+    escape sequences come out as text."""
+
+    def _render_buffer(self, buffer: Iterable[Segment]) -> str:
+        return super()._render_buffer(
+            segment if segment.control else Segment(visible(segment.text), segment.style)
+            for segment in buffer
+        )
+
+
 def print_summary(run: Run, findings: Sequence[Finding], console: Console | None = None) -> None:
     if console is None:
-        console = Console()
+        console = SafeConsole()
         if not console.is_terminal:
-            console = Console(width=120)
+            console = SafeConsole(width=120)
     for item in summary_renderables(run, findings):
         console.print(item)
 
 
 def render_text(run: Run, findings: Sequence[Finding], width: int = 110) -> str:
-    console = Console(file=io.StringIO(), width=width, color_system=None, force_terminal=False)
+    console = SafeConsole(file=io.StringIO(), width=width, color_system=None, force_terminal=False)
     print_summary(run, findings, console)
     out = console.file
     assert isinstance(out, io.StringIO)

@@ -1,0 +1,79 @@
+"""Issue 28, the read and render side: what a user controls never drives the terminal."""
+
+from __future__ import annotations
+
+import io
+from pathlib import Path
+
+import pytest
+
+from syncscope import cli
+from syncscope.analysis.diagnose import diagnose
+from syncscope.render.diff import compare, render_diff_text
+from syncscope.render.safe import visible
+from syncscope.render.terminal import SafeConsole, print_summary, render_text
+from tests.unit.runs import all_findings, make_run, redundant
+
+CLEAR = "\x1b[2J"  # erase the screen
+TITLE = "\x1b]0;owned\x07"  # OSC 0: set the window title
+RED = "\x1b[31m"
+C1_CSI = "\x9b2J"  # the 8-bit CSI
+HOSTILE = f"{CLEAR}{TITLE}{RED}[bold]x[/bold]{C1_CSI}"
+RAW = (CLEAR, "\x1b]0;", "\x07", RED, "\x9b")
+
+
+def _hostile_run():  # type: ignore[no-untyped-def]
+    script = f"train{HOSTILE}.py"
+    run = make_run(
+        sync_at=lambda r, w, mb, n: True,
+        command=("torchrun", f"--name={HOSTILE}", script),
+        notes=(f"a note {HOSTILE}",),
+        module=f"Block{HOSTILE}",
+    )
+    return run, script
+
+
+def test_visible_writes_control_characters_out_and_keeps_text() -> None:
+    assert visible(f"a{CLEAR}b\tc\nd") == "a\\x1b[2Jb\tc\nd"
+    assert visible(TITLE) == "\\x1b]0;owned\\x07"
+    assert visible(C1_CSI) == "\\x9b2J"
+    assert visible("café ✓") == "café ✓"
+
+
+@pytest.mark.parametrize("terminal", [True, False])
+def test_the_summary_shows_escapes_from_command_notes_sites_and_findings(terminal: bool) -> None:
+    """A run whose command, notes, module label and finding sources carry ESC[2J, OSC 0,
+    colour codes and an 8-bit CSI: the summary prints them as text, on a colour terminal
+    (syncscope's own styles still applied) and as plain text (``report -f text``)."""
+    run, script = _hostile_run()
+    findings = [*diagnose(run), *all_findings(script=script)]
+    if terminal:
+        out = io.StringIO()
+        print_summary(run, findings, SafeConsole(file=out, force_terminal=True, width=200))
+        text = out.getvalue()
+        assert "\x1b[1m" in text or "\x1b[" in text.replace(CLEAR, "")  # styles still on
+    else:
+        text = render_text(run, findings, width=200)
+    for raw in (CLEAR, "\x1b]0;", "\x07", "\x9b"):
+        assert raw not in text
+    assert "\\x1b[2J" in text and "\\x1b]0;owned" in text  # (rich drops the BEL itself)
+
+
+def test_diff_shows_escapes_as_text() -> None:
+    run_a, script = _hostile_run()
+    run_b = redundant()
+    result = compare(run_a, diagnose(run_a), run_b, diagnose(run_b), labels=(HOSTILE, "b"))
+    text = render_diff_text(result, color=True)
+    assert CLEAR not in text and "\x1b]0;" not in text and "\\x1b[2J" in text
+
+
+def test_an_error_naming_a_hostile_path_is_one_visible_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    status = cli.main(["report", str(tmp_path / f"run{HOSTILE}")])
+    err = capsys.readouterr().err
+    assert status == 2
+    assert len(err.strip().splitlines()) == 1
+    for raw in RAW:
+        assert raw not in err
+    assert "\\x1b[2J" in err
