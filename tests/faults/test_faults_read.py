@@ -60,7 +60,7 @@ def test_the_summary_shows_escapes_from_command_notes_sites_and_findings(termina
 
 
 def test_diff_shows_escapes_as_text() -> None:
-    run_a, script = _hostile_run()
+    run_a, _script = _hostile_run()
     run_b = redundant()
     result = compare(run_a, diagnose(run_a), run_b, diagnose(run_b), labels=(HOSTILE, "b"))
     text = render_diff_text(result, color=True)
