@@ -91,3 +91,62 @@ def copy_fresh(source: Path, wanted: Path) -> Path:
 
         shutil.copystat(source, path)
         return path
+
+
+class NotRegularFile(OSError):
+    """A path that is a FIFO, a device, a socket or a directory where a file was expected."""
+
+
+def open_regular(path: Path) -> IO[bytes]:
+    """``path`` opened for reading, if it is a regular file (a symlink is followed to one).
+
+    Opened non-blocking first, so a FIFO (which would block the open until a writer came)
+    or a device is refused at once with NotRegularFile, never read."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = (
+                "a FIFO"
+                if stat.S_ISFIFO(mode)
+                else "a directory"
+                if stat.S_ISDIR(mode)
+                else (
+                    "a device" if stat.S_ISCHR(mode) or stat.S_ISBLK(mode) else "not a regular file"
+                )
+            )
+            raise NotRegularFile(f"{path} is {kind}, not a regular file")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+
+
+def read_regular(path: Path, limit: int) -> bytes:
+    """A regular file's bytes, at most ``limit`` (more: ValueError naming the size)."""
+    with open_regular(path) as file:
+        data = file.read(limit + 1)
+    if len(data) > limit:
+        raise ValueError(f"larger than {limit >> 20} MiB")
+    return data
+
+
+def write_output(path: Path, content: bytes | Callable[[IO[bytes]], None]) -> None:
+    """Write a user-named output: a regular file (or a new one) whole or not at all, through
+    ``atomic_write``; a FIFO, a terminal or another device (``/dev/stdout``,
+    ``/proc/self/fd/1``) is written to directly, never replaced by a regular file."""
+    try:
+        mode = os.stat(path).st_mode
+    except OSError:
+        mode = 0
+    if not mode or stat.S_ISREG(mode):
+        atomic_write(path, content)
+        return
+    if stat.S_ISDIR(mode):
+        raise SyncscopeError(f"{path}: is a directory; name a file to write")
+    with open(path, "wb") as out:
+        if callable(content):
+            content(out)
+        else:
+            out.write(content)

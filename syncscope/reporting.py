@@ -15,7 +15,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from syncscope.errors import BadRunDirectory
+from syncscope.errors import BadRunDirectory, SyncscopeError
 from syncscope.render.safe import visible
 
 if TYPE_CHECKING:
@@ -84,9 +84,12 @@ def report(run_dir: Path, fmt: str = "html", output: str | None = None) -> None:
         return
     from functools import partial
 
-    from syncscope.files import atomic_write
+    from syncscope.files import write_output
 
-    atomic_write(Path(output), partial(writer(fmt), run, findings))
+    try:
+        write_output(Path(output), partial(writer(fmt), run, findings))
+    except OSError as exc:
+        raise SyncscopeError(f"{output}: cannot write it ({exc.strerror or exc})") from None
     print(visible(f"syncscope: wrote {output}"), file=sys.stderr)
 
 
@@ -103,9 +106,9 @@ def diff(run_a: Path, run_b: Path, html: Path | None = None, color: bool | None 
     use_color = sys.stdout.isatty() if color is None else color
     sys.stdout.write(render_diff_text(result, color=use_color))
     if html is not None:
-        from syncscope.files import atomic_write
+        from syncscope.files import write_output
 
-        atomic_write(html, render_diff_html(result).encode("utf-8"))
+        write_output(html, render_diff_html(result).encode("utf-8"))
         print(visible(f"syncscope: wrote {html}"), file=sys.stderr)
 
 

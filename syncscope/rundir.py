@@ -19,18 +19,20 @@ import json
 import os
 from collections.abc import Iterator
 from pathlib import Path
-from typing import Any
+from typing import IO, Any
 
 import orjson
 
 from syncscope.errors import BadRunDirectory
-from syncscope.files import atomic_write
+from syncscope.files import NotRegularFile, atomic_write, open_regular, read_regular
 
 RUN_FORMAT = "syncscope-run"
 RUN_FORMAT_VERSION = 1
 EVENTS_FORMAT = "syncscope-events"
 EVENTS_FORMAT_VERSION = 2  # 2: a group's ranks once, in a ``pg`` event (1: on every ``coll``)
 META_FILE = "meta.json"
+META_MAX_BYTES = 16 << 20  # meta.json: a command line and notes; more is not one
+EVENT_MAX_BYTES = 16 << 20  # one event line (a huge group list was ~100 KB a line)
 RANKS_DIR = "ranks"
 
 
@@ -69,8 +71,12 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
     if not path.exists():
         return {}
     try:
-        data = json.loads(path.read_text())
-    except (OSError, ValueError) as exc:
+        data = json.loads(read_regular(path, META_MAX_BYTES))
+    except NotRegularFile as exc:
+        raise BadRunDirectory(f"{path}: {exc.args[0].split(' is ', 1)[1]}") from None
+    except OSError as exc:
+        raise BadRunDirectory(f"{path}: cannot read ({exc.strerror})") from None
+    except ValueError as exc:
         raise BadRunDirectory(f"{path}: not valid JSON ({exc})") from None
     if not isinstance(data, dict) or data.get("format") != RUN_FORMAT:
         raise BadRunDirectory(f"{path}: not a syncscope run (format is not {RUN_FORMAT!r})")
@@ -284,18 +290,34 @@ def stopped_reason(events_file: Path) -> str:
     """Why capture stopped early on a rank, when its writer could leave the marker."""
     marker = events_file.with_name(events_file.name + STOPPED_SUFFIX)
     try:
-        return marker.read_text(errors="replace").strip()[:300]
-    except OSError:
+        return read_regular(marker, 4096).decode(errors="replace").strip()[:300]
+    except (OSError, ValueError):
         return ""
 
 
 def read_events(path: Path) -> Iterator[dict[str, Any]]:
-    """Yield a rank's events; a torn final line (the process died mid-write) is skipped."""
+    """Yield a rank's events; a torn final line (the process died mid-write) is skipped, and
+    so is a line longer than EVENT_MAX_BYTES (no event is: it is not one). Read as a stream
+    of lines, from a regular file only (NotRegularFile otherwise, raised before reading)."""
     try:
-        data = path.read_bytes()
+        file = open_regular(path)
+    except NotRegularFile:
+        raise
     except OSError as exc:
         raise BadRunDirectory(f"{path}: cannot read ({exc.strerror})") from None
-    for raw in data.splitlines():
+    with file:
+        yield from _events_of(file)
+
+
+def _events_of(file: IO[bytes]) -> Iterator[dict[str, Any]]:
+    while True:
+        raw = file.readline(EVENT_MAX_BYTES + 1)
+        if not raw:
+            return
+        if len(raw) > EVENT_MAX_BYTES:  # skip the rest of an overlong line, bounded reads
+            while raw and not raw.endswith(b"\n"):
+                raw = file.readline(EVENT_MAX_BYTES)
+            continue
         if not raw.strip():
             continue
         try:

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from syncscope.errors import BadRunDirectory
+from syncscope.files import NotRegularFile
 from syncscope.model import (
     GRAD_REDUCING_OPS,
     Collective,
@@ -598,7 +599,11 @@ def load_run(path: Path | Sequence[Path]) -> Run:
         meta_data = {**data, **meta_data} if meta_data else data
         meta_file = meta_file or run_dir / "meta.json"
         for file in rank_files(run_dir):
-            events = list(read_events(file))
+            try:
+                events = list(read_events(file))
+            except NotRegularFile as exc:
+                stops.append(f"{exc}: skipped (a rank file is a regular file)")
+                continue
             if not events:
                 continue
             for number, event in enumerate(events, 1):

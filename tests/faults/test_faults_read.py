@@ -77,3 +77,127 @@ def test_an_error_naming_a_hostile_path_is_one_visible_line(
     for raw in RAW:
         assert raw not in err
     assert "\\x1b[2J" in err
+
+
+# --- run files that are not regular files, or never end ---------------------------------------
+
+
+def _report(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, str, str]:
+    capsys.readouterr()
+    status = cli.main(args)
+    out = capsys.readouterr()
+    return status, out.out, out.err
+
+
+def _with_timeout(seconds: int) -> None:
+    import signal
+
+    def fail(*_: object) -> None:
+        raise TimeoutError("hung")
+
+    signal.signal(signal.SIGALRM, fail)
+    signal.alarm(seconds)
+
+
+def test_a_fifo_as_a_rank_file_is_skipped_with_a_note(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import os
+    import signal
+
+    from tests.faults.hostile import write_run
+
+    run = write_run(tmp_path, ranks=2)
+    fifo = run / "ranks" / "rank-00001.jsonl"
+    fifo.unlink()
+    os.mkfifo(fifo)
+    _with_timeout(20)
+    try:
+        status, out, err = _report(["report", str(run), "-f", "json"], capsys)
+    finally:
+        signal.alarm(0)
+    assert status == 0, err
+    assert "is a FIFO, not a regular file: skipped" in out
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "/dev/urandom"])
+def test_a_rank_file_linked_to_an_endless_device_is_skipped(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str
+) -> None:
+    import signal
+
+    from tests.faults.hostile import write_run
+
+    run = write_run(tmp_path, ranks=2)
+    link = run / "ranks" / "rank-00001.jsonl"
+    link.unlink()
+    link.symlink_to(target)
+    _with_timeout(20)
+    try:
+        status, out, err = _report(["report", str(run), "-f", "json"], capsys)
+    finally:
+        signal.alarm(0)
+    assert status == 0, err
+    assert "is a device, not a regular file: skipped" in out
+
+
+@pytest.mark.parametrize("target", ["/dev/zero", "/dev/urandom"])
+def test_meta_json_linked_to_an_endless_device_is_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str
+) -> None:
+    import signal
+
+    from tests.faults.hostile import write_run
+
+    run = write_run(tmp_path, ranks=2)
+    (run / "meta.json").unlink()
+    (run / "meta.json").symlink_to(target)
+    _with_timeout(20)
+    try:
+        status, _, err = _report(["report", str(run), "-f", "json"], capsys)
+    finally:
+        signal.alarm(0)
+    assert status == 2
+    assert err.count("\n") == 1 and "meta.json: a device, not a regular file" in err
+
+
+def test_an_overlong_event_line_is_skipped_not_held(tmp_path: Path) -> None:
+    from syncscope import rundir
+
+    path = tmp_path / "rank-00000.jsonl"
+    big = b'{"type": "note", "x": "' + b"a" * (rundir.EVENT_MAX_BYTES + 10) + b'"}\n'
+    path.write_bytes(b'{"type": "header", "rank": 0}\n' + big + b'{"type": "exit"}\n')
+    assert [e["type"] for e in rundir.read_events(path)] == ["header", "exit"]
+
+
+def test_report_output_onto_a_fifo_writes_into_it_and_keeps_it(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    import os
+    import stat
+    import threading
+
+    from tests.faults.hostile import write_run
+
+    run = write_run(tmp_path, ranks=2)
+    fifo = tmp_path / "out.fifo"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()), daemon=True)
+    reader.start()
+    status, _, err = _report(["report", str(run), "-f", "json", "-o", str(fifo)], capsys)
+    reader.join(20)
+    assert status == 0, err
+    assert stat.S_ISFIFO(os.stat(fifo).st_mode)  # still a FIFO, not replaced
+    assert got and got[0].startswith(b"{")
+
+
+def test_report_output_onto_a_device_is_written_directly(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.faults.hostile import write_run
+
+    run = write_run(tmp_path, ranks=2)
+    status, _, err = _report(["report", str(run), "-f", "json", "-o", "/dev/null"], capsys)
+    assert status == 0, err
+    assert Path("/dev/null").is_char_device()
