@@ -58,6 +58,10 @@ def analyze(
             extra = {"error": "HTA's analyses need GPU kernels; these are CPU-only traces"}
         else:
             extra = hta_overlap(files)
+        if isinstance(extra, dict) and isinstance(extra.get("error"), str):
+            print(
+                visible(f"syncscope: warning: --hta not applied: {extra['error']}"), file=sys.stderr
+            )
     findings = findings_for(run, extra)
     out_dir = out or Path("syncscope-out") / f"analyze-{time.strftime('%Y%m%d-%H%M%S')}"
     written = write_reports(run, findings, out_dir)

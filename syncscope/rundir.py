@@ -81,7 +81,12 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
     if not isinstance(data, dict) or data.get("format") != RUN_FORMAT:
         raise BadRunDirectory(f"{path}: not a syncscope run (format is not {RUN_FORMAT!r})")
     version = data.get("format_version")
-    if not isinstance(version, int) or version > RUN_FORMAT_VERSION:
+    if not isinstance(version, int) or isinstance(version, bool) or version < 1:
+        raise BadRunDirectory(
+            f"{path}: format_version is {version!r}, not a whole number from 1 (the file was "
+            "edited or written by something else)"
+        )
+    if version > RUN_FORMAT_VERSION:
         raise BadRunDirectory(
             f"{path}: run format version {version!r} is newer than this syncscope reads "
             f"({RUN_FORMAT_VERSION}); upgrade syncscope"

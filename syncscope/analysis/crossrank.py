@@ -307,8 +307,10 @@ def last_seen(r: RankRun) -> str:
         where = f"in optimizer.step() of window {index}"
     elif done:
         where = f"after micro-batch {done - 1} of window {index}, before its optimizer step"
-    elif r.windows:
+    elif r.windows and index > 0:
         where = f"after the optimizer step of window {index - 1}"
+    elif r.windows:
+        where = "before the first micro-batch of window 0"
     else:
         where = "before the first micro-batch"
     if r.pending:

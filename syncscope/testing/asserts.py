@@ -111,7 +111,15 @@ def check(
             )
     if at_micro_batch is not None:
         for w in windows:
-            resolved = _positions(at_micro_batch, w["micro_batches"])
+            n = w["micro_batches"]
+            resolved = _positions(at_micro_batch, n)
+            outside = [p for p in resolved if not 0 <= p < n]
+            if outside:
+                problems.append(
+                    f"window {w['index']} has {n} micro-batch(es) (0..{n - 1}, or -{n}..-1): "
+                    f"at_micro_batch={at_micro_batch!r} names none of them"
+                )
+                break
             if w["grad_sync_micro_batches"] != resolved:
                 problems.append(
                     f"window {w['index']}: grad syncs on micro-batches "

@@ -201,3 +201,47 @@ def test_report_output_onto_a_device_is_written_directly(
     status, _, err = _report(["report", str(run), "-f", "json", "-o", "/dev/null"], capsys)
     assert status == 0, err
     assert Path("/dev/null").is_char_device()
+
+
+# --- rough edges ------------------------------------------------------------------------------
+
+
+def test_a_string_format_version_says_what_is_wrong(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.faults.hostile import meta, write_run
+
+    run = write_run(tmp_path, meta_data=meta(2, format_version="1"))
+    status, _, err = _report(["report", str(run), "-f", "json"], capsys)
+    assert status == 2
+    assert "format_version is '1', not a whole number" in err and "newer" not in err
+
+
+def test_a_rank_stopped_in_window_0_before_a_micro_batch_is_not_window_minus_1() -> None:
+    from syncscope.analysis.crossrank import last_seen
+    from syncscope.model import RankRun, Window
+
+    window = Window(0, False, 0, 10, (), ())
+    where = last_seen(RankRun(rank=0, windows=(window,)))
+    assert "-1" not in where and "window 0" in where
+
+
+def test_analyze_hta_on_a_run_without_traces_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.faults.hostile import write_run
+
+    run = write_run(tmp_path)
+    status, _, err = _report(
+        ["analyze", "--hta", "-q", str(run), "-o", str(tmp_path / "out")], capsys
+    )
+    assert status == 0, err
+    assert "--hta not applied: --hta needs trace files" in err
+
+
+def test_assert_syncs_names_a_micro_batch_outside_the_window() -> None:
+    from syncscope.testing.asserts import check
+    from tests.unit.test_assert_syncs import stats_of
+
+    problems = check(stats_of(make_run()), at_micro_batch=-99)
+    assert problems and "names none of them" in problems[0] and "-95" not in problems[0]
