@@ -608,6 +608,7 @@ def load_run(path: Path | Sequence[Path]) -> Run:
                 continue
             for number, event in enumerate(events, 1):
                 check_event(event, file, number)
+            events = _last_attempt(events, file, stops)
             if events[0].get("type") == "header":
                 version = events[0].get("version", 1)
                 if not isinstance(version, int) or version > EVENTS_FORMAT_VERSION:
@@ -635,6 +636,23 @@ def load_run(path: Path | Sequence[Path]) -> Run:
     meta = _meta_from(meta_data, headers, meta_file or paths[0])
     meta = dataclasses.replace(meta, notes=(*meta.notes, *stops))
     return assemble(meta, ranks.values())
+
+
+def _last_attempt(
+    events: list[dict[str, Any]], file: Path, notes: list[str]
+) -> list[dict[str, Any]]:
+    """A file with several headers holds several runs of the rank's script, one after the
+    other (torchrun's ``--max-restarts``: every attempt appends to the same file): the last
+    attempt is the job's outcome and is reported alone, with a note; windows of attempts
+    that failed would otherwise read as extra, mismatched windows."""
+    starts = [i for i, e in enumerate(events) if e.get("type") == "header"]
+    if len(starts) < 2:
+        return events
+    notes.append(
+        f"{file.name}: {len(starts)} attempts of the script (the launcher restarted it); "
+        f"the last is reported, the {len(starts) - 1} before it are left out"
+    )
+    return events[starts[-1] :]
 
 
 def build_run(meta: RunMeta, events_by_rank: dict[int, list[dict[str, Any]]]) -> Run:
