@@ -3,8 +3,9 @@ read them from here (docs/concepts.md, "Figures", says the same in prose).
 
 * **Steady windows.** Complete windows (ended by an optimizer step, with at least one
   micro-batch), minus the *warm-up* windows, which are shown apart and never averaged in:
-  the first complete window of the run (lazy initialisation, DDP's bucket rebuild,
-  ``torch.compile``'s first compilation, allocator growth all land there), and any later window
+  the first complete window of the program, window 0 (lazy initialisation, DDP's bucket rebuild,
+  ``torch.compile``'s first compilation, allocator growth all land there; a capture that
+  starts later, ``--skip-windows N``, has none), and any later window
   whose duration (median across ranks) is more than ``OUTLIER_FACTOR`` times the median of the
   other non-first windows (a recompilation, a checkpoint, a stall). Windows are matched across
   ranks by index.
@@ -94,8 +95,10 @@ def steady_windows(run: Run) -> Steady:
     indices = sorted(by_index)
     if len(indices) < 2:
         return Steady((), tuple((i, "the only complete window") for i in indices))
-    first, rest = indices[0], indices[1:]
-    warmup: list[tuple[int, str]] = [(first, "first window, warm-up")]
+    warmup: list[tuple[int, str]] = []
+    rest = indices
+    if indices[0] == 0:  # the program's first step; after --skip-windows, windows start later
+        warmup, rest = [(0, "first window, warm-up")], indices[1:]
     durations = {i: median(by_index[i]) for i in rest}
     steady: list[int] = []
     for i in rest:

@@ -54,9 +54,11 @@ def test_script_with_syntax_error(tmp_path: Path) -> None:
     one_line_error(run_syncscope("profile", "--out", str(tmp_path / "r"), str(bad)), "bad.py:2")
 
 
-def test_out_under_missing_parent(tmp_path: Path) -> None:
-    proc = run_syncscope("profile", "--out", str(tmp_path / "no" / "such" / "r"), str(SINGLE))
-    one_line_error(proc, "does not exist")
+def test_out_under_missing_parents_creates_them(tmp_path: Path) -> None:
+    out = tmp_path / "runs" / "before"
+    proc = run_syncscope("profile", "--out", str(out), str(SINGLE))
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    assert (out / "report.json").is_file()
 
 
 def test_out_under_a_file(tmp_path: Path) -> None:

@@ -179,3 +179,17 @@ def test_timeline_title_matches_the_windows_drawn() -> None:
     assert "Timeline, windows 0-2 of 4" in title(runs.make_run(windows=4))
     assert "Timeline, windows 0-1 of 2" in title(runs.make_run(windows=2))
     assert "Timeline, window 0 of 1" in title(runs.make_run(windows=1))
+
+
+def test_after_skip_windows_the_first_captured_window_is_steady_and_projected() -> None:
+    # GIVEN `--skip-windows 1 --windows 2`: the captured windows are the program's 1 and 2
+    run = runs.make_run(windows=3, sync_at=runs.every)
+    run = dataclasses.replace(
+        run,
+        ranks=tuple(dataclasses.replace(r, windows=r.windows[1:]) for r in run.ranks),
+    )
+    steady = figures.steady_windows(run)
+    # THEN neither is warm-up (the program's first step was skipped) and both count
+    assert steady.windows == (1, 2) and steady.warmup == ()
+    p = figures.projection(run, steady=steady)
+    assert p.steady_windows == 2 and p.shown, p.omitted
