@@ -184,7 +184,7 @@ def headline(run: Run, findings: Sequence[Finding], grid: Grid | None = None) ->
     nbytes = figures.sync_bytes(run, steady)
     # The projected gain, from the steady windows of the ranks the findings that project it
     # cover (syncscope.figures.projection: a range, or the reason there is none).
-    projecting = [f for f in findings if _number(f.cost.get("projected_window_ns"))]
+    projecting = [f for f in findings if _number(f.cost.get("redundant_time_ns_per_window"))]
     projection = (
         figures.projection(run, {r for f in projecting for r in f.ranks} or None, steady)
         if projecting
@@ -267,6 +267,7 @@ LABELS: dict[str, tuple[str, str]] = {
     "share_of_window_time": ("share of window time", "share"),
     "window_ns": ("window time (median, steady windows)", "ns"),
     "projected_window_ns": ("projected window time after the fix", "ns"),
+    "projection_omitted": ("window time not projected", "text"),
     "extra_memory_bytes_if_skipped": ("extra gradient memory if the sync is skipped", "bytes"),
     "extra_memory_bytes_if_gradient_sync_skipped": (
         "extra gradient memory with set_requires_gradient_sync instead",

@@ -171,7 +171,9 @@ def _cost_line(f: Finding) -> str:
             f"{human_ns(_num(c['redundant_time_ns_per_window']))} of exposed sync time before "
             f"the last micro-batch ({share:.0%} of window time)"
         )
-    if "projected_window_ns" in c and "window_ns" in c:
+    if "projection_omitted" in c:
+        parts.append(f"window time not projected: {c['projection_omitted']}")
+    elif "projected_window_ns" in c and "window_ns" in c:
         parts.append(
             f"window {human_ns(_num(c['window_ns']))} -> ~{human_ns(_num(c['projected_window_ns']))} after the fix"
         )
