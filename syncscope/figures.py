@@ -17,6 +17,10 @@ read them from here (docs/concepts.md, "Figures", says the same in prose).
   return of its call when completion was not seen), clipped to the window. Never a sum of
   overlapping intervals, so it never exceeds the window time. Traces measure the same union
   from device kernels (``Window.comm_ns``) and that is used where present.
+* **Exposed communication** (traces): per window, the communication time (above) not
+  overlapped with compute, so never more than it; over the same steady windows, shown as the
+  median with the median communication and window time beside it, and the share is
+  exposed / window time of those medians.
 * **Exposed sync time** of a micro-batch: the union of the time the training thread spent
   inside its gradient collectives' calls, the wait from the last one issued during the
   backward to the end of the backward (DDP and FSDP issue asynchronously from autograd hooks
@@ -178,6 +182,37 @@ def comm_ns(window: Window) -> int:
 def comm_time(run: Run, steady: Steady | None = None) -> Stat | None:
     steady = steady if steady is not None else steady_windows(run)
     return Stat.of([comm_ns(w) for w in _windows(run, steady)])
+
+
+def exposed_ns(window: Window) -> int | None:
+    """Collective time not overlapped with compute (traces), never more than ``comm_ns``:
+    both come from the same kernels, clipped to the same window."""
+    if window.exposed_comm_ns is None:
+        return None
+    return min(window.exposed_comm_ns, comm_ns(window))
+
+
+def traced_windows(run: Run, steady: Steady | None = None) -> list[tuple[int, Window]]:
+    """(rank, window) of the steady windows (the warm-up ones if none is steady) whose
+    overlap was measured: what exposed communication is figured over, everywhere."""
+    steady = steady if steady is not None else steady_windows(run)
+    chosen = steady.windows or tuple(i for i, _ in steady.warmup)
+    return [
+        (r.rank, w)
+        for r in run.ranks
+        for w in r.windows
+        if _complete(w) and w.index in chosen and w.exposed_comm_ns is not None and w.comm_ns
+    ]
+
+
+def exposed_share(run: Run, steady: Steady | None = None) -> float | None:
+    """Median exposed communication / median window time over ``traced_windows``; None
+    without a measured window (the exposed-communication finding's share, and the tile's)."""
+    rows = traced_windows(run, steady)
+    if not rows:
+        return None
+    window = median(w.duration_ns for _, w in rows)
+    return median(exposed_ns(w) or 0 for _, w in rows) / window if window else 0.0
 
 
 def sync_bytes(run: Run, steady: Steady | None = None) -> Stat | None:

@@ -193,8 +193,6 @@ def headline(run: Run, findings: Sequence[Finding], grid: Grid | None = None) ->
     shown = projection is not None and projection.shown
     expected = _largest(findings, "evidence", "expected_syncs_per_window")
     expected = expected if expected is not None else 1.0
-    durations = sum(c.duration_ns for c in cells)
-    exposed = [c.exposed_comm_ns for c in cells if c.exposed_comm_ns is not None]
     wrappers = sorted({w.kind for r in run.ranks for w in r.wrappers} or {"none"})
     return Headline(
         verdict=verdict_of(list(findings)),
@@ -220,7 +218,7 @@ def headline(run: Run, findings: Sequence[Finding], grid: Grid | None = None) ->
         projected_window_ns=(
             projection.projected.median if shown and projection and projection.projected else None
         ),
-        exposed_comm_share=(sum(exposed) / durations) if exposed and durations else None,
+        exposed_comm_share=figures.exposed_share(run, steady),  # the finding's share
         steady_windows=len(steady.windows),
         warmup=steady.warmup,
         warmup_window_ns=warm.median if warm else None,
@@ -289,6 +287,8 @@ LABELS: dict[str, tuple[str, str]] = {
     "exposed_share": ("exposed share of window time", "share"),
     "worst_share": ("worst exposed share", "share"),
     "mean_exposed_ms": ("mean exposed communication", "ms"),
+    "mean_comm_ms": ("mean communication time", "ms"),
+    "comm_ns_per_window": ("communication per window", "ns"),
     "mean_bytes": ("mean bytes per collective", "bytes"),
     "micro_batches": ("micro-batches per window", "count"),
     "expected_grad_syncs": ("expected grad syncs per window", "count"),

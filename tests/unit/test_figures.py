@@ -242,3 +242,28 @@ def test_an_omitted_projection_is_omitted_on_the_card_too() -> None:
     assert card["cost"]["projection_omitted"] == reason
     html = render_html(run, findings)
     assert "window time not projected" in html and "projected window time after" not in html
+
+
+def test_exposed_communication_never_exceeds_communication_one_definition() -> None:
+    from syncscope.trace.findings import exposed_communication
+
+    # GIVEN a traced run where one window's measured exposure exceeds its communication
+    def inflate(w: Window) -> Window:
+        if w.comm_ns is None or w.index != 2:
+            return w
+        return dataclasses.replace(w, exposed_comm_ns=w.comm_ns * 3)
+
+    run = _with_windows(runs.traced(), inflate)
+    (f,) = exposed_communication(run)
+    exposed, comm = float(f.cost["exposed_ns_per_window"]), float(f.cost["comm_ns_per_window"])  # type: ignore[arg-type]
+    # THEN exposed <= communication, and the communication is the summary's comm time
+    assert 0 < exposed <= comm
+    summary_comm = figures.comm_time(run)
+    assert summary_comm is not None and comm == int(summary_comm.median)
+    # AND the share is exposed / window of the figures shown, the same on the HTML tile
+    share = float(f.cost["exposed_share"])  # type: ignore[arg-type]
+    assert abs(share - exposed / float(f.cost["window_ns"])) < 1e-3  # type: ignore[arg-type]
+    assert headline(run, [f]).exposed_comm_share == figures.exposed_share(run)
+    assert f"{share:.0%}" in render_html(run, [f])
+    # AND the message states both, exposed first
+    assert re.search(r"[\d.]+ \w?s of the [\d.]+ \w?s of communication per window", f.message)
