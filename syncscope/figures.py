@@ -142,6 +142,12 @@ def _windows(run: Run, steady: Steady, ranks: Iterable[int] | None = None) -> li
     ]
 
 
+def within_noise(before: Stat, after: Stat) -> bool:
+    """Whether two runs' figures differ by less than their own spread: either median lies
+    inside the other run's range over its windows (``diff`` and ``fix --verify``)."""
+    return before.low <= after.median <= before.high or after.low <= before.median <= after.high
+
+
 def window_time(run: Run, steady: Steady | None = None) -> Stat | None:
     steady = steady if steady is not None else steady_windows(run)
     return Stat.of([w.duration_ns for w in _windows(run, steady)])
