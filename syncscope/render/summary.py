@@ -8,6 +8,7 @@ renderer walks raw collectives at 1,024 ranks more than once.
 from __future__ import annotations
 
 import re
+import shlex
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -143,6 +144,7 @@ class Headline:
     warmup_window_ns: float | None = None  # their median window time
     comm_ns: float | None = None  # median time with a collective in flight per window
     projection: Projection | None = None
+    micro_batches_range: tuple[int, int] = (0, 0)  # fewest and most in a complete window
 
     @property
     def speedup(self) -> float | None:
@@ -224,6 +226,7 @@ def headline(run: Run, findings: Sequence[Finding], grid: Grid | None = None) ->
         warmup_window_ns=warm.median if warm else None,
         comm_ns=comm.median if comm else None,
         projection=projection,
+        micro_batches_range=(min(counts), max(counts)) if counts else (0, 0),
     )
 
 
@@ -361,3 +364,13 @@ def html_text(text: str) -> str:
     out = re.sub(r"\*\*(?=\S)(.+?)(?<=\S)\*\*", r"<strong>\1</strong>", out)
     out = re.sub(r"\*(?=\S)(.+?)(?<=\S)\*", r"<em>\1</em>", out)
     return re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+
+
+def title_of(run: Run) -> str:
+    """What the run was: its command, or for traces what they are."""
+    if run.meta.command:
+        return shlex.join(run.meta.command)
+    if run.meta.source == "trace":
+        ranks = len(run.ranks)
+        return f"torch.profiler traces of {ranks} rank{'s' if ranks != 1 else ''}"
+    return ""

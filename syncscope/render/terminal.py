@@ -16,7 +16,14 @@ from syncscope import figures
 from syncscope.figures import median
 from syncscope.model import SEVERITIES, Finding, RankRun, Run, Window, compress_ranks, verdict_of
 from syncscope.render import units
-from syncscope.render.summary import headline, human_value, label_of, plain_text, window_basis
+from syncscope.render.summary import (
+    headline,
+    human_value,
+    label_of,
+    plain_text,
+    title_of,
+    window_basis,
+)
 from syncscope.render.units import human_bytes
 
 
@@ -237,7 +244,7 @@ def summary_renderables(run: Run, findings: Sequence[Finding]) -> list[Renderabl
     meta = run.meta
     head = Text()
     head.append("syncscope ", style="bold")
-    head.append(" ".join(meta.command) or "(unknown command)")
+    head.append(title_of(run) or "(command not recorded)")
     head.append(f"  ·  world size {meta.world_size}  ·  source {meta.source}", style="dim")
     out.append(head)
     for note in meta.notes:
