@@ -3,8 +3,9 @@ read them from here (docs/concepts.md, "Figures", says the same in prose).
 
 * **Steady windows.** Complete windows (ended by an optimizer step, with at least one
   micro-batch), minus the *warm-up* windows, which are shown apart and never averaged in:
-  the first complete window of the run (lazy initialisation, DDP's bucket rebuild,
-  ``torch.compile``'s first compilation, allocator growth all land there), and any later window
+  the first complete window of the program, window 0 (lazy initialisation, DDP's bucket rebuild,
+  ``torch.compile``'s first compilation, allocator growth all land there; a capture that
+  starts later, ``--skip-windows N``, has none), and any later window
   whose duration (median across ranks) is more than ``OUTLIER_FACTOR`` times the median of the
   other non-first windows (a recompilation, a checkpoint, a stall). Windows are matched across
   ranks by index.
@@ -16,6 +17,10 @@ read them from here (docs/concepts.md, "Figures", says the same in prose).
   return of its call when completion was not seen), clipped to the window. Never a sum of
   overlapping intervals, so it never exceeds the window time. Traces measure the same union
   from device kernels (``Window.comm_ns``) and that is used where present.
+* **Exposed communication** (traces): per window, the communication time (above) not
+  overlapped with compute, so never more than it; over the same steady windows, shown as the
+  median with the median communication and window time beside it, and the share is
+  exposed / window time of those medians.
 * **Exposed sync time** of a micro-batch: the union of the time the training thread spent
   inside its gradient collectives' calls, the wait from the last one issued during the
   backward to the end of the backward (DDP and FSDP issue asynchronously from autograd hooks
@@ -94,8 +99,10 @@ def steady_windows(run: Run) -> Steady:
     indices = sorted(by_index)
     if len(indices) < 2:
         return Steady((), tuple((i, "the only complete window") for i in indices))
-    first, rest = indices[0], indices[1:]
-    warmup: list[tuple[int, str]] = [(first, "first window, warm-up")]
+    warmup: list[tuple[int, str]] = []
+    rest = indices
+    if indices[0] == 0:  # the program's first step; after --skip-windows, windows start later
+        warmup, rest = [(0, "first window, warm-up")], indices[1:]
     durations = {i: median(by_index[i]) for i in rest}
     steady: list[int] = []
     for i in rest:
@@ -133,6 +140,12 @@ def _windows(run: Run, steady: Steady, ranks: Iterable[int] | None = None) -> li
         for w in r.windows
         if _complete(w) and w.index in chosen
     ]
+
+
+def within_noise(before: Stat, after: Stat) -> bool:
+    """Whether two runs' figures differ by less than their own spread: either median lies
+    inside the other run's range over its windows (``diff`` and ``fix --verify``)."""
+    return before.low <= after.median <= before.high or after.low <= before.median <= after.high
 
 
 def window_time(run: Run, steady: Steady | None = None) -> Stat | None:
@@ -175,6 +188,37 @@ def comm_ns(window: Window) -> int:
 def comm_time(run: Run, steady: Steady | None = None) -> Stat | None:
     steady = steady if steady is not None else steady_windows(run)
     return Stat.of([comm_ns(w) for w in _windows(run, steady)])
+
+
+def exposed_ns(window: Window) -> int | None:
+    """Collective time not overlapped with compute (traces), never more than ``comm_ns``:
+    both come from the same kernels, clipped to the same window."""
+    if window.exposed_comm_ns is None:
+        return None
+    return min(window.exposed_comm_ns, comm_ns(window))
+
+
+def traced_windows(run: Run, steady: Steady | None = None) -> list[tuple[int, Window]]:
+    """(rank, window) of the steady windows (the warm-up ones if none is steady) whose
+    overlap was measured: what exposed communication is figured over, everywhere."""
+    steady = steady if steady is not None else steady_windows(run)
+    chosen = steady.windows or tuple(i for i, _ in steady.warmup)
+    return [
+        (r.rank, w)
+        for r in run.ranks
+        for w in r.windows
+        if _complete(w) and w.index in chosen and w.exposed_comm_ns is not None and w.comm_ns
+    ]
+
+
+def exposed_share(run: Run, steady: Steady | None = None) -> float | None:
+    """Median exposed communication / median window time over ``traced_windows``; None
+    without a measured window (the exposed-communication finding's share, and the tile's)."""
+    rows = traced_windows(run, steady)
+    if not rows:
+        return None
+    window = median(w.duration_ns for _, w in rows)
+    return median(exposed_ns(w) or 0 for _, w in rows) / window if window else 0.0
 
 
 def sync_bytes(run: Run, steady: Steady | None = None) -> Stat | None:

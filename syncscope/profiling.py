@@ -218,7 +218,7 @@ def _default_out(target: str) -> Path:
 
 
 def _make_run_dir(run_dir: Path, default: bool) -> None:
-    if default:  # our own default place: create it (a user's --out parent must exist)
+    if default:  # our own default place (a user's --out: prepare_run_dir creates parents)
         try:
             run_dir.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:

@@ -63,7 +63,7 @@ def analyze(
                 visible(f"syncscope: warning: --hta not applied: {extra['error']}"), file=sys.stderr
             )
     findings = findings_for(run, extra)
-    out_dir = out or Path("syncscope-out") / f"analyze-{time.strftime('%Y%m%d-%H%M%S')}"
+    out_dir = out or new_folder(Path("syncscope-out") / f"analyze-{time.strftime('%Y%m%d-%H%M%S')}")
     written = write_reports(run, findings, out_dir)
     if not quiet:
         from syncscope.render.terminal import render_text  # rich: only when it prints
@@ -72,6 +72,26 @@ def analyze(
     names = ", ".join(p.name for p in written)
     print(visible(f"syncscope: reports in {out_dir} ({names})"), file=sys.stderr)
     return exit_status(findings, fail_on)
+
+
+def new_folder(base: Path) -> Path:
+    """Create ``base``, or ``base-2``, ``base-3``... when it exists: atomically (mkdir fails
+    on an existing folder), so concurrent analyses started in the same second never share
+    one."""
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SyncscopeError(f"cannot create {base.parent}: {exc.strerror}") from None
+    for n in range(1, 10_000):
+        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise SyncscopeError(f"cannot create {path}: {exc.strerror}") from None
+        return path
+    raise SyncscopeError(f"cannot create {base}: 10,000 folders of that name exist")
 
 
 def report(run_dir: Path, fmt: str = "html", output: str | None = None) -> None:

@@ -45,12 +45,15 @@ def is_run_dir(path: Path) -> bool:
 
 
 def prepare_run_dir(run_dir: Path) -> None:
-    """Create RUN/ and RUN/ranks/, with one clear error when that is impossible."""
-    parent = run_dir.parent
-    if not parent.exists():
-        raise BadRunDirectory(f"--out {run_dir}: parent directory {parent} does not exist")
-    if not parent.is_dir():
-        raise BadRunDirectory(f"--out {run_dir}: cannot create ({parent} is not a directory)")
+    """Create RUN/ and RUN/ranks/ (its missing parents too, like ``mkdir -p``), with one
+    clear error when that is impossible."""
+    for parent in run_dir.parents:
+        if parent.exists():
+            if not parent.is_dir():
+                raise BadRunDirectory(
+                    f"--out {run_dir}: cannot create ({parent} is not a directory)"
+                )
+            break
     try:
         (run_dir / RANKS_DIR).mkdir(parents=True, exist_ok=True)
     except OSError as exc:

@@ -26,7 +26,15 @@ from syncscope.analysis.helpers import (
     helper_text,
     name_helper,
 )
-from syncscope.figures import Steady, early_sync_ns, mean, median, saved_ns, steady_windows
+from syncscope.figures import (
+    Steady,
+    early_sync_ns,
+    mean,
+    median,
+    projection,
+    saved_ns,
+    steady_windows,
+)
 from syncscope.model import (
     FAILED_KINDS,
     Collective,
@@ -336,6 +344,31 @@ def _fragmented_figures(findings: list[Finding]) -> list[Finding]:
     return out
 
 
+def _redundant_figures(run: Run, findings: list[Finding], steady: Steady) -> list[Finding]:
+    """A redundant-sync card's time figures from one source, the projection
+    (syncscope.figures.projection over the card's ranks): the window and projected window
+    times are its medians, the exposed sync time their difference, the share that over the
+    window. When the projection is omitted, the card says so with the same reason as the
+    summary (``projection_omitted``) and projects no window time."""
+    out = []
+    for f in findings:
+        if f.kind == "redundant-sync" and "redundant_time_ns_per_window" in f.cost:
+            cost = dict(f.cost)
+            p = projection(run, f.ranks, steady)
+            if p.window is not None and p.projected is not None:
+                window, projected = p.window.median, p.projected.median
+                cost["window_ns"] = window
+                cost["redundant_time_ns_per_window"] = max(0.0, window - projected)
+                cost["share_of_window_time"] = min(1.0, (window - projected) / max(window, 1.0))
+                cost["projected_window_ns"] = projected
+            if not p.shown:
+                cost.pop("projected_window_ns", None)
+                cost["projection_omitted"] = p.omitted or "no steady window"
+            f = replace(f, cost=cost)
+        out.append(f)
+    return out
+
+
 def _unsharded_memory(rank: RankRun, window: Window) -> Iterator[Observation]:
     mbs = window.micro_batches
     if len(mbs) < 2 or mbs[-1].wrapper != "fsdp":
@@ -489,9 +522,9 @@ def diagnose(run: Run) -> list[Finding]:
             _saved_across_ranks(observations, saved_ns(run))
     for rank in run.ranks:
         observations.extend(_irregular(rank))
-    findings = [
-        name_helper(f) for f in _fragmented_figures(_group(observations, steady_windows(run)))
-    ]
+    steady = steady_windows(run)
+    grouped = _redundant_figures(run, _fragmented_figures(_group(observations, steady)), steady)
+    findings = [name_helper(f) for f in grouped]
     findings.extend(rank_divergence(run, findings))
     findings.extend(collective_mismatch(run))
     findings.extend(hang(run))

@@ -17,7 +17,12 @@ reported by ``close()``'s return of ``self.error``.
 from __future__ import annotations
 
 import contextlib
+import os
+import re
+import sys
+import tempfile
 import threading
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -27,6 +32,38 @@ from torch.autograd.profiler import record_function
 WINDOW_PREFIX = "syncscope.window#"
 MICRO_BATCH_PREFIX = "syncscope.micro_batch#"
 GRAD_SYNC_PREFIX = "syncscope.grad_sync#"
+
+
+# what Kineto writes to stderr at each start and stop (torch 2.13, CPU and CUDA alike)
+_USDT = re.compile(rb"^USDT:.*\] profiler_(start|stop)\s*$")
+
+
+@contextlib.contextmanager
+def without_usdt_lines() -> Iterator[None]:
+    """Run the block with file descriptor 2 sent to a temporary file, then write back to the
+    real stderr everything but Kineto's ``USDT: ... profiler_start/stop`` lines: torch's
+    noise that syncscope caused is kept out, anything else written meanwhile is kept."""
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError, AttributeError):
+        yield
+        return
+    try:
+        with tempfile.TemporaryFile() as tmp:
+            os.dup2(tmp.fileno(), 2)
+            try:
+                yield
+            finally:
+                with contextlib.suppress(OSError, ValueError, AttributeError):
+                    sys.stderr.flush()
+                os.dup2(saved, 2)
+                tmp.seek(0)
+                kept = [line for line in tmp.read().splitlines(True) if not _USDT.match(line)]
+                if kept:
+                    os.write(2, b"".join(kept))
+    finally:
+        os.close(saved)
 
 
 def trace_path(out_dir: Path, rank: int) -> Path:
@@ -62,7 +99,8 @@ class ProfilerTrace:
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
         profiler = torch.profiler.profile(activities=activities, record_shapes=True)
-        profiler.__enter__()
+        with without_usdt_lines():
+            profiler.__enter__()
         self._profiler = profiler
 
     def window_begin(self, index: int) -> None:
@@ -138,7 +176,8 @@ class ProfilerTrace:
         if profiler is None:
             return
         try:
-            profiler.__exit__(None, None, None)
+            with without_usdt_lines():
+                profiler.__exit__(None, None, None)
             self.path.parent.mkdir(parents=True, exist_ok=True)
             profiler.export_chrome_trace(str(self.path))
         except (OSError, RuntimeError) as exc:

@@ -35,7 +35,7 @@ def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
         "-o",
         type=Path,
         metavar="DIR",
-        help="Report directory (default syncscope-out/analyze-<timestamp>).",
+        help="Report directory (default syncscope-out/analyze-<timestamp>, with -2, -3... when taken).",
     )
     parser.add_argument(
         "--skip-bad",

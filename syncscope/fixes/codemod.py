@@ -12,13 +12,12 @@ import difflib
 from dataclasses import dataclass, field
 
 import libcst as cst
-from libcst.codemod import CodemodContext
-from libcst.codemod.visitors import AddImportsVisitor
 from libcst.metadata import MetadataWrapper
 
 from syncscope.errors import SyncscopeError
 from syncscope.fixes.canonical import Context, DdpForm
 from syncscope.fixes.edits import Edit, apply_edit
+from syncscope.fixes.imports import add_imports
 from syncscope.fixes.loops import AccumLoop, find_loops
 from syncscope.fixes.resolve import (
     WRAPPER_WORDS,
@@ -188,12 +187,7 @@ class _Driver:
             merged.replace.update(violation.rewrite.replace)
             imports.extend(violation.rewrite.imports)
         module = apply_edit(state.module, merged)
-        if imports:
-            context = CodemodContext()
-            for name in dict.fromkeys(imports):
-                AddImportsVisitor.add_needed_import(context, name)
-            module = AddImportsVisitor(context).transform_module(module)
-        return module
+        return add_imports(module, imports) if imports else module
 
     def _batch(self, state: _Pass, tried: set[tuple[int, str]]) -> list[tuple[int, Violation]]:
         """The next rewrite of every loop that has one, when their edits do not overlap.

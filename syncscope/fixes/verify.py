@@ -21,6 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from syncscope.errors import SyncscopeError
+from syncscope.figures import Stat, within_noise
 
 LOSS = re.compile(r"\bloss[\s=:]+([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)\b")
 CORRECTNESS_CODES = frozenset({"SYN104", "SYN105", "SYN106", "SYN107", "SYN108"})
@@ -30,9 +31,10 @@ CORRECTNESS_KINDS = frozenset({"missing-sync", "grad-reset-mid-window", "rank-di
 @dataclass(frozen=True)
 class Profiled:
     grad_syncs: tuple[int, ...]  # per complete window, worst rank
-    window_ms: float | None  # mean complete-window duration on rank 0
+    window_ms: float | None  # median complete-window duration on rank 0, warm-up window 0 apart
     losses: tuple[float, ...] | None
     kinds: frozenset[str]
+    window_spread: Stat | None = None  # the same windows' median, low and high (ms)
 
 
 @dataclass(frozen=True)
@@ -50,7 +52,7 @@ class Verification:
 
 def _summarize(report: dict[str, Any], stdout: str) -> Profiled:
     per_window: dict[int, int] = {}
-    durations: list[int] = []
+    durations: dict[int, int] = {}
     for rank in report.get("ranks") or []:
         for window in rank.get("windows") or []:
             if not window.get("complete"):
@@ -58,14 +60,37 @@ def _summarize(report: dict[str, Any], stdout: str) -> Profiled:
             index = int(window["index"])
             per_window[index] = max(per_window.get(index, 0), int(window.get("grad_syncs", 0)))
             if rank.get("rank") == 0:
-                durations.append(int(window.get("duration_ns", 0)))
+                durations[index] = int(window.get("duration_ns", 0))
     losses = tuple(float(x) for x in LOSS.findall(stdout))
+    steady = [d / 1e6 for i, d in durations.items() if i != 0] or [
+        d / 1e6 for d in durations.values()
+    ]
+    spread = Stat.of(steady)
     return Profiled(
         tuple(per_window[i] for i in sorted(per_window)),
-        sum(durations) / len(durations) / 1e6 if durations else None,
+        spread.median if spread else None,
         losses or None,
         frozenset(str(f.get("kind")) for f in report.get("findings") or []),
+        spread,
     )
+
+
+def _window_cell(p: Profiled) -> str:
+    s = p.window_spread
+    if s is None:
+        return "n/a"
+    return f"{s.median:.1f}" if s.low == s.high else f"{s.median:.1f} ({s.low:.1f}-{s.high:.1f})"
+
+
+def window_change(original: Profiled, fixed: Profiled) -> str:
+    """The window-time comparison, with the windows' spread as the noise band."""
+    a, b = original.window_spread, fixed.window_spread
+    if a is None or b is None or not b.median:
+        return "window time: not compared (no complete window)"
+    if within_noise(a, b):
+        return "window time: within noise (each run's median inside the other's window range)"
+    ratio = a.median / b.median
+    return f"window time: {ratio:.2f}x {'faster' if ratio > 1 else 'slower'}, beyond the noise"
 
 
 def _profile(script: Path, out: Path, launcher: Sequence[str], args: Sequence[str]) -> Profiled:
@@ -149,11 +174,7 @@ def render(result: Verification) -> list[str]:
     rows = [
         ("", "original", "fixed"),
         ("grad syncs per window", _cell(o.grad_syncs), _cell(f.grad_syncs)),
-        (
-            "window time (ms)",
-            f"{o.window_ms:.1f}" if o.window_ms is not None else "n/a",
-            f"{f.window_ms:.1f}" if f.window_ms is not None else "n/a",
-        ),
+        ("window time (ms)", _window_cell(o), _window_cell(f)),
         ("losses", _cell(o.losses), _cell(f.losses)),
     ]
     width = [max(len(r[i]) for r in rows) for i in range(3)]
@@ -163,6 +184,7 @@ def render(result: Verification) -> list[str]:
         if result.minimum
         else "minimum NOT reached: the fixed script still syncs more or less than once per window"
     )
+    lines.append(window_change(o, f))
     if result.correctness_fix:
         lines.append(
             "losses change because a correctness bug is fixed (missing sync or wiped gradients)"

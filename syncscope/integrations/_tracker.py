@@ -21,7 +21,8 @@ class SyncTracker:
 
     ``max_grad_syncs_per_window``, ``grad_syncs_per_window`` and ``at_micro_batch`` are
     ``assert_syncs``'s ``max_per_window``, ``per_window`` and ``at_micro_batch`` (the names
-    of the pytest marker); with none of them the callback only records. ``gather=False``
+    of the pytest marker); with none of them the callback only records. An error finding
+    fails a check unless ``allow_errors`` (as ``assert_syncs``). ``gather=False``
     keeps each rank's view local (no collective at the end).
     """
 
@@ -32,12 +33,14 @@ class SyncTracker:
         grad_syncs_per_window: int | Sequence[int] | None = None,
         at_micro_batch: int | Sequence[int] | None = None,
         gather: bool = True,
+        allow_errors: bool = False,
     ) -> None:
         validate(grad_syncs_per_window, max_grad_syncs_per_window, at_micro_batch)
         self.max_grad_syncs_per_window = max_grad_syncs_per_window
         self.grad_syncs_per_window = grad_syncs_per_window
         self.at_micro_batch = at_micro_batch
         self.gather = gather
+        self.allow_errors = allow_errors
         self._tracking: contextlib.AbstractContextManager[Stats] | None = None
         self._stats: Stats | None = None
 
@@ -83,7 +86,7 @@ class SyncTracker:
             return
         tracking.__exit__(None, None, None)
         expect = self._expectations()
-        problems = check(self.stats, **expect)
+        problems = check(self.stats, **expect, allow_errors=self.allow_errors)
         if problems:
             raise AssertionError(explain(self.stats, problems, **expect))
 

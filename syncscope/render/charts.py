@@ -380,7 +380,7 @@ def _syncs_heatmap(grid: Grid, expected: float) -> Figure:
 
 
 def window_metrics_figure(grid: Grid) -> Figure:
-    """Bytes synced, window time and peak memory per window (mean, or per rank when few)."""
+    """Bytes, window time and peak memory per window (memory per rank, or max/min, named)."""
     fig = subplots(
         3,
         1,
@@ -394,7 +394,7 @@ def window_metrics_figure(grid: Grid) -> Figure:
         shared_xaxes=True,
         vertical_spacing=0.07,
     )
-    styled("Per window: bytes, time, memory", 580, fig, top=80, showlegend=False)
+    styled("Per window: bytes, time, memory", 580, fig, top=80, showlegend=True)
     x = typed(range(grid.windows), "i4")
     mib = [None if v is None else v / 2**20 for v in window_means(grid, "bytes")]
     add_trace(
@@ -405,6 +405,7 @@ def window_metrics_figure(grid: Grid) -> Figure:
         y=typed(mib),
         marker={"color": ACCENT},
         name="MiB synced",
+        showlegend=False,
         hovertemplate="window %{x}: %{y:.1f} MiB<extra></extra>",
     )
     ms = [None if v is None else v / 1e6 for v in window_means(grid, "duration_ns")]
@@ -417,6 +418,7 @@ def window_metrics_figure(grid: Grid) -> Figure:
         mode="lines+markers",
         line={"color": INK},
         name="ms",
+        showlegend=False,
         hovertemplate="window %{x}: %{y:.2f} ms<extra></extra>",
     )
     per_mib = 2**20

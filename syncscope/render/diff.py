@@ -15,6 +15,7 @@ from typing import Literal
 from rich.table import Table
 from rich.text import Text
 
+from syncscope.figures import Stat, window_time, within_noise
 from syncscope.model import Finding, Run, Verdict
 from syncscope.render.charts import (
     ACCENT,
@@ -39,7 +40,7 @@ from syncscope.render.terminal import SafeConsole
 from syncscope.render.units import human_bytes, human_ns
 
 Unit = Literal["count", "bytes", "ns"]
-Change = Literal["better", "worse", "same", "n/a"]
+Change = Literal["better", "worse", "same", "within noise", "n/a"]
 
 
 @dataclass(frozen=True)
@@ -49,11 +50,23 @@ class MetricChange:
     after: float | None
     unit: Unit
     target: float | None = None  # better means closer to this; None: lower is better
+    # each run's spread over its windows (median, low, high): a change inside it is noise
+    spread: tuple[Stat | None, Stat | None] = (None, None)
 
     @property
     def change(self) -> Change:
         if self.before is None or self.after is None:
             return "n/a"
+        a, b = self.spread
+        timed = self.unit == "ns" and a is not None and b is not None
+        if (
+            timed
+            and a is not None
+            and b is not None
+            and within_noise(a, b)
+            and a.median != b.median
+        ):
+            return "within noise"
         if self.target is not None:
             old, new = abs(self.before - self.target), abs(self.after - self.target)
         else:
@@ -62,12 +75,18 @@ class MetricChange:
             return "same"
         return "better" if new < old else "worse"
 
-    def show(self, value: float | None) -> str:
+    def show(self, value: float | None, which: int = -1) -> str:
         if value is None:
             return "not measured"
+        stat = self.spread[which] if which in (0, 1) else None
+        if self.unit == "count" and stat is not None:  # counts: the range seen, never a mean
+            low, high = int(stat.low), int(stat.high)
+            return f"{low}" if low == high else f"{low}-{high}"
         if self.unit == "bytes":
             return human_bytes(value)
         if self.unit == "ns":
+            if stat is not None and stat.high - stat.low >= 0.05 * max(stat.median, 1.0):
+                return f"{human_ns(value)} ({human_ns(stat.low)}-{human_ns(stat.high)})"
             return human_ns(value)
         return f"{value:.3g}"
 
@@ -119,6 +138,10 @@ class RunDiff:
         return "clean"
 
     @property
+    def _window_metric(self) -> MetricChange | None:
+        return next((m for m in self.metrics if m.label.startswith("window time")), None)
+
+    @property
     def title(self) -> str:
         parts = []
         if self.resolved:
@@ -138,12 +161,20 @@ class RunDiff:
     @property
     def subtitle(self) -> str:
         a, b = self.before, self.after
+        syncs, window = self.metrics[0], self._window_metric
         line = (
-            f"grad syncs per window {a.seen_syncs_per_window:.3g} -> {b.seen_syncs_per_window:.3g} "
-            f"(expected {b.expected_syncs_per_window:.3g}); window time "
-            f"{human_ns(a.window_ns)} -> {human_ns(b.window_ns)}"
+            f"grad syncs per window {syncs.show(syncs.before, 0)} -> "
+            f"{syncs.show(syncs.after, 1)} (expected {b.expected_syncs_per_window:.3g}); "
+            f"window time {human_ns(a.window_ns)} -> {human_ns(b.window_ns)}"
         )
-        if self.speedup and abs(self.speedup - 1) >= 0.01:
+        if window is not None and window.change == "within noise" and not self.failed:
+            x, y = window.spread
+            assert x is not None and y is not None
+            line += (
+                f" (within noise: windows {human_ns(x.low)}-{human_ns(x.high)} -> "
+                f"{human_ns(y.low)}-{human_ns(y.high)})"
+            )
+        elif self.speedup and abs(self.speedup - 1) >= 0.01:
             line += f" ({self.speedup:.2f}x {'faster' if self.speedup > 1 else 'as fast'})"
         elif self.failed:
             line += " (no speed-up claimed: a failed run is not a fair comparison)"
@@ -163,6 +194,10 @@ def compare(
 ) -> RunDiff:
     grid_a, grid_b = grid_of(run_a), grid_of(run_b)
     a, b = headline(run_a, findings_a, grid_a), headline(run_b, findings_b, grid_b)
+    syncs = (
+        Stat(a.seen_syncs_per_window, a.seen_syncs_min, a.seen_syncs_max, a.rank_windows),
+        Stat(b.seen_syncs_per_window, b.seen_syncs_min, b.seen_syncs_max, b.rank_windows),
+    )
     metrics = (
         MetricChange(
             "grad syncs per window",
@@ -170,6 +205,7 @@ def compare(
             b.seen_syncs_per_window,
             "count",
             target=b.expected_syncs_per_window,
+            spread=syncs,
         ),
         MetricChange(
             "grad sync bytes per window",
@@ -177,7 +213,13 @@ def compare(
             b.grad_sync_bytes_per_window,
             "bytes",
         ),
-        MetricChange("window time (median, steady windows)", a.window_ns, b.window_ns, "ns"),
+        MetricChange(
+            "window time (median, steady windows)",
+            a.window_ns,
+            b.window_ns,
+            "ns",
+            spread=(window_time(run_a), window_time(run_b)),
+        ),
         MetricChange("comm time (collective in flight)", a.comm_ns, b.comm_ns, "ns"),
         MetricChange("peak memory", a.peak_memory_bytes, b.peak_memory_bytes, "bytes"),
         MetricChange(
@@ -250,7 +292,7 @@ def diff_figure(a: Grid, b: Grid, labels: tuple[str, str] = ("before", "after"))
     return fig
 
 
-STYLES = {"better": "green", "worse": "red", "same": "dim", "n/a": "dim"}
+STYLES = {"better": "green", "worse": "red", "same": "dim", "within noise": "dim", "n/a": "dim"}
 TONES = {"clean": "green", "warnings": "yellow", "errors": "red", "failed": "bold red"}
 
 
@@ -276,8 +318,8 @@ def render_diff_text(diff: RunDiff, *, color: bool = False, width: int = 100) ->
     for m in diff.metrics:
         table.add_row(
             m.label,
-            m.show(m.before),
-            m.show(m.after),
+            m.show(m.before, 0),
+            m.show(m.after, 1),
             Text(f"{m.delta} {m.change}".strip(), style=STYLES[m.change]),
         )
     console.print()
@@ -301,7 +343,7 @@ def render_diff_text(diff: RunDiff, *, color: bool = False, width: int = 100) ->
 def render_diff_html(diff: RunDiff) -> str:
     a, b = diff.labels
     rows = "".join(
-        f"<tr><td>{esc(m.label)}</td><td>{esc(m.show(m.before))}</td><td>{esc(m.show(m.after))}</td>"
+        f"<tr><td>{esc(m.label)}</td><td>{esc(m.show(m.before, 0))}</td><td>{esc(m.show(m.after, 1))}</td>"
         f'<td class="{esc(m.change)}">{esc(m.delta)} {esc(m.change)}</td></tr>'
         for m in diff.metrics
     )

@@ -26,6 +26,7 @@ from syncscope.render.summary import (
     human_share,
     human_value,
     label_of,
+    title_of,
     window_basis,
 )
 from syncscope.render.units import human_bytes, human_ns
@@ -64,18 +65,24 @@ def _title_and_body(run: Run, findings: Sequence[Finding]) -> tuple[str, str]:
         f"<footer>syncscope {esc(__version__)} · every number here comes from the saved run; "
         "nothing on this page was fetched from the network.</footer>",
     ]
-    return f"syncscope report: {_command(run) or 'run'}", "\n".join(p for p in parts if p)
+    return f"syncscope report: {title_of(run) or 'run'}", "\n".join(p for p in parts if p)
 
 
 def _command(run: Run) -> str:
     return shlex.join(run.meta.command) if run.meta.command else ""
 
 
+def _micro_batches(head: Headline) -> str:
+    """``6``, or ``2-6`` when windows differ (never the common count alone)."""
+    low, high = head.micro_batches_range
+    return f"{low}-{high}" if low != high else f"{head.micro_batches_per_window}"
+
+
 def _header(run: Run, head: Headline) -> str:
     m = run.meta
     facts = [
         f"{head.world_size:,} rank{'s' if head.world_size != 1 else ''}",
-        f"{head.windows} windows x {head.micro_batches_per_window} micro-batches",
+        f"{head.windows} windows x {_micro_batches(head)} micro-batches",
         "/".join(head.wrappers),
         f"{'live capture' if m.source == 'live' else 'from traces'}",
         f"torch {m.torch_version}" if m.torch_version else "",
@@ -86,7 +93,7 @@ def _header(run: Run, head: Headline) -> str:
     spans = "".join(f"<span>{esc(f)}</span>" for f in facts if f)
     return (
         '<header class="top"><span class="brand">syncscope</span>'
-        f'<code class="cmd">{esc(_command(run) or "(command not recorded)")}</code></header>'
+        f'<code class="cmd">{esc(title_of(run) or "(command not recorded)")}</code></header>'
         f'<p class="meta">{spans}</p>'
     )
 

@@ -127,7 +127,7 @@ def _stat(stat: figures.Stat | None) -> dict[str, float] | None:
 def figures_dict(run: Run, findings: Sequence[Finding]) -> dict[str, Any]:
     """The headline figures (syncscope.figures; docs/concepts.md defines each)."""
     steady = figures.steady_windows(run)
-    projecting = {r for f in findings if "projected_window_ns" in f.cost for r in f.ranks}
+    projecting = {r for f in findings if "redundant_time_ns_per_window" in f.cost for r in f.ranks}
     p = figures.projection(run, projecting, steady) if projecting else None
     return {
         "steady_windows": list(steady.windows),

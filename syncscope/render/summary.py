@@ -8,6 +8,7 @@ renderer walks raw collectives at 1,024 ranks more than once.
 from __future__ import annotations
 
 import re
+import shlex
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -143,6 +144,7 @@ class Headline:
     warmup_window_ns: float | None = None  # their median window time
     comm_ns: float | None = None  # median time with a collective in flight per window
     projection: Projection | None = None
+    micro_batches_range: tuple[int, int] = (0, 0)  # fewest and most in a complete window
 
     @property
     def speedup(self) -> float | None:
@@ -184,7 +186,7 @@ def headline(run: Run, findings: Sequence[Finding], grid: Grid | None = None) ->
     nbytes = figures.sync_bytes(run, steady)
     # The projected gain, from the steady windows of the ranks the findings that project it
     # cover (syncscope.figures.projection: a range, or the reason there is none).
-    projecting = [f for f in findings if _number(f.cost.get("projected_window_ns"))]
+    projecting = [f for f in findings if _number(f.cost.get("redundant_time_ns_per_window"))]
     projection = (
         figures.projection(run, {r for f in projecting for r in f.ranks} or None, steady)
         if projecting
@@ -193,8 +195,6 @@ def headline(run: Run, findings: Sequence[Finding], grid: Grid | None = None) ->
     shown = projection is not None and projection.shown
     expected = _largest(findings, "evidence", "expected_syncs_per_window")
     expected = expected if expected is not None else 1.0
-    durations = sum(c.duration_ns for c in cells)
-    exposed = [c.exposed_comm_ns for c in cells if c.exposed_comm_ns is not None]
     wrappers = sorted({w.kind for r in run.ranks for w in r.wrappers} or {"none"})
     return Headline(
         verdict=verdict_of(list(findings)),
@@ -220,12 +220,13 @@ def headline(run: Run, findings: Sequence[Finding], grid: Grid | None = None) ->
         projected_window_ns=(
             projection.projected.median if shown and projection and projection.projected else None
         ),
-        exposed_comm_share=(sum(exposed) / durations) if exposed and durations else None,
+        exposed_comm_share=figures.exposed_share(run, steady),  # the finding's share
         steady_windows=len(steady.windows),
         warmup=steady.warmup,
         warmup_window_ns=warm.median if warm else None,
         comm_ns=comm.median if comm else None,
         projection=projection,
+        micro_batches_range=(min(counts), max(counts)) if counts else (0, 0),
     )
 
 
@@ -267,6 +268,7 @@ LABELS: dict[str, tuple[str, str]] = {
     "share_of_window_time": ("share of window time", "share"),
     "window_ns": ("window time (median, steady windows)", "ns"),
     "projected_window_ns": ("projected window time after the fix", "ns"),
+    "projection_omitted": ("window time not projected", "text"),
     "extra_memory_bytes_if_skipped": ("extra gradient memory if the sync is skipped", "bytes"),
     "extra_memory_bytes_if_gradient_sync_skipped": (
         "extra gradient memory with set_requires_gradient_sync instead",
@@ -295,6 +297,8 @@ LABELS: dict[str, tuple[str, str]] = {
     "exposed_share": ("exposed share of window time", "share"),
     "worst_share": ("worst exposed share", "share"),
     "mean_exposed_ms": ("mean exposed communication", "ms"),
+    "mean_comm_ms": ("mean communication time", "ms"),
+    "comm_ns_per_window": ("communication per window", "ns"),
     "mean_bytes": ("mean bytes per collective", "bytes"),
     "micro_batches": ("micro-batches per window", "count"),
     "expected_grad_syncs": ("expected grad syncs per window", "count"),
@@ -367,3 +371,13 @@ def html_text(text: str) -> str:
     out = re.sub(r"\*\*(?=\S)(.+?)(?<=\S)\*\*", r"<strong>\1</strong>", out)
     out = re.sub(r"\*(?=\S)(.+?)(?<=\S)\*", r"<em>\1</em>", out)
     return re.sub(r"`([^`]+)`", r"<code>\1</code>", out)
+
+
+def title_of(run: Run) -> str:
+    """What the run was: its command, or for traces what they are."""
+    if run.meta.command:
+        return shlex.join(run.meta.command)
+    if run.meta.source == "trace":
+        ranks = len(run.ranks)
+        return f"torch.profiler traces of {ranks} rank{'s' if ranks != 1 else ''}"
+    return ""

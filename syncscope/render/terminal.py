@@ -18,7 +18,14 @@ from syncscope.figures import median
 from syncscope.model import SEVERITIES, Finding, RankRun, Run, Window, compress_ranks, verdict_of
 from syncscope.render import units
 from syncscope.render.safe import visible
-from syncscope.render.summary import headline, human_value, label_of, plain_text, window_basis
+from syncscope.render.summary import (
+    headline,
+    human_value,
+    label_of,
+    plain_text,
+    title_of,
+    window_basis,
+)
 from syncscope.render.units import human_bytes
 
 
@@ -173,7 +180,9 @@ def _cost_line(f: Finding) -> str:
             f"{human_ns(_num(c['redundant_time_ns_per_window']))} of exposed sync time before "
             f"the last micro-batch ({share:.0%} of window time)"
         )
-    if "projected_window_ns" in c and "window_ns" in c:
+    if "projection_omitted" in c:
+        parts.append(f"window time not projected: {c['projection_omitted']}")
+    elif "projected_window_ns" in c and "window_ns" in c:
         parts.append(
             f"window {human_ns(_num(c['window_ns']))} -> ~{human_ns(_num(c['projected_window_ns']))} after the fix"
         )
@@ -237,7 +246,7 @@ def summary_renderables(run: Run, findings: Sequence[Finding]) -> list[Renderabl
     meta = run.meta
     head = Text()
     head.append("syncscope ", style="bold")
-    head.append(" ".join(meta.command) or "(unknown command)")
+    head.append(title_of(run) or "(command not recorded)")
     head.append(f"  ·  world size {meta.world_size}  ·  source {meta.source}", style="dim")
     out.append(head)
     for note in meta.notes:

@@ -195,5 +195,11 @@ def overlap_figure(grid: Grid) -> Figure:
     )
     update_axes(fig, "y", 2, tickformat=".0%", rangemode="tozero")
     update_axes(fig, "x", 1, title={"text": "window"})
-    update_axes(fig, "x", 2, title={"text": "rank"})
+    # ranks are integers: ticks on the ranks only, never at -0.5, 0.5, ...
+    ticks: dict[str, object] = (
+        {"tickmode": "array", "tickvals": list(grid.ranks)}
+        if len(grid.ranks) <= 32
+        else {"tickformat": "d"}
+    )
+    update_axes(fig, "x", 2, title={"text": "rank"}, **ticks)
     return fig

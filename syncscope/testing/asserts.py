@@ -75,8 +75,12 @@ def check(
     per_window: int | Sequence[int] | None = None,
     max_per_window: int | None = None,
     at_micro_batch: int | Sequence[int] | None = None,
+    allow_errors: bool = False,
 ) -> list[str]:
     """The broken expectations, as short sentences (empty when all hold).
+
+    A run with an error finding (verdict ``errors``, e.g. ``grad-reset-mid-window``) fails
+    too, whatever its counts, unless ``allow_errors``: right counts do not make it correct.
 
     Any expectation needs at least one complete window (an optimizer step): a block that
     recorded none fails instead of passing vacuously (the training ran in another process,
@@ -98,6 +102,12 @@ def check(
         ]
     seen = [w["grad_syncs"] for w in windows]
     problems: list[str] = []
+    if not allow_errors:
+        problems.extend(
+            f"error finding {f.kind}: {plain_text(f.message)} (allow_errors=True to accept it)"
+            for f in stats.findings
+            if f.severity == "error"
+        )
     if per_window is not None:
         expected = [per_window] * len(seen) if isinstance(per_window, int) else list(per_window)
         if seen != expected:
@@ -192,6 +202,7 @@ def assert_syncs(
     per_window: int | Sequence[int] | None = None,
     max_per_window: int | None = None,
     at_micro_batch: int | Sequence[int] | None = None,
+    allow_errors: bool = False,
 ) -> None:
     """Raise AssertionError, with where the syncs landed and the fix, if expectations fail.
 
@@ -199,6 +210,8 @@ def assert_syncs(
     ``max_per_window``: an upper bound per window.
     ``at_micro_batch``: the 0-based micro-batch position(s) syncs must land on in every
     window; negative counts from the end (``-1`` is the last micro-batch).
+    ``allow_errors``: pass a run with error findings (verdict ``errors``) when its counts
+    hold; by default an error finding fails the assertion.
 
     Only complete windows (ended by an optimizer step) are checked, and at least one is
     required. Bad arguments raise TypeError or ValueError, not AssertionError.
@@ -214,7 +227,7 @@ def assert_syncs(
         raise TypeError(
             "assert_syncs needs an expectation: per_window=, max_per_window= or at_micro_batch="
         )
-    problems = check(stats, per_window, max_per_window, at_micro_batch)
+    problems = check(stats, per_window, max_per_window, at_micro_batch, allow_errors)
     if problems:
         raise AssertionError(explain(stats, problems, per_window, max_per_window, at_micro_batch))
 

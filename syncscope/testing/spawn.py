@@ -27,14 +27,17 @@ _GRACE_S = 1.0  # how long to look for a dead rank's last message before calling
 
 
 def _error_payload(exc: BaseException) -> tuple[bytes | None, str]:
-    """The pickled exception (None when it does not survive a round trip) and its text."""
+    """The pickled exception (None when it does not survive a round trip) and its text:
+    the traceback alone when the exception travels (its message is printed with it, so the
+    note does not repeat a long assert_syncs message), the whole text otherwise."""
     text = "".join(traceback.format_exception(exc))
     try:
         data = pickle.dumps(exc)
         pickle.loads(data)  # custom __init__ signatures pickle but do not unpickle
     except Exception:
         return None, text
-    return data, text
+    frames = "".join(traceback.format_tb(exc.__traceback__))
+    return data, f"Traceback (most recent call last):\n{frames}{type(exc).__qualname__} (above)"
 
 
 def _worker(

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 from typing import Any
 
+from syncscope import figures
 from syncscope.model import Finding, Run, Severity
+from syncscope.render.units import human_ns
 
 EXPOSED_WARNING_SHARE = 0.10  # exposed communication above this share of a window warns
 
@@ -19,58 +21,62 @@ def _ms(ns: int) -> float:
 
 
 def exposed_communication(run: Run, hta: dict[str, Any] | None = None) -> list[Finding]:
+    """Exposed communication over the steady traced windows (syncscope.figures): medians of
+    exposed, communication and window time, exposed <= communication in every window, and the
+    share computed from the figures shown."""
+    steady = figures.steady_windows(run)
     rows: list[dict[str, Any]] = []
-    for r in run.ranks:
-        for w in r.windows:
-            if not w.complete or w.exposed_comm_ns is None or not w.comm_ns:
-                continue
-            share = w.exposed_comm_ns / w.duration_ns if w.duration_ns else 0.0
-            rows.append(
-                {
-                    "rank": r.rank,
-                    "window": w.index,
-                    "comm_ms": _ms(w.comm_ns),
-                    "exposed_ms": _ms(w.exposed_comm_ns),
-                    "compute_ms": _ms(w.compute_ns or 0),
-                    "window_ms": _ms(w.duration_ns),
-                    "share": round(share, 4),
-                }
-            )
+    for rank, w in figures.traced_windows(run, steady):
+        mine = figures.exposed_ns(w) or 0
+        rows.append(
+            {
+                "rank": rank,
+                "window": w.index,
+                "comm_ns": figures.comm_ns(w),
+                "exposed_ns": mine,
+                "window_ns": w.duration_ns,
+                "share": round(mine / w.duration_ns, 4) if w.duration_ns else 0.0,
+            }
+        )
     if not rows:
         return []
-    mean_exposed = sum(row["exposed_ms"] for row in rows) / len(rows)
-    mean_share = sum(row["share"] for row in rows) / len(rows)
+    exposed = figures.median(row["exposed_ns"] for row in rows)
+    comm = figures.median(row["comm_ns"] for row in rows)
+    window = figures.median(row["window_ns"] for row in rows)
+    share = figures.exposed_share(run, steady) or 0.0  # exposed / window, as shown
     worst = max(rows, key=lambda row: row["share"])
     on_gpu = any(r.device != "cpu" for r in run.ranks)
     evidence: dict[str, Any] = {
         "measured_on": "GPU kernels" if on_gpu else "CPU ops",
         "windows_measured": len(rows),
-        "mean_comm_ms": round(sum(row["comm_ms"] for row in rows) / len(rows), 3),
-        "mean_exposed_ms": round(mean_exposed, 3),
+        "mean_comm_ms": _ms(int(figures.mean(row["comm_ns"] for row in rows))),
+        "mean_exposed_ms": _ms(int(figures.mean(row["exposed_ns"] for row in rows))),
         "worst_rank": worst["rank"],
         "worst_window": worst["window"],
         "worst_share": worst["share"],
     }
     if hta is not None:
         evidence["hta"] = hta
-    severity: Severity = "warning" if mean_share >= EXPOSED_WARNING_SHARE else "info"
-    ranks = tuple(sorted({row["rank"] for row in rows}))
+    severity: Severity = "warning" if share >= EXPOSED_WARNING_SHARE else "info"
     return [
         Finding(
             kind="exposed-communication",
             severity=severity,
             cause="not-overlapped",
             message=(
-                f"{mean_exposed:.2f} ms of collective time per window is not overlapped with "
-                f"compute ({100 * mean_share:.1f}% of the window; worst: rank {worst['rank']} "
-                f"window {worst['window']}, {100 * worst['share']:.1f}%)"
+                f"{human_ns(exposed)} of the {human_ns(comm)} of communication per window is "
+                f"not overlapped with compute ({100 * share:.1f}% of the {human_ns(window)} "
+                f"window; worst: rank {worst['rank']} window {worst['window']}, "
+                f"{100 * worst['share']:.1f}%)"
             ),
-            ranks=ranks,
+            ranks=tuple(sorted({row["rank"] for row in rows})),
             windows=tuple(sorted({row["window"] for row in rows})),
             evidence=evidence,
             cost={
-                "exposed_ns_per_window": int(mean_exposed * 1e6),
-                "exposed_share": round(mean_share, 4),
+                "exposed_ns_per_window": int(exposed),
+                "comm_ns_per_window": int(comm),
+                "window_ns": int(window),
+                "exposed_share": round(share, 4),
             },
         )
     ]

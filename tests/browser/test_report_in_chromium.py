@@ -298,3 +298,26 @@ def test_large_job_and_diff_render(browser: DevTools, tmp_path: Path) -> None:
     screenshot(browser, shots_dir(tmp_path) / "diff.png", 1400, state["height"])
     assert state["plotted"] == state["charts"] >= 1, state
     assert problems(browser) == []
+
+
+CLIPPED_JS = """JSON.stringify([...document.querySelectorAll('.tile *')]
+  .filter(e => e.scrollWidth > e.clientWidth + 1 || e.getBoundingClientRect().right >
+               e.closest('.tile').getBoundingClientRect().right + 1)
+  .map(e => e.textContent.trim()))"""
+
+
+@pytest.mark.parametrize("width", [1400, 1000])
+def test_tile_text_is_never_cut_off(browser: DevTools, tmp_path: Path, width: int) -> None:
+    # GIVEN a report whose tiles hold long values: a range of syncs, "not projected"
+    def uneven(rank: int, window: int, mb: int, n: int) -> bool:
+        return window < 2 or mb == n - 1
+
+    run = runs.make_run(windows=3, micro_batches=6, sync_at=uneven)
+    page = tmp_path / "report.html"
+    page.write_text(render_html(run, [runs.finding()]), encoding="utf-8")
+    # WHEN chromium lays it out at a laptop's and a narrow window's width
+    state = open_page(browser, page, width=width)
+    screenshot(browser, shots_dir(tmp_path) / f"tiles-{width}.png", width, state["height"])
+    # THEN no tile's text overflows its box (it wraps instead of ending in "...")
+    assert json.loads(browser.evaluate(CLIPPED_JS)) == []
+    assert problems(browser) == []

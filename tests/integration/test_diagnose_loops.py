@@ -149,7 +149,9 @@ def test_redundant_sync_causes_from_examples(profiled) -> None:  # type: ignore[
         == 3 * backward_only.complete_windows(0)[0]["grad_sync_bytes"] // 4
     )
     assert 0 < finding["cost"]["share_of_window_time"] <= 1
-    assert finding["cost"]["projected_window_ns"] < finding["cost"]["window_ns"]
+    # 2 steps: 1 steady window, so no projection, on the card as in the summary
+    assert "projected_window_ns" not in finding["cost"]
+    assert finding["cost"]["projection_omitted"].startswith("too few steady windows")
     assert {s["role"] for s in finding["sources"]} >= {"forward", "backward", "no_sync", "step"}
     assert finding["fix"]["style"] == "ddp-no_sync"
 

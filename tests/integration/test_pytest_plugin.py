@@ -188,6 +188,7 @@ def test_fixture_gives_live_stats(inner: pytest.Pytester) -> None:
         ("max_grad_syncs_per_windw=1", "*takes keyword arguments*; got max_grad_syncs_per_windw"),
         ("1", "*takes keyword arguments*; got 1"),
         ("", "*give at least one limit"),
+        ("allow_errors=True", "*give at least one limit"),
         ("max_grad_syncs_per_window='1'", "*max_per_window must be an int, not '1'"),
     ],
 )
@@ -206,9 +207,13 @@ def test_bad_marker_arguments_fail_that_test_clearly(
             pass
         """
     )
-    result = pytester.runpytest(*FAST)
+    result = pytester.runpytest(*FAST, "-rN")
     result.assert_outcomes(passed=1, failed=1)
     result.stdout.fnmatch_lines([text])
+    # AND the message is printed once, with no chained "During handling" traceback
+    out = result.stdout.str()
+    assert "During handling of the above exception" not in out
+    assert out.count("@pytest.mark.syncscope") == 1, out
 
 
 def test_marker_is_registered(pytester: pytest.Pytester) -> None:

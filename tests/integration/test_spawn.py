@@ -8,6 +8,7 @@ from __future__ import annotations
 import multiprocessing
 import os
 import time
+import traceback
 from pathlib import Path
 
 import pytest
@@ -27,6 +28,9 @@ def test_a_rank_failure_is_reraised_with_that_ranks_traceback() -> None:
     assert "raised on rank 1 of 2" in notes
     assert "_rank_one_helper" in notes
     assert "tests/helpers/ranks.py" in notes.replace(os.sep, "/")
+    # AND the message is printed once (pytest prints the exception, then its notes)
+    printed = "".join(traceback.format_exception(info.value))
+    assert printed.count("ValueError: bad batch on rank 1") == 1, printed
     assert not multiprocessing.active_children()
 
 

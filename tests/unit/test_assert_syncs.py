@@ -72,7 +72,8 @@ def test_max_per_window_names_the_windows_over_the_limit() -> None:
 def test_misplaced_sync_on_one_rank_is_reported_from_that_rank() -> None:
     # GIVEN rank 1 syncs on micro-batch 0 instead of the last (pattern 7)
     stats = stats_of(runs.divergent(), rank=1)
-    assert_syncs(stats, per_window=1)  # the count alone looks right
+    assert_syncs(stats, per_window=1, allow_errors=True)  # the count alone looks right
+    assert "error finding missing-sync" in failure(stats, per_window=1)  # the run does not
     message = failure(stats, per_window=1, at_micro_batch=-1)
     assert "  window 0: grad syncs on micro-batches [0], expected [3]" in message
     assert "windows (rank 1, micro-batches counted from 0):" in message
@@ -81,8 +82,9 @@ def test_misplaced_sync_on_one_rank_is_reported_from_that_rank() -> None:
         in message
     )
     assert "finding: error missing-sync (misplaced-sync)" in message
-    # rank 0 was fine
-    assert_syncs(stats_of(runs.divergent(), rank=0), per_window=1, at_micro_batch=-1)
+    # rank 0's own counts were fine (the run's error is allowed here)
+    rank0 = stats_of(runs.divergent(), rank=0)
+    assert_syncs(rank0, per_window=1, at_micro_batch=-1, allow_errors=True)
 
 
 def test_exact_list_of_counts() -> None:
@@ -126,3 +128,19 @@ def test_long_runs_are_cut_after_twelve_windows() -> None:
 def test_bad_arguments_raise_type_or_value_errors(expect: dict[str, object], error: type) -> None:
     with pytest.raises(error):
         assert_syncs(stats_of(runs.clean_ddp()), **expect)  # type: ignore[arg-type]
+
+
+def test_an_error_finding_fails_right_counts_unless_allowed() -> None:
+    # GIVEN: a run whose counts are right (1 per window, on the last micro-batch) but whose
+    # diagnosis has an error (gradients reset mid-window: verdict `errors`)
+    stats = stats_of(runs.clean_ddp())
+    stats._findings = [runs.finding("grad-reset-mid-window", "error", cause="zero_grad")]
+    assert stats.verdict == "errors"
+    # WHEN / THEN: the assertion fails on the error, naming it and the opt-out
+    message = failure(stats, per_window=1, at_micro_batch=-1)
+    assert "error finding grad-reset-mid-window" in message
+    assert "allow_errors=True" in message
+    # AND passes when the user opts out; a warning never fails it
+    assert_syncs(stats, per_window=1, at_micro_batch=-1, allow_errors=True)
+    stats._findings = [runs.finding("redundant-sync", "warning")]
+    assert_syncs(stats, per_window=1, at_micro_batch=-1)

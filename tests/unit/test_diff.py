@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 
 from syncscope import cli, reporting
+from syncscope.analysis.diagnose import diagnose
 from syncscope.model import Finding, Run
 from syncscope.render.diff import compare, render_diff_html, render_diff_text
 from tests.unit import runs
@@ -117,3 +118,83 @@ def test_diff_command_missing_run_is_one_line(
 ) -> None:
     assert cli.main(["diff", str(tmp_path / "a"), str(tmp_path / "b")]) == 2
     assert capsys.readouterr().err.startswith("syncscope: error:")
+
+
+def test_diff_shows_the_range_of_grad_syncs_never_a_rounded_mean() -> None:
+    # GIVEN windows with 4, 4, 4 and 2 grad syncs (mean 3.5), then a fixed run with 1
+    def uneven(rank: int, window: int, mb: int, n: int) -> bool:
+        return mb == n - 1 or (window < 3) or (window == 3 and mb == 0)
+
+    before = runs.make_run(windows=4, sync_at=uneven)
+    after = runs.make_run(windows=4)
+    text = render_diff_text(compare(before, diagnose(before), after, diagnose(after)))
+    # THEN the counts shown are what some window had: the range 2-4, then 1
+    assert "grad syncs per window 2-4 -> 1 " in text
+    assert "3.5" not in text and " 4 -> 1" not in text
+
+
+def test_a_change_inside_the_windows_spread_is_within_noise() -> None:
+    import dataclasses
+
+    # GIVEN two runs whose window times overlap (one run's windows vary by +-40%)
+    def jitter(factors: list[float]):  # type: ignore[no-untyped-def]
+        def change(w):  # type: ignore[no-untyped-def]
+            return dataclasses.replace(w, end_ns=w.start_ns + int(w.duration_ns * factors[w.index]))
+
+        return change
+
+    base = runs.make_run(windows=5)
+
+    def stretched(factors: list[float]):  # type: ignore[no-untyped-def]
+        f = jitter(factors)
+        return dataclasses.replace(
+            base,
+            ranks=tuple(
+                dataclasses.replace(r, windows=tuple(f(w) for w in r.windows)) for r in base.ranks
+            ),
+        )
+
+    a = stretched([1.0, 1.0, 0.7, 1.4, 1.0])
+    b = stretched([1.0, 1.2, 0.8, 1.3, 1.2])
+    diff = compare(a, diagnose(a), b, diagnose(b))
+    text = render_diff_text(diff)
+    # THEN no speed-up or slow-down is claimed: the change is within noise, with the spread
+    window = next(m for m in diff.metrics if m.label.startswith("window time"))
+    assert window.change == "within noise"
+    assert "within noise: windows" in diff.subtitle and "faster" not in diff.subtitle
+    assert "within noise" in text and "worse" not in text
+    # AND a change beyond both spreads is still called
+    c = stretched([3.0, 3.0, 3.0, 3.0, 3.0])
+    assert (
+        next(
+            m
+            for m in compare(a, [], c, []).metrics
+            if m is not None and m.label.startswith("window time")
+        ).change
+        == "worse"
+    )
+
+
+def _profiled_report(durations_ms: list[float]) -> dict[str, object]:
+    windows = [
+        {"index": i, "complete": True, "grad_syncs": 1, "duration_ns": int(d * 1e6)}
+        for i, d in enumerate(durations_ms)
+    ]
+    return {"ranks": [{"rank": 0, "windows": windows}], "findings": []}
+
+
+def test_fix_verify_compares_window_time_with_a_noise_band() -> None:
+    from syncscope.fixes.verify import Verification, _summarize, render
+
+    # GIVEN an original measured under load (windows 20-70 ms) and a fix measured quietly
+    loaded = _summarize(_profiled_report([90, 32.2, 65.9, 20.0, 70.0]), "")
+    quiet = _summarize(_profiled_report([40, 33.9, 30.0, 36.0]), "")
+    fast = _summarize(_profiled_report([20, 12.8, 12.0, 13.5]), "")
+    # THEN the first window (warm-up) is left out, the spread shown, and no gain claimed
+    assert loaded.window_ms == (32.2 + 65.9) / 2
+    lines = render(Verification(loaded, quiet, True, None, False))
+    assert any(line.startswith("window time: within noise") for line in lines), lines
+    assert any("(20.0-70.0)" in line for line in lines)
+    # AND a change beyond both ranges is called, with its ratio
+    lines = render(Verification(quiet, fast, True, None, False))
+    assert "window time: 2.65x faster, beyond the noise" in lines

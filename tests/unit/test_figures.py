@@ -179,3 +179,91 @@ def test_timeline_title_matches_the_windows_drawn() -> None:
     assert "Timeline, windows 0-2 of 4" in title(runs.make_run(windows=4))
     assert "Timeline, windows 0-1 of 2" in title(runs.make_run(windows=2))
     assert "Timeline, window 0 of 1" in title(runs.make_run(windows=1))
+
+
+def test_after_skip_windows_the_first_captured_window_is_steady_and_projected() -> None:
+    # GIVEN `--skip-windows 1 --windows 2`: the captured windows are the program's 1 and 2
+    run = runs.make_run(windows=3, sync_at=runs.every)
+    run = dataclasses.replace(
+        run,
+        ranks=tuple(dataclasses.replace(r, windows=r.windows[1:]) for r in run.ranks),
+    )
+    steady = figures.steady_windows(run)
+    # THEN neither is warm-up (the program's first step was skipped) and both count
+    assert steady.windows == (1, 2) and steady.warmup == ()
+    p = figures.projection(run, steady=steady)
+    assert p.steady_windows == 2 and p.shown, p.omitted
+
+
+def _card_numbers(text: str) -> tuple[float, float, float, float]:
+    flat = " ".join(text.replace("│", " ").split())  # the card's lines joined
+    m = re.search(
+        r"([\d.]+) ms of exposed sync time before the last micro-batch \((\d+)% of window "
+        r"time\); window ([\d.]+) ms -> ~([\d.]+) ms",
+        flat,
+    )
+    assert m, text
+    return float(m[1]), float(m[2]), float(m[3]), float(m[4])
+
+
+def test_a_redundant_sync_cards_figures_are_computed_from_each_other() -> None:
+    # GIVEN a run that syncs on every micro-batch, one window slower than the others
+    run = _with_windows(runs.make_run(windows=6, sync_at=runs.every), _stretch(3, 1.3))
+    (f,) = [f for f in diagnose(run) if f.kind == "redundant-sync"]
+    c = {k: float(v) for k, v in f.cost.items() if isinstance(v, (int, float))}
+    # THEN exposed = window - projected and share = exposed / window, exactly
+    assert c["redundant_time_ns_per_window"] == c["window_ns"] - c["projected_window_ns"]
+    assert c["share_of_window_time"] == c["redundant_time_ns_per_window"] / c["window_ns"]
+    # AND the printed card agrees with itself to its rounding
+    exposed, share, window, projected = _card_numbers(render_text(run, [f]))
+    assert abs(window - exposed - projected) <= 0.15
+    assert abs(exposed / window * 100 - share) <= 1.5
+    # AND with the summary's projection (one source)
+    p = figures.projection(run, f.ranks)
+    assert p.shown and p.projected is not None and p.window is not None
+    assert c["projected_window_ns"] == p.projected.median and c["window_ns"] == p.window.median
+
+
+def test_an_omitted_projection_is_omitted_on_the_card_too() -> None:
+    # GIVEN 2 windows: the first is warm-up, 1 steady window is too few to project
+    run = runs.make_run(windows=2, sync_at=runs.every)
+    findings = diagnose(run)
+    (f,) = [f for f in findings if f.kind == "redundant-sync"]
+    reason = figures.projection(run, f.ranks).omitted
+    assert reason.startswith("too few steady windows")
+    # THEN the card, the summary, report.json and the HTML say the same: not projected
+    assert "projected_window_ns" not in f.cost and f.cost["projection_omitted"] == reason
+    text = render_text(run, findings)
+    assert "after the fix" not in text and "window time not projected: too few" in text
+    assert "not projected: too few steady windows" in headline(run, findings).projection.text()
+    report = report_dict(run, findings)
+    assert report["figures"]["projection"]["omitted"] == reason
+    (card,) = [x for x in report["findings"] if x["kind"] == "redundant-sync"]
+    assert card["cost"]["projection_omitted"] == reason
+    html = render_html(run, findings)
+    assert "window time not projected" in html and "projected window time after" not in html
+
+
+def test_exposed_communication_never_exceeds_communication_one_definition() -> None:
+    from syncscope.trace.findings import exposed_communication
+
+    # GIVEN a traced run where one window's measured exposure exceeds its communication
+    def inflate(w: Window) -> Window:
+        if w.comm_ns is None or w.index != 2:
+            return w
+        return dataclasses.replace(w, exposed_comm_ns=w.comm_ns * 3)
+
+    run = _with_windows(runs.traced(), inflate)
+    (f,) = exposed_communication(run)
+    exposed, comm = float(f.cost["exposed_ns_per_window"]), float(f.cost["comm_ns_per_window"])  # type: ignore[arg-type]
+    # THEN exposed <= communication, and the communication is the summary's comm time
+    assert 0 < exposed <= comm
+    summary_comm = figures.comm_time(run)
+    assert summary_comm is not None and comm == int(summary_comm.median)
+    # AND the share is exposed / window of the figures shown, the same on the HTML tile
+    share = float(f.cost["exposed_share"])  # type: ignore[arg-type]
+    assert abs(share - exposed / float(f.cost["window_ns"])) < 1e-3  # type: ignore[arg-type]
+    assert headline(run, [f]).exposed_comm_share == figures.exposed_share(run)
+    assert f"{share:.0%}" in render_html(run, [f])
+    # AND the message states both, exposed first
+    assert re.search(r"[\d.]+ \w?s of the [\d.]+ \w?s of communication per window", f.message)

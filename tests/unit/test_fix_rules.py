@@ -183,3 +183,19 @@ def test_hsdp_all_reduce_toggle_is_a_toggle() -> None:
     source = "from torch.distributed.fsdp import fully_shard\nmodel = fully_shard(net)\n" + source
     result = fix_source(source)
     assert not result.problems and not result.changed
+
+
+def test_contextlib_import_goes_in_sorted_order_among_the_standard_library() -> None:
+    # GIVEN: a script whose standard-library imports come before and after "contextlib"
+    stdlib = "import argparse\nimport os\nfrom typing import Any\n\n"
+    # WHEN: the fix needs contextlib.nullcontext
+    fixed = fix_source(stdlib + HEADER + "model = DDP(net)\n" + LOOP).fixed
+    # THEN: the import sits where isort puts it, not after the last import
+    assert fixed.startswith(
+        "import argparse\nimport contextlib\nimport os\nfrom typing import Any\n\n"
+    )
+
+
+def test_contextlib_import_opens_its_own_section_before_third_party_imports() -> None:
+    fixed = fix_source('"""A loop."""\n\n' + HEADER + "model = DDP(net)\n" + LOOP).fixed
+    assert fixed.startswith('"""A loop."""\n\nimport contextlib\n\nimport torch\n')

@@ -88,3 +88,22 @@ def test_an_exception_ends_tracking_as_failed_and_a_stale_run_is_closed_on_begin
     # close() with nothing open does nothing
     tracker.close()
     assert tracker.stats.verdict == "clean"
+
+
+def test_an_error_finding_fails_the_callback_unless_allowed() -> None:
+    import contextlib
+
+    from syncscope.tracking import Stats
+    from tests.unit import runs
+
+    def ended(**kwargs: object) -> SyncTracker:
+        tracker = SyncTracker(grad_syncs_per_window=1, **kwargs)  # type: ignore[arg-type]
+        stats = Stats.from_run(runs.clean_ddp(), rank=0)  # counts right: 1 per window
+        stats._findings = [runs.finding("grad-reset-mid-window", "error", cause="zero_grad")]
+        tracker._stats, tracker._tracking = stats, contextlib.nullcontext(stats)
+        tracker.end()
+        return tracker
+
+    with pytest.raises(AssertionError, match="error finding grad-reset-mid-window"):
+        ended()
+    assert ended(allow_errors=True).allow_errors

@@ -210,3 +210,16 @@ def test_the_page_assets_load_as_package_resources_and_are_inlined_in_a_written_
     assert html.count(css) == 1 and f"<style>\n{css}</style>" in html
     assert html.count(js) == 1 and f"<script>\n{js}</script>" in html
     assert page.page("t", "<p>body</p>") == html
+
+
+def test_numpy_is_a_core_dependency_because_torch_warns_without_it() -> None:
+    # GIVEN: torch imported where numpy cannot be (a clean venv with only the declared deps)
+    import subprocess
+
+    code = "import sys; sys.modules['numpy'] = None; import warnings; import torch"
+    done = subprocess.run(
+        [sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, timeout=120
+    )
+    # THEN: torch warns on every import, so the package declares numpy, which removes it
+    assert "Failed to initialize NumPy" in done.stderr, done.stderr[-500:]
+    assert "numpy" in _names(_pyproject()["project"]["dependencies"])

@@ -350,3 +350,54 @@ def test_mean_and_median_are_the_standard_librarys(values: list[float]) -> None:
 
     assert mean(iter(values)) == statistics.fmean(values)
     assert median(iter(values)) == statistics.median(values)
+
+
+def test_header_title_axes_and_legend_say_what_the_run_was() -> None:
+    import dataclasses
+
+    from syncscope.render.terminal import render_text
+
+    # GIVEN a traced run whose last window had 2 micro-batches instead of 4
+    run = runs.traced()
+    ranks = []
+    for r in run.ranks:
+        last = r.windows[-1]
+        short = dataclasses.replace(last, micro_batches=last.micro_batches[:2])
+        ranks.append(dataclasses.replace(r, windows=(*r.windows[:-1], short)))
+    run = dataclasses.replace(run, ranks=tuple(ranks))
+    page = render_html(run, [])
+    # THEN the header gives the range of micro-batches, not the common count alone
+    assert "4 windows x 2-4 micro-batches" in page
+    # AND the exposed-share chart ticks only on the ranks; the memory lines have a legend
+    charts_ = figures(page)
+    rank_axis = charts_["fig-overlap"]["layout"]["xaxis2"]
+    assert rank_axis["tickmode"] == "array" and rank_axis["tickvals"] == [0, 1]
+    metrics = next(f for f in charts_.values() if "Per window" in json.dumps(f["layout"]["title"]))
+    assert metrics["layout"]["showlegend"] is True
+    shown = [t["name"] for t in metrics["data"] if t.get("showlegend", True)]
+    assert shown == ["rank 0", "rank 1"]
+    # AND a report from traces is titled by what it is, not "(unknown command)"
+    from_traces = dataclasses.replace(
+        run, meta=dataclasses.replace(run.meta, command=(), source="trace")
+    )
+    assert "torch.profiler traces of 2 ranks" in render_text(from_traces, [])
+    page = render_html(from_traces, [])
+    assert "<title>syncscope report: torch.profiler traces of 2 ranks</title>" in page
+    assert "(command not recorded)" not in body(page)
+
+
+def test_trace_note_says_every_window_was_traced_when_it_was() -> None:
+    from syncscope.trace.combine import with_trace_overlap
+
+    live = runs.make_run(windows=4)
+    traced = runs.traced()  # the same 4 windows on 2 ranks, measured
+    (note,) = with_trace_overlap(live, traced).meta.notes
+    assert note == "communication overlap measured from torch.profiler traces for every window"
+    import dataclasses
+
+    half = dataclasses.replace(
+        traced,
+        ranks=tuple(dataclasses.replace(r, windows=r.windows[2:]) for r in traced.ranks),
+    )
+    (note,) = with_trace_overlap(live, half).meta.notes
+    assert "for window(s) 2-3 of 4; the other windows were not traced" in note

@@ -253,3 +253,13 @@ def test_group_ranks_written_once_read_as_on_every_collective(tmp_path: Path) ->
     colls = [c for run in (v1, v2) for r in run.ranks for w in r.windows for c in w.collectives]
     assert len(colls) >= 6 * 2 and all(c.group_ranks == group for c in colls)
     assert len({id(c.group_ranks) for c in colls}) == 1
+
+
+def test_prepare_run_dir_creates_missing_parents(tmp_path: Path) -> None:
+    from syncscope.rundir import prepare_run_dir
+
+    prepare_run_dir(tmp_path / "runs" / "before")  # `--out runs/before` with no runs/
+    assert (tmp_path / "runs" / "before" / "ranks").is_dir()
+    (tmp_path / "file").write_text("")
+    with pytest.raises(BadRunDirectory, match=r"cannot create \(.*file is not a directory\)"):
+        prepare_run_dir(tmp_path / "file" / "sub" / "r")

@@ -93,3 +93,27 @@ def test_traces_marking_a_micro_batch_twice_count_it_once(tmp_path: Path) -> Non
     path.write_bytes(gzip.compress(orjson.dumps(data)))
     (rank,) = load_traces([tmp_path / "traces"]).ranks
     assert [len(w.micro_batches) for w in rank.windows] == [3, 3]
+
+
+def test_kineto_usdt_lines_are_kept_off_stderr_and_other_output_kept(
+    tmp_path: Path, capfd: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN: a trace of window 0, and something else written to fd 2 while it starts
+    import os
+
+    from syncscope.capture.profiler import without_usdt_lines
+
+    trace = ProfilerTrace(tmp_path, 0, (0, 1))
+    with without_usdt_lines():
+        os.write(
+            2, b"USDT:2026-11-25 04:56:56 1:1 SyncActivityProfilerHandler.cpp:52] profiler_start\n"
+        )
+        os.write(2, b"the user's own line\n")
+    trace.window_begin(0)
+    torch.ones(4).sum()
+    trace.window_end(0)
+    # THEN: the trace was written, no USDT line reached stderr, the user's line did
+    assert trace.error is None and trace.path.is_file()
+    err = capfd.readouterr().err
+    assert "USDT" not in err and "profiler_start" not in err
+    assert "the user's own line" in err

@@ -1,0 +1,64 @@
+"""The README's example output is what the README's first command prints.
+
+The command runs for real (2 CPU ranks); the README block must match its output with the
+numbers (timings differ run to run) and the line wrapping (it follows the numbers' widths)
+left out of the comparison, so column names, row grouping, card lines and the cost line
+cannot drift. ``SYNCSCOPE_UPDATE_README=1`` rewrites the block from the run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+import pytest
+
+from tests.conftest import ROOT, run_syncscope
+
+pytestmark = pytest.mark.slow
+
+README = ROOT / "README.md"
+COMMAND = ("profile", "--nproc-per-node", "2", "examples/ddp_no_sync_backward_only.py")
+START = "What the first command prints (the script's own `step N loss X` lines left out):\n\n```\n"
+
+
+def _block(text: str) -> tuple[int, int]:
+    start = text.index(START) + len(START)
+    return start, text.index("```\n", start)
+
+
+def _flat(text: str) -> list[str]:
+    """Words with box drawing, line breaks and numbers taken out."""
+    text = re.sub(r"[─━│┃┏┓┗┛┡┩└┘┳┻╇┼╭╮╰╯┬┴├┤]", " ", text)
+    text = re.sub(r"\d+(\.\d+)?", "N", text)
+    return text.split()
+
+
+def _relative(line: str) -> str:
+    """The line with the checkout's path taken out, a card's border kept in place."""
+    prefix = f"{ROOT}/"
+    if prefix not in line:
+        return line.rstrip()
+    short = line.replace(prefix, "")
+    if short.endswith("│"):
+        short = short[:-1] + " " * (len(line) - len(short)) + "│"
+    return short.rstrip()
+
+
+def test_readme_example_output_is_what_the_command_prints(tmp_path) -> None:  # type: ignore[no-untyped-def]
+    # WHEN the README's first command runs (its run directory in a temporary place)
+    proc = run_syncscope(*COMMAND[:-1], "--out", str(tmp_path / "run"), COMMAND[-1])
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    printed = "".join(
+        _relative(line) + "\n"
+        for line in proc.stdout.splitlines()
+        if not re.match(r"step \d+ loss ", line)
+    )
+    text = README.read_text()
+    start, end = _block(text)
+    if os.environ.get("SYNCSCOPE_UPDATE_README"):
+        README.write_text(text[:start] + printed.rstrip() + "\n" + text[end:])
+        text = README.read_text()
+        start, end = _block(text)
+    # THEN the README shows the same output, number for number in place
+    assert _flat(text[start:end]) == _flat(printed), printed
