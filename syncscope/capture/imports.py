@@ -14,6 +14,8 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
+from syncscope.capture.opaque import no_frame
+
 
 class _Loader(importlib.abc.Loader):
     def __init__(self, inner: importlib.abc.Loader, callback: Callable[[ModuleType], None]) -> None:
@@ -59,6 +61,13 @@ class PostImportHook(importlib.abc.MetaPathFinder):
     def remove(self) -> None:
         if self in sys.meta_path:
             sys.meta_path.remove(self)
+
+
+# A hook waiting for a module the job never imports (DeepSpeed's engine in a job without it)
+# stays in sys.meta_path: Dynamo must never start a frame in it when a compiled region imports
+# something (one more compiled frame than the job's own, tests/integration/test_compile.py)
+no_frame(PostImportHook.find_spec)
+no_frame(PostImportHook._fire)
 
 
 def when_imported(name: str, callback: Callable[[ModuleType], None]) -> Callable[[], None]:
