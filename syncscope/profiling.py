@@ -67,7 +67,16 @@ def profile(request: Request) -> int:
     """Run the program on N ranks through torch's launcher and account for every gradient
     sync; returns the exit status."""
     plan = _check(request)
-    _make_run_dir(plan.run_dir, request.out is None)
+    from syncscope.rundir import unlock_run_dir
+
+    lock = _make_run_dir(plan.run_dir, request.out is None)
+    try:
+        return _profile(request, plan)
+    finally:
+        unlock_run_dir(lock)
+
+
+def _profile(request: Request, plan: _Plan) -> int:
     meta = _meta(request, plan)
     from syncscope.rundir import write_meta
 
@@ -216,15 +225,16 @@ def _default_out(target: str) -> Path:
     return Path("syncscope-out") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def _make_run_dir(run_dir: Path, default: bool) -> None:
+def _make_run_dir(run_dir: Path, default: bool) -> Path:
     if default:  # our own default place: create it (a user's --out parent must exist)
         try:
             run_dir.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise SyncscopeError(f"cannot create {run_dir.parent}: {exc.strerror}") from None
-    from syncscope.rundir import prepare_run_dir
+    from syncscope.rundir import lock_run_dir, prepare_run_dir
 
     prepare_run_dir(run_dir)
+    return lock_run_dir(run_dir)
 
 
 def _meta(request: Request, plan: _Plan) -> dict[str, Any]:

@@ -17,6 +17,7 @@ import collections
 import contextlib
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -57,6 +58,74 @@ def prepare_run_dir(run_dir: Path) -> None:
         raise BadRunDirectory(f"--out {run_dir}: not writable")
     if any((run_dir / RANKS_DIR).iterdir()):
         raise BadRunDirectory(f"--out {run_dir}: already holds a run; choose a new directory")
+
+
+LOCK_FILE = ".syncscope-profile.lock"
+
+
+def lock_run_dir(run_dir: Path) -> Path:
+    """Claim RUN/ for one ``profile`` (a file made with O_EXCL, holding this process's id), so
+    a second run started on the same ``--out`` is refused instead of interleaving its ranks'
+    files with the first's. A lock left by a process that has died is taken over."""
+    path = run_dir / LOCK_FILE
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            holder = _lock_holder(path)
+            if _lock_held(path, holder):
+                raise BadRunDirectory(
+                    f"--out {run_dir}: another syncscope profile (pid {holder}) is writing "
+                    "there; choose a new directory"
+                ) from None
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()  # stale: its process is gone
+            continue
+        except OSError as exc:
+            raise BadRunDirectory(f"--out {run_dir}: cannot lock ({exc.strerror})") from None
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return path
+    raise BadRunDirectory(f"--out {run_dir}: another syncscope profile is starting there")
+
+
+def unlock_run_dir(lock: Path) -> None:
+    with contextlib.suppress(OSError):
+        if _lock_holder(lock) == os.getpid():
+            lock.unlink()
+
+
+def _lock_held(path: Path, holder: int | None) -> bool:
+    if holder is None:  # just created, its id not yet written: held unless it is old
+        try:
+            return time.time() - path.stat().st_mtime < 10
+        except OSError:
+            return False
+    return _pid_alive(holder)
+
+
+def _lock_holder(path: Path) -> int | None:
+    try:
+        text = path.read_text()[:32].strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie has ended
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]
 
 
 def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:

@@ -1,0 +1,101 @@
+"""Launch, capture, attach and the test API under faults (issue 28, third round)."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from syncscope.errors import BadRunDirectory
+from syncscope.rundir import LOCK_FILE, lock_run_dir, read_events, unlock_run_dir
+
+ROOT = Path(__file__).resolve().parents[2]
+
+STEPS = textwrap.dedent(
+    """
+    import sys, time
+    import torch, torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    dist.init_process_group("gloo")
+    model = DDP(nn.Linear(4, 4))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    for step in range(int(sys.argv[1])):
+        model(torch.randn(2, 4)).sum().backward()
+        opt.step()
+        opt.zero_grad()
+        time.sleep(float(sys.argv[2]))
+    """
+)
+
+
+def _env(**extra: str) -> dict[str, str]:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = str(ROOT) + os.pathsep + env.get("PYTHONPATH", "")
+    env.update(extra)
+    return env
+
+
+def _profile(out: Path, script: Path, *args: str, nproc: int = 2) -> list[str]:
+    command = [sys.executable, "-m", "syncscope", "profile", "-q", "--nproc-per-node", str(nproc)]
+    return [*command, "--out", str(out), str(script), *args]
+
+
+# --- bug 4: two profile runs on one --out ---------------------------------------------------
+
+
+def test_run_dir_lock_refuses_a_live_holder(tmp_path: Path) -> None:
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        (tmp_path / LOCK_FILE).write_text(str(holder.pid))
+        with pytest.raises(BadRunDirectory, match=f"another syncscope profile \\(pid {holder.pid}"):
+            lock_run_dir(tmp_path)
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+def test_run_dir_lock_takes_over_a_dead_holders_lock(tmp_path: Path) -> None:
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()
+    (tmp_path / LOCK_FILE).write_text(str(dead.pid))
+    lock = lock_run_dir(tmp_path)
+    assert lock.read_text() == str(os.getpid())
+    with pytest.raises(BadRunDirectory):  # held by this process now: a second claim fails
+        lock_run_dir(tmp_path)
+    unlock_run_dir(lock)
+    assert not lock.exists()
+
+
+@pytest.mark.slow
+def test_second_profile_on_the_same_out_is_refused(tmp_path: Path) -> None:
+    script = tmp_path / "steps.py"
+    script.write_text(STEPS)
+    out = tmp_path / "run"
+    first = subprocess.Popen(
+        _profile(out, script, "20", "0.2"),
+        env=_env(),
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
+    time.sleep(0.5)
+    second = subprocess.run(
+        _profile(out, script, "10", "0.0"), env=_env(), capture_output=True, text=True, timeout=120
+    )
+    _, first_err = first.communicate(timeout=300)
+    assert second.returncode == 2, second.stderr
+    lines = [line for line in second.stderr.splitlines() if line.strip()]
+    assert len(lines) == 1 and "another syncscope profile" in lines[0], second.stderr
+    assert first.returncode == 0, first_err
+    for rank in (0, 1):  # the first run alone: 20 windows per rank, one header
+        events = list(read_events(out / "ranks" / f"rank-{rank:05d}.jsonl"))
+        assert sum(e["type"] == "header" for e in events) == 1
+        assert sum(e["type"] == "step" for e in events) == 20
+    assert not (out / LOCK_FILE).exists()
