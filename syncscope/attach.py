@@ -182,8 +182,29 @@ def _write_meta(
     )
 
 
+def _env_count(name: str, default: int, least: int) -> int:
+    text = os.environ.get(name, str(default)).strip()
+    if not text.isdigit() or int(text) < least:
+        _die(f"environment variable {name}={text!r}: must be a whole number >= {least}")
+    return int(text)
+
+
+def _ranks_from_env() -> tuple[int, int, int]:
+    """(RANK, WORLD_SIZE, LOCAL_RANK) as torchrun sets them, checked: one line if not sane."""
+    rank = _env_count("RANK", 0, 0)
+    world_size = _env_count("WORLD_SIZE", 1, 1)
+    local_rank = _env_count("LOCAL_RANK", 0, 0)
+    if rank >= world_size:
+        _die(f"RANK={rank} is not below WORLD_SIZE={world_size}")
+    if local_rank >= world_size:
+        _die(f"LOCAL_RANK={local_rank} is not below WORLD_SIZE={world_size}")
+    return rank, world_size, local_rank
+
+
 def main(argv: list[str] | None = None) -> int:
     given, is_module, target, script_args = parse(list(sys.argv[1:] if argv is None else argv))
+    if "--out" in given and not given["--out"].strip():
+        _die("--out needs a directory, not an empty string")
     out = Path(given["--out"]) if "--out" in given else None
     windows, skip_windows, then = bounds(given)
     if not is_module and not Path(target).is_file():
@@ -191,9 +212,7 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = out or (Path(os.environ[ENV_OUT]) if os.environ.get(ENV_OUT) else None)
     # absolute before the script runs: whatever it does with its working directory
     run_dir = Path(os.path.abspath(run_dir or default_out(target)))
-    rank = int(os.environ.get("RANK", "0"))
-    world_size = int(os.environ.get("WORLD_SIZE", "1"))
-    local_rank = int(os.environ.get("LOCAL_RANK", "0"))
+    rank, world_size, local_rank = _ranks_from_env()
 
     from syncscope.capture.session import CaptureSession
 

@@ -99,3 +99,36 @@ def test_second_profile_on_the_same_out_is_refused(tmp_path: Path) -> None:
         assert sum(e["type"] == "header" for e in events) == 1
         assert sum(e["type"] == "step" for e in events) == 20
     assert not (out / LOCK_FILE).exists()
+
+
+# --- bug 12: attach's environment and --out -------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("env", "argv", "message"),
+    [
+        ({"RANK": "abc", "WORLD_SIZE": "2"}, [], "RANK='abc'"),
+        ({"RANK": "0", "WORLD_SIZE": "-1"}, [], "WORLD_SIZE='-1'"),
+        ({"RANK": "5", "WORLD_SIZE": "2"}, [], "RANK=5 is not below WORLD_SIZE=2"),
+        ({"RANK": "0", "WORLD_SIZE": "1", "LOCAL_RANK": "x"}, [], "LOCAL_RANK='x'"),
+        ({"RANK": "0", "WORLD_SIZE": "1"}, ["--out", ""], "--out needs a directory"),
+    ],
+)
+def test_attach_refuses_bad_rank_environment_and_empty_out(
+    tmp_path: Path, env: dict[str, str], argv: list[str], message: str
+) -> None:
+    script = tmp_path / "noop.py"
+    script.write_text("print('ran')\n")
+    result = subprocess.run(
+        [sys.executable, "-m", "syncscope.attach", *argv, str(script)],
+        env=_env(**env),
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2, result.stderr
+    lines = result.stderr.strip().splitlines()
+    assert len(lines) == 1 and message in lines[0], result.stderr
+    assert "ran" not in result.stdout
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["noop.py"]  # nothing written
