@@ -132,3 +132,39 @@ def test_attach_refuses_bad_rank_environment_and_empty_out(
     assert len(lines) == 1 and message in lines[0], result.stderr
     assert "ran" not in result.stdout
     assert sorted(p.name for p in tmp_path.iterdir()) == ["noop.py"]  # nothing written
+
+
+# --- bug 13: overlapping track() blocks -----------------------------------------------------
+
+
+def _one_step(model: object) -> None:
+    import torch
+
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)  # type: ignore[attr-defined]
+    model(torch.randn(2, 4)).sum().backward()  # type: ignore[operator]
+    opt.step()
+    opt.zero_grad()
+
+
+@pytest.mark.usefixtures("process_group")
+def test_overlapping_track_blocks_each_keep_their_hooks() -> None:
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from syncscope.tracking import track
+
+    model = DDP(nn.Linear(4, 4))
+    a_block, b_block = track(), track()
+    a = a_block.__enter__()
+    b = b_block.__enter__()
+    _one_step(model)
+    a_block.__exit__(None, None, None)  # a ends first: b's hooks must stay
+    _one_step(model)
+    b_block.__exit__(None, None, None)
+    assert a.grad_syncs_per_window == [1]
+    assert b.grad_syncs_per_window == [1, 1]
+    # afterwards nothing of either is left: DDP's forward is DDP's own again
+    assert DDP.forward.__qualname__ == "DistributedDataParallel.forward"
+    with track() as c:  # and a fresh block still counts
+        _one_step(model)
+    assert c.grad_syncs_per_window == [1]
