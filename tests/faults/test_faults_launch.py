@@ -168,3 +168,37 @@ def test_overlapping_track_blocks_each_keep_their_hooks() -> None:
     with track() as c:  # and a fresh block still counts
         _one_step(model)
     assert c.grad_syncs_per_window == [1]
+
+
+# --- bug 14: one HF Trainer callback listed twice -------------------------------------------
+
+
+@pytest.mark.usefixtures("process_group")
+def test_hf_callback_listed_twice_counts_once_and_leaves_the_other_counting() -> None:
+    pytest.importorskip("transformers")
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+    from transformers.trainer_callback import TrainerState
+
+    from syncscope.integrations.transformers import SyncscopeCallback
+
+    model = DDP(nn.Linear(4, 4))
+    a = SyncscopeCallback(max_grad_syncs_per_window=1)
+    b = SyncscopeCallback(grad_syncs_per_window=1)
+    callbacks = [a, b, a]  # the Trainer calls every listed callback, in order
+    state = TrainerState()
+    for cb in callbacks:
+        cb.on_train_begin(None, state, None)
+    _one_step(model)
+    _one_step(model)
+    for cb in callbacks:
+        cb.on_train_end(None, state, None)
+    assert b.stats.grad_syncs_per_window == [1, 1]
+    assert a.stats.grad_syncs_per_window == [1, 1]
+    assert a.stats.verdict == b.stats.verdict == "clean"
+    # a later train() (a new state) is a new run for the same callback
+    later = TrainerState()
+    a.on_train_begin(None, later, None)
+    _one_step(model)
+    a.on_train_end(None, later, None)
+    assert a.stats.grad_syncs_per_window == [1]
