@@ -213,6 +213,14 @@ def main(argv: list[str] | None = None) -> int:
     # absolute before the script runs: whatever it does with its working directory
     run_dir = Path(os.path.abspath(run_dir or default_out(target)))
     rank, world_size, local_rank = _ranks_from_env()
+    from syncscope.rundir import set_aside_attempt
+
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if restart.isdigit() and int(restart) > 0:  # a restarted job: this attempt, its own file
+        try:
+            set_aside_attempt(run_dir, rank, int(restart))
+        except OSError as exc:
+            _die(f"cannot set aside the last attempt's rank file in {run_dir}: {exc.strerror}")
 
     from syncscope.capture.session import CaptureSession
 

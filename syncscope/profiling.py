@@ -324,6 +324,7 @@ def report_run(run_dir: Path, status: int, failed: int | None, fail_on: str, qui
     print(
         f"syncscope: run directory {run_dir} ({', '.join(p.name for p in paths)})", file=sys.stderr
     )
+    _note_attempts(run_dir)
     if failed is not None and _finished_everywhere(run):
         # every rank recorded the script's normal end; a process then died in shutdown
         print(
@@ -342,6 +343,19 @@ def report_run(run_dir: Path, status: int, failed: int | None, fail_on: str, qui
     if status:
         return status
     return exit_status(findings, fail_on)
+
+
+def _note_attempts(run_dir: Path) -> None:
+    from syncscope.rundir import earlier_attempts
+
+    attempts = earlier_attempts(run_dir)
+    if attempts:
+        print(
+            f"syncscope: note: the job was restarted {len(attempts)} time(s) (torchrun "
+            "--max-restarts); the report covers the last attempt; each earlier one is a run "
+            f"of its own: {', '.join(str(p) for p in attempts)}",
+            file=sys.stderr,
+        )
 
 
 class _EarlyReport:

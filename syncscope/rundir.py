@@ -128,6 +128,35 @@ def _pid_alive(pid: int) -> bool:
     return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]
 
 
+ATTEMPTS_DIR = "attempts"
+
+
+def set_aside_attempt(run_dir: Path, rank: int, restart: int) -> None:
+    """A restarted job (torchrun ``--max-restarts``; ``restart`` is TORCHELASTIC_RESTART_COUNT):
+    move this rank's file of the attempt before into RUN/attempts/attempt-K/ranks/ (with a copy
+    of meta.json, so it reads as a run of its own), so each attempt's file has one header and
+    RUN/ranks/ holds the last attempt only."""
+    path = rank_events_path(run_dir, rank)
+    if restart < 1 or not path.is_file():
+        return
+    attempt = run_dir / ATTEMPTS_DIR / f"attempt-{restart - 1}"
+    with contextlib.suppress(FileExistsError):
+        (attempt / RANKS_DIR).mkdir(parents=True, exist_ok=True)
+    os.replace(path, attempt / RANKS_DIR / path.name)
+    meta = run_dir / META_FILE
+    if meta.is_file() and not (attempt / META_FILE).exists():
+        with contextlib.suppress(OSError):
+            atomic_write(attempt / META_FILE, meta.read_bytes())
+
+
+def earlier_attempts(run_dir: Path) -> list[Path]:
+    """The earlier attempts of a restarted job set aside by ``set_aside_attempt``."""
+    root = run_dir / ATTEMPTS_DIR
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.name.startswith("attempt-") and p.is_dir())
+
+
 def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
     data = {"format": RUN_FORMAT, "format_version": RUN_FORMAT_VERSION, **meta}
     atomic_write(run_dir / META_FILE, (json.dumps(data, indent=2) + "\n").encode("utf-8"))

@@ -202,3 +202,45 @@ def test_hf_callback_listed_twice_counts_once_and_leaves_the_other_counting() ->
     _one_step(model)
     a.on_train_end(None, later, None)
     assert a.stats.grad_syncs_per_window == [1]
+
+
+# --- bug 1: a job restarted by torchrun --max-restarts ---------------------------------------
+
+
+def test_a_restarted_attempt_writes_a_file_of_its_own(tmp_path: Path) -> None:
+    """torchrun --max-restarts: each attempt's ranks run attach again, with
+    TORCHELASTIC_RESTART_COUNT set; the attempt before is set aside, one header per file."""
+    script = tmp_path / "noop.py"
+    script.write_text("print('ran')\n")
+    out = tmp_path / "run"
+    for restart in ("0", "1"):
+        env = _env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", TORCHELASTIC_RESTART_COUNT=restart)
+        subprocess.run(
+            [sys.executable, "-m", "syncscope.attach", "--out", str(out), str(script)],
+            env=env,
+            check=True,
+            capture_output=True,
+            timeout=120,
+        )
+    first = out / "attempts" / "attempt-0"
+    for path in (out / "ranks" / "rank-00000.jsonl", first / "ranks" / "rank-00000.jsonl"):
+        events = list(read_events(path))
+        assert [e["type"] for e in events if e["type"] in ("header", "exit")] == [
+            "header",
+            "exit",
+        ]
+    assert (first / "meta.json").is_file()
+    from syncscope.analysis.build import load_run
+
+    assert len(load_run(out).ranks) == len(load_run(first).ranks) == 1
+
+
+def test_profile_notes_the_earlier_attempts(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from syncscope.profiling import _note_attempts
+
+    (tmp_path / "attempts" / "attempt-0" / "ranks").mkdir(parents=True)
+    _note_attempts(tmp_path)
+    err = capsys.readouterr().err
+    assert "restarted 1 time(s)" in err and "attempt-0" in err and "last attempt" in err
