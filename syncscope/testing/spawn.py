@@ -110,10 +110,14 @@ def spawn(
     """
     import torch.distributed as dist
 
+    if isinstance(world_size, bool) or not isinstance(world_size, int):
+        raise TypeError(f"world_size must be an int, not {world_size!r}")
     if world_size < 1:
         raise ValueError(f"world_size must be at least 1, not {world_size}")
-    if timeout <= 0:
-        raise ValueError(f"timeout must be positive, not {timeout}")
+    if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
+        raise TypeError(f"timeout must be a number of seconds, not {timeout!r}")
+    if not 0 < timeout < 10**6:  # NaN fails both; inf overflows the store's timedelta
+        raise ValueError(f"timeout must be a positive, finite number of seconds, not {timeout}")
     store = dist.TCPStore(  # type: ignore[attr-defined]
         "127.0.0.1",
         0,

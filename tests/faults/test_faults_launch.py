@@ -244,3 +244,24 @@ def test_profile_notes_the_earlier_attempts(
     _note_attempts(tmp_path)
     err = capsys.readouterr().err
     assert "restarted 1 time(s)" in err and "attempt-0" in err and "last attempt" in err
+
+
+# --- rough edges: spawn()'s arguments -------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("kwargs", "error", "message"),
+    [
+        ({"world_size": "2"}, TypeError, "world_size must be an int, not '2'"),
+        ({"timeout": float("nan")}, ValueError, "positive, finite number of seconds, not nan"),
+        ({"timeout": float("inf")}, ValueError, "positive, finite number of seconds, not inf"),
+        ({"timeout": "5"}, TypeError, "timeout must be a number of seconds"),
+    ],
+)
+def test_spawn_refuses_bad_arguments_in_one_line(
+    kwargs: dict[str, object], error: type[Exception], message: str
+) -> None:
+    from syncscope.testing import spawn
+
+    with pytest.raises(error, match=message.replace("(", r"\(")):
+        spawn(print, **kwargs)  # type: ignore[arg-type]
