@@ -285,6 +285,7 @@ def _run(session: CaptureSession, is_module: bool, target: str) -> int:
     status = 0
     reason = "finished"
     session.start()
+    _close_on_os_exit(session)
     try:
         if is_module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
@@ -306,6 +307,22 @@ def _run(session: CaptureSession, is_module: bool, target: str) -> int:
         session.close(status, reason)
         _release()
     return status
+
+
+def _close_on_os_exit(session: CaptureSession) -> None:
+    """``os._exit`` skips atexit and every ``finally``: in this process (not a forked child),
+    record the exit and flush every buffered event first, then exit as asked."""
+    real_exit, pid = os._exit, os.getpid()
+
+    def _exit(status: int) -> NoReturn:
+        if os.getpid() == pid:
+            code = status if isinstance(status, int) else 1
+            reason = "exit" if code == 0 else f"exit status {code}"
+            with contextlib.suppress(BaseException):  # the exit asked for comes first
+                session.close(code, f"{reason} (os._exit)")
+        real_exit(status)
+
+    os._exit = _exit
 
 
 def _ours(filename: str) -> bool:

@@ -265,3 +265,43 @@ def test_spawn_refuses_bad_arguments_in_one_line(
 
     with pytest.raises(error, match=message.replace("(", r"\(")):
         spawn(print, **kwargs)  # type: ignore[arg-type]
+
+
+# --- bug 2: a script that ends in os._exit(0) -----------------------------------------------
+
+
+def test_os_exit_records_the_exit_and_keeps_every_window(tmp_path: Path) -> None:
+    script = tmp_path / "os_exit.py"
+    script.write_text(
+        textwrap.dedent(
+            """
+            import os, torch
+            model = torch.nn.Linear(4, 4)
+            opt = torch.optim.SGD(model.parameters(), lr=0.1)
+            for _ in range(5):
+                model(torch.randn(2, 4)).sum().backward()
+                opt.step()
+                opt.zero_grad()
+            os._exit(0)  # skips atexit and every finally
+            """
+        )
+    )
+    out = tmp_path / "run"
+    result = subprocess.run(
+        [sys.executable, "-m", "syncscope.attach", "--out", str(out), str(script)],
+        env=_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"),
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr
+    events = list(read_events(out / "ranks" / "rank-00000.jsonl"))
+    assert sum(e["type"] == "step" for e in events) == 5
+    exits = [e for e in events if e["type"] == "exit"]
+    assert len(exits) == 1 and exits[0]["status"] == 0, exits
+    from syncscope.analysis.build import load_run
+    from syncscope.analysis.diagnose import diagnose
+
+    run = load_run(out)
+    assert run.ranks[0].finished and run.ranks[0].exit_status == 0
+    assert not [f for f in diagnose(run) if f.kind in ("run-failed", "hang")]
