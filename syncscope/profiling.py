@@ -325,6 +325,7 @@ def report_run(run_dir: Path, status: int, failed: int | None, fail_on: str, qui
         f"syncscope: run directory {run_dir} ({', '.join(p.name for p in paths)})", file=sys.stderr
     )
     _note_attempts(run_dir)
+    _note_nothing_captured(run)
     if failed is not None and _finished_everywhere(run):
         # every rank recorded the script's normal end; a process then died in shutdown
         print(
@@ -343,6 +344,18 @@ def report_run(run_dir: Path, status: int, failed: int | None, fail_on: str, qui
     if status:
         return status
     return exit_status(findings, fail_on)
+
+
+def _note_nothing_captured(run: Run) -> None:
+    """No window on any rank: nothing was judged, which must not read as clean."""
+    if any(rank.windows for rank in run.ranks):
+        return
+    print(
+        "syncscope: warning: nothing was captured: no rank recorded a micro-batch or an "
+        "optimizer step (the script made none, or --skip-windows passed its end); no finding "
+        "above means nothing was checked, not a clean run",
+        file=sys.stderr,
+    )
 
 
 def _note_attempts(run_dir: Path) -> None:

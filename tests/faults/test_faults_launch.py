@@ -305,3 +305,25 @@ def test_os_exit_records_the_exit_and_keeps_every_window(tmp_path: Path) -> None
     run = load_run(out)
     assert run.ranks[0].finished and run.ranks[0].exit_status == 0
     assert not [f for f in diagnose(run) if f.kind in ("run-failed", "hang")]
+
+
+# --- rough edges: an empty script, --skip-windows past the end ------------------------------
+
+
+def test_a_run_with_nothing_captured_says_so(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from syncscope.profiling import report_run
+
+    script = tmp_path / "empty.py"
+    script.write_text("")
+    out = tmp_path / "run"
+    subprocess.run(
+        [sys.executable, "-m", "syncscope.attach", "--out", str(out), str(script)],
+        env=_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"),
+        check=True,
+        capture_output=True,
+        timeout=120,
+    )
+    report_run(out, 0, None, "error", quiet=True)
+    assert "nothing was captured" in capsys.readouterr().err
