@@ -185,24 +185,29 @@ def _write_meta(
     )
 
 
-def _rank_env() -> tuple[int, int, int]:
-    """RANK, WORLD_SIZE and LOCAL_RANK from the environment, checked: a one-line error
-    naming the variable for anything but a whole number in range."""
-    values = {}
-    for name, default, least in (("RANK", "0", 0), ("WORLD_SIZE", "1", 1), ("LOCAL_RANK", "0", 0)):
-        text = os.environ.get(name, default).strip()
-        if not text.isdigit() or int(text) < least:
-            _die(f"{name}={text!r} in the environment is not a whole number >= {least}")
-        values[name] = int(text)
-    if values["RANK"] >= values["WORLD_SIZE"]:
-        _die(f"RANK={values['RANK']} is not below WORLD_SIZE={values['WORLD_SIZE']}")
-    return values["RANK"], values["WORLD_SIZE"], values["LOCAL_RANK"]
+def _env_count(name: str, default: int, least: int) -> int:
+    text = os.environ.get(name, str(default)).strip()
+    if not text.isdigit() or int(text) < least:
+        _die(f"environment variable {name}={text!r}: must be a whole number >= {least}")
+    return int(text)
+
+
+def _ranks_from_env() -> tuple[int, int, int]:
+    """(RANK, WORLD_SIZE, LOCAL_RANK) as torchrun sets them, checked: one line if not sane."""
+    rank = _env_count("RANK", 0, 0)
+    world_size = _env_count("WORLD_SIZE", 1, 1)
+    local_rank = _env_count("LOCAL_RANK", 0, 0)
+    if rank >= world_size:
+        _die(f"RANK={rank} is not below WORLD_SIZE={world_size}")
+    if local_rank >= world_size:
+        _die(f"LOCAL_RANK={local_rank} is not below WORLD_SIZE={world_size}")
+    return rank, world_size, local_rank
 
 
 def main(argv: list[str] | None = None) -> int:
     given, is_module, target, script_args = parse(list(sys.argv[1:] if argv is None else argv))
     if "--out" in given and not given["--out"].strip():
-        _die("--out is empty: give a directory for the run")
+        _die("--out needs a directory, not an empty string")
     out = Path(given["--out"]) if "--out" in given else None
     windows, skip_windows, then = bounds(given)
     if not is_module and not Path(target).is_file():
@@ -210,7 +215,15 @@ def main(argv: list[str] | None = None) -> int:
     run_dir = out or (Path(os.environ[ENV_OUT]) if os.environ.get(ENV_OUT) else None)
     # absolute before the script runs: whatever it does with its working directory
     run_dir = Path(os.path.abspath(run_dir or default_out(target)))
-    rank, world_size, local_rank = _rank_env()
+    rank, world_size, local_rank = _ranks_from_env()
+    from syncscope.rundir import set_aside_attempt
+
+    restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
+    if restart.isdigit() and int(restart) > 0:  # a restarted job: this attempt, its own file
+        try:
+            set_aside_attempt(run_dir, rank, int(restart))
+        except OSError as exc:
+            _die(f"cannot set aside the last attempt's rank file in {run_dir}: {exc.strerror}")
 
     from syncscope.capture.session import CaptureSession
 
@@ -275,6 +288,7 @@ def _run(session: CaptureSession, is_module: bool, target: str) -> int:
     status = 0
     reason = "finished"
     session.start()
+    _close_on_os_exit(session)
     try:
         if is_module:
             runpy.run_module(target, run_name="__main__", alter_sys=True)
@@ -296,6 +310,22 @@ def _run(session: CaptureSession, is_module: bool, target: str) -> int:
         session.close(status, reason)
         _release()
     return status
+
+
+def _close_on_os_exit(session: CaptureSession) -> None:
+    """``os._exit`` skips atexit and every ``finally``: in this process (not a forked child),
+    record the exit and flush every buffered event first, then exit as asked."""
+    real_exit, pid = os._exit, os.getpid()
+
+    def _exit(status: int) -> NoReturn:
+        if os.getpid() == pid:
+            code = status if isinstance(status, int) else 1
+            reason = "exit" if code == 0 else f"exit status {code}"
+            with contextlib.suppress(BaseException):  # the exit asked for comes first
+                session.close(code, f"{reason} (os._exit)")
+        real_exit(status)
+
+    os._exit = _exit
 
 
 def _ours(filename: str) -> bool:

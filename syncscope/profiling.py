@@ -68,7 +68,16 @@ def profile(request: Request) -> int:
     """Run the program on N ranks through torch's launcher and account for every gradient
     sync; returns the exit status."""
     plan = _check(request)
-    _make_run_dir(plan.run_dir, request.out is None)
+    from syncscope.rundir import unlock_run_dir
+
+    lock = _make_run_dir(plan.run_dir, request.out is None)
+    try:
+        return _profile(request, plan)
+    finally:
+        unlock_run_dir(lock)
+
+
+def _profile(request: Request, plan: _Plan) -> int:
     meta = _meta(request, plan)
     from syncscope.rundir import write_meta
 
@@ -217,15 +226,16 @@ def _default_out(target: str) -> Path:
     return Path("syncscope-out") / f"{stem}-{time.strftime('%Y%m%d-%H%M%S')}"
 
 
-def _make_run_dir(run_dir: Path, default: bool) -> None:
+def _make_run_dir(run_dir: Path, default: bool) -> Path:
     if default:  # our own default place (a user's --out: prepare_run_dir creates parents)
         try:
             run_dir.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
             raise SyncscopeError(f"cannot create {run_dir.parent}: {exc.strerror}") from None
-    from syncscope.rundir import prepare_run_dir
+    from syncscope.rundir import lock_run_dir, prepare_run_dir
 
     prepare_run_dir(run_dir)
+    return lock_run_dir(run_dir)
 
 
 def _meta(request: Request, plan: _Plan) -> dict[str, Any]:
@@ -314,6 +324,8 @@ def report_run(run_dir: Path, status: int, failed: int | None, fail_on: str, qui
         print_summary(run, findings)
     names = ", ".join(p.name for p in paths)
     print(visible(f"syncscope: run directory {run_dir} ({names})"), file=sys.stderr)
+    _note_attempts(run_dir)
+    _note_nothing_captured(run)
     if failed is not None and _finished_everywhere(run):
         # every rank recorded the script's normal end; a process then died in shutdown
         print(
@@ -332,6 +344,31 @@ def report_run(run_dir: Path, status: int, failed: int | None, fail_on: str, qui
     if status:
         return status
     return exit_status(findings, fail_on)
+
+
+def _note_nothing_captured(run: Run) -> None:
+    """No window on any rank: nothing was judged, which must not read as clean."""
+    if any(rank.windows for rank in run.ranks):
+        return
+    print(
+        "syncscope: warning: nothing was captured: no rank recorded a micro-batch or an "
+        "optimizer step (the script made none, or --skip-windows passed its end); no finding "
+        "above means nothing was checked, not a clean run",
+        file=sys.stderr,
+    )
+
+
+def _note_attempts(run_dir: Path) -> None:
+    from syncscope.rundir import earlier_attempts
+
+    attempts = earlier_attempts(run_dir)
+    if attempts:
+        print(
+            f"syncscope: note: the job was restarted {len(attempts)} time(s) (torchrun "
+            "--max-restarts); the report covers the last attempt; each earlier one is a run "
+            f"of its own: {', '.join(str(p) for p in attempts)}",
+            file=sys.stderr,
+        )
 
 
 class _EarlyReport:

@@ -17,6 +17,7 @@ import collections
 import contextlib
 import json
 import os
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import IO, Any
@@ -62,6 +63,103 @@ def prepare_run_dir(run_dir: Path) -> None:
         raise BadRunDirectory(f"--out {run_dir}: not writable")
     if any((run_dir / RANKS_DIR).iterdir()):
         raise BadRunDirectory(f"--out {run_dir}: already holds a run; choose a new directory")
+
+
+LOCK_FILE = ".syncscope-profile.lock"
+
+
+def lock_run_dir(run_dir: Path) -> Path:
+    """Claim RUN/ for one ``profile`` (a file made with O_EXCL, holding this process's id), so
+    a second run started on the same ``--out`` is refused instead of interleaving its ranks'
+    files with the first's. A lock left by a process that has died is taken over."""
+    path = run_dir / LOCK_FILE
+    for _ in range(3):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            holder = _lock_holder(path)
+            if _lock_held(path, holder):
+                raise BadRunDirectory(
+                    f"--out {run_dir}: another syncscope profile (pid {holder}) is writing "
+                    "there; choose a new directory"
+                ) from None
+            with contextlib.suppress(FileNotFoundError):
+                path.unlink()  # stale: its process is gone
+            continue
+        except OSError as exc:
+            raise BadRunDirectory(f"--out {run_dir}: cannot lock ({exc.strerror})") from None
+        with os.fdopen(fd, "w") as f:
+            f.write(str(os.getpid()))
+        return path
+    raise BadRunDirectory(f"--out {run_dir}: another syncscope profile is starting there")
+
+
+def unlock_run_dir(lock: Path) -> None:
+    with contextlib.suppress(OSError):
+        if _lock_holder(lock) == os.getpid():
+            lock.unlink()
+
+
+def _lock_held(path: Path, holder: int | None) -> bool:
+    if holder is None:  # just created, its id not yet written: held unless it is old
+        try:
+            return time.time() - path.stat().st_mtime < 10
+        except OSError:
+            return False
+    return _pid_alive(holder)
+
+
+def _lock_holder(path: Path) -> int | None:
+    try:
+        text = path.read_text()[:32].strip()
+    except OSError:
+        return None
+    return int(text) if text.isdigit() else None
+
+
+def _pid_alive(pid: int) -> bool:
+    if pid == os.getpid():
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    try:  # a zombie has ended
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return True
+    return stat.rsplit(")", 1)[-1].split()[:1] != ["Z"]
+
+
+ATTEMPTS_DIR = "attempts"
+
+
+def set_aside_attempt(run_dir: Path, rank: int, restart: int) -> None:
+    """A restarted job (torchrun ``--max-restarts``; ``restart`` is TORCHELASTIC_RESTART_COUNT):
+    move this rank's file of the attempt before into RUN/attempts/attempt-K/ranks/ (with a copy
+    of meta.json, so it reads as a run of its own), so each attempt's file has one header and
+    RUN/ranks/ holds the last attempt only."""
+    path = rank_events_path(run_dir, rank)
+    if restart < 1 or not path.is_file():
+        return
+    attempt = run_dir / ATTEMPTS_DIR / f"attempt-{restart - 1}"
+    with contextlib.suppress(FileExistsError):
+        (attempt / RANKS_DIR).mkdir(parents=True, exist_ok=True)
+    os.replace(path, attempt / RANKS_DIR / path.name)
+    meta = run_dir / META_FILE
+    if meta.is_file() and not (attempt / META_FILE).exists():
+        with contextlib.suppress(OSError):
+            atomic_write(attempt / META_FILE, meta.read_bytes())
+
+
+def earlier_attempts(run_dir: Path) -> list[Path]:
+    """The earlier attempts of a restarted job set aside by ``set_aside_attempt``."""
+    root = run_dir / ATTEMPTS_DIR
+    if not root.is_dir():
+        return []
+    return sorted(p for p in root.iterdir() if p.name.startswith("attempt-") and p.is_dir())
 
 
 def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:

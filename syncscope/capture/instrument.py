@@ -31,14 +31,26 @@ Undo = Callable[[], None]
 _DESTROY_PAUSE_S = 0.05  # seconds without Python's lock before a process group is destroyed
 
 
+# Patches of sessions that ended while a later session's patch lay over theirs (overlapping
+# ``track()`` blocks): id(value) -> (value, had, original). Such a layer stays in the chain,
+# its recorder closed (it records nothing); the layer above skips it when it is removed.
+_DEAD: dict[int, tuple[Any, bool, Any]] = {}
+
+
 def _patch(obj: Any, name: str, value: Any, undo: list[Undo]) -> None:
     had = name in vars(obj)
     original = vars(obj).get(name)
     setattr(obj, name, value)
 
     def restore() -> None:
-        if had:
-            setattr(obj, name, original)
+        if vars(obj).get(name) is not value:  # another session's patch lies over this one
+            _DEAD[id(value)] = (value, had, original)
+            return
+        back_had, back = had, original
+        while back_had and id(back) in _DEAD and _DEAD[id(back)][0] is back:
+            _, back_had, back = _DEAD.pop(id(back))
+        if back_had:
+            setattr(obj, name, back)
         else:
             delattr(obj, name)
 

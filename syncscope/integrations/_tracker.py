@@ -43,6 +43,7 @@ class SyncTracker:
         self.allow_errors = allow_errors
         self._tracking: contextlib.AbstractContextManager[Stats] | None = None
         self._stats: Stats | None = None
+        self._run: object = None
 
     @property
     def stats(self) -> Stats:
@@ -67,10 +68,15 @@ class SyncTracker:
             "at_micro_batch": self.at_micro_batch,
         }
 
-    def begin(self) -> None:
-        """Start tracking (the framework's start-of-training hook)."""
+    def begin(self, run: object = None) -> None:
+        """Start tracking (the framework's start-of-training hook). ``run``: an object of
+        this training run (the HF Trainer's state): a second call for the same run, as when
+        one callback instance is listed twice, changes nothing."""
+        if self._tracking is not None and run is not None and run is self._run:
+            return
         if self._tracking is not None:  # the last run ended by an exception nobody reported
             self.close()
+        self._run = run
         from syncscope.tracking import track
 
         tracking = track(gather=self.gather)

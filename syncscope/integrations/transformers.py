@@ -35,7 +35,7 @@ class SyncscopeCallback(SyncTracker, TrainerCallback):
     """
 
     def on_train_begin(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
-        self.begin()
+        self.begin(state)  # listed twice: called twice with this train()'s state
 
     def on_train_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
         self.end()

@@ -11,7 +11,6 @@ the one re-raised, not a peer that saw the connection drop afterwards.
 
 from __future__ import annotations
 
-import math
 import multiprocessing as mp
 import pickle
 import queue
@@ -120,8 +119,8 @@ def spawn(
         raise ValueError(f"world_size must be at least 1, not {world_size}")
     if isinstance(timeout, bool) or not isinstance(timeout, (int, float)):
         raise TypeError(f"timeout must be a number of seconds, not {timeout!r}")
-    if not math.isfinite(timeout) or timeout <= 0:
-        raise ValueError(f"timeout must be a finite positive number of seconds, not {timeout}")
+    if not 0 < timeout < 10**6:  # NaN fails both; inf overflows the store's timedelta
+        raise ValueError(f"timeout must be a positive, finite number of seconds, not {timeout}")
     store = dist.TCPStore(  # type: ignore[attr-defined]
         "127.0.0.1",
         0,
