@@ -276,3 +276,48 @@ def test_deepspeed_under_accelerate_is_recorded_as_deepspeed_and_clean(profiled,
             assert w["fingerprint_match"] is True
     assert run.report["verdict"] == "clean", run.report["findings"]
     assert framework(run) == {("deepspeed", _ds_version(), 1)}
+
+
+TRAINER = ROOT / "tests" / "scripts" / "frameworks" / "hf_trainer_deepspeed.py"
+
+
+@pytest.mark.parametrize("stage", [1, 2])
+def test_deepspeed_under_the_hf_trainer_is_recorded_as_deepspeed(  # type: ignore[no-untyped-def]
+    tmp_path_factory, shm_op, stage: int
+) -> None:
+    # GIVEN the HF Trainer with TrainingArguments(deepspeed={... ZeRO stage}), gas 4, 3 steps,
+    # on 2 CPU ranks (a PartialState(backend="gloo") made first: see the script)
+    pytest.importorskip("transformers")
+    tmp = tmp_path_factory.mktemp(f"trainer-deepspeed-{stage}")
+    truth_dir = tmp / "truth"
+    truth_dir.mkdir()
+    run = profile(tmp, TRAINER, str(stage), str(truth_dir))
+    assert run.proc.returncode == 0, run.proc.stderr[-4000:]
+    truths = [json.loads((truth_dir / f"rank{r}.json").read_text()) for r in (0, 1)]
+    # THEN the framework is DeepSpeed with its stage, not the Trainer or Accelerate
+    assert framework(run) == {("deepspeed", _ds_version(), stage)}
+    for rank, truth in enumerate(truths):
+        assert truth["world_size"] == 2  # the Trainer's own world size
+        windows = run.complete_windows(rank)
+        expected = truth_windows(truth)
+        assert len(windows) == len(expected) == 3, (windows, expected)
+        for w, t in zip(windows, expected, strict=True):
+            gathers = [
+                c for c in truth["collectives"] if c["window"] == w["index"] and c["op"] in GATHERS
+            ]
+            measured = {
+                "micro_batches": w["micro_batches"],
+                "grad_sync_collectives": w["grad_sync_collectives"],
+                "grad_sync_bytes": w["grad_sync_bytes"],
+                "grad_sync_micro_batches": w["grad_sync_micro_batches"],
+                "all_gather": len(gathers),  # also the Trainer's own gathers of its counts
+            }
+            assert measured == {**t, "all_gather": w["collectives"]["all_gather"]}, (rank, w)
+            # ZeRO-1 reduces once per window, ZeRO-2 on every micro-batch
+            syncs = (1, [GAS - 1]) if stage == 1 else (GAS, list(range(GAS)))
+            assert (w["grad_syncs"], w["grad_sync_micro_batches"]) == syncs
+            assert w["grad_sync_bytes"] == (1 if stage == 1 else GAS) * truth["grad_bytes"]
+            assert w["fingerprint_match"] is True
+    assert run.report["verdict"] == "clean", run.report["findings"]
+    causes = {f["cause"] for f in run.report["findings"]}
+    assert causes == (set() if stage == 1 else {"zero-partitioned-gradients"})
