@@ -323,8 +323,8 @@ def _fragmented(rank: RankRun, window: Window) -> Iterator[Observation]:
 
 
 def _fragmented_figures(findings: list[Finding]) -> list[Finding]:
-    """The grouped card's derived figures from the medians shown beside them (a median of
-    products is not the product of the medians)."""
+    """The grouped card's derived figures, and its severity, from the medians shown beside
+    them (a median of products is not the product of the medians)."""
     out = []
     for f in findings:
         if f.kind == "fragmented-sync":
@@ -338,8 +338,11 @@ def _fragmented_figures(findings: list[Finding]) -> list[Finding]:
                 )
             )
             cost["estimated_latency_overhead_ns_per_window"] = call * extra
-            cost["share_of_window_time"] = min(1.0, call * extra / max(window, 1.0))
-            f = replace(f, cost=cost)
+            share = min(1.0, call * extra / max(window, 1.0))
+            cost["share_of_window_time"] = share
+            # the card's severity follows the share it shows, not its worst window's
+            severity = "warning" if share >= FRAGMENT_WARNING_SHARE else "info"
+            f = replace(f, cost=cost, severity=severity)
         out.append(f)
     return out
 

@@ -266,6 +266,33 @@ def test_fragmented_card_figures_agree_across_windows() -> None:
     assert f.cost["share_of_window_time"] == call * extra / window
 
 
+def test_fragmented_card_severity_follows_the_share_it_shows() -> None:
+    # GIVEN three windows of 6 calls: one slow (share > 10%), two fast (share ~ 3%)
+    def make(r: Rank) -> Rank:
+        r = Rank(r.rank, wrappers=())
+        for call_ns in (400_000, 60_000, 60_000):
+            for _ in range(4):
+                r.add("bwd", sync={})
+                r.t += 2_500_000
+                r.add("bwd_end")
+            for _ in range(6):
+                r.coll(
+                    nbytes=544,
+                    phase="after-backward",
+                    issuer="user",
+                    call_ns=call_ns,
+                    grad_storage=True,
+                )
+            r.step()
+        return r.finish()
+
+    (f,) = both(make)
+    share = f.cost["share_of_window_time"]
+    # THEN the card shows the medians' share, under 10%, and is info, not its worst window's
+    assert isinstance(share, float) and 0.01 <= share < 0.10
+    assert f.severity == "info"
+
+
 def test_collective_mismatch_by_size() -> None:
     r0 = Rank(0).window([3]).coll("broadcast", 100, phase="other", issuer="user").finish()
     r1 = Rank(1).window([3]).coll("broadcast", 200, phase="other", issuer="user").finish()
