@@ -1,31 +1,125 @@
-"""`syncscope fix` time against the number of loops in one file (issue 28: linear).
+"""`syncscope fix` time against the number of loops in one file, and against its length
+(issue 28: linear in the loops; a long file costs about its loops).
 
-    python benchmarks/bench_fix.py [--loops 100 400]
+    python benchmarks/bench_fix.py [--loops 100 400] [--lines 20000 200000] [--reps 1]
 
-Each file holds N accumulation loops, each in its own function with its own DDP model
-(the shape that was quadratic). Prints the seconds per size and the ratio of the largest
-to the smallest, against the ratio of their sizes.
+Loops: each file holds N accumulation loops, each in its own function with its own DDP
+model (the shape that was quadratic), fixed in this process; prints the seconds per size and
+the ratio of the largest to the smallest, against the ratio of their sizes.
+
+Lines: a script of about L lines holding a few accumulation loops (each in a function whose
+``no_sync`` covers the backward only: rewritten) among L lines of functions, classes,
+comments and plain statements. Each point is a fresh process (``syncscope fix FILE``, the
+dry run, then ``syncscope fix --apply FILE``): wall and CPU seconds (median of ``--reps``)
+and the peak RSS of the process. The applied file is checked to keep every padding line.
 """
 
 from __future__ import annotations
 
 import argparse
+import statistics
+import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
 
-from syncscope.fixes.codemod import FixOptions, fix_source
-from tests.faults.test_faults_fix import _functions
+HEADER = "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
+LOOP = """
+def train_{i}(model, optimizer, batches):
+    for step, group in enumerate(batches):
+        for micro, x in enumerate(group):
+            loss = model(x).sum() / len(group)
+            if micro < len(group) - 1:
+                with model.no_sync():
+                    loss.backward()
+            else:
+                loss.backward()
+        optimizer.step()
+        optimizer.zero_grad()
+"""
+PADDING = '''
+def helper_{i}(x, scale={i}):
+\t"""Scale ``x``: padding {i}, indented with tabs."""
+\ty = x * scale
+\treturn y + 1
+\x0c
+# a comment after a form feed {i}
+value_{i} = torch.zeros({k}) * {i}
 
 
-def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--loops", type=int, nargs="+", default=[100, 400])
-    args = parser.parse_args()
+class Thing_{i}:
+    size = {i}
+
+    def grow(self):
+        return self.size + value_{i}.numel()
+'''
+FOOTER = "\nmodel = DDP(torch.nn.Linear(2, 2))\n"
+
+
+def long_file(lines: int, loops: int = 3) -> str:
+    """A script of about ``lines`` lines: ``loops`` accumulation loops spread among padding."""
+    chunks = max(lines // PADDING.count("\n"), loops)
+    every = chunks // loops
+    parts = [HEADER]
+    for i in range(chunks):
+        if i % every == every // 2 and i // every < loops:
+            parts.append(LOOP.format(i=i // every))
+        parts.append(PADDING.format(i=i, k=i % 7 + 1))
+    return "".join(parts) + FOOTER
+
+
+def _run(path: Path, *flags: str) -> tuple[float, float, float]:
+    """(wall seconds, CPU seconds, peak RSS MiB) of one ``syncscope fix`` in a child process
+    (CPU time is steadier than wall time on a shared machine)."""
+    code = (
+        "import resource, sys\n"
+        "from syncscope import cli\n"
+        "status = cli.main(['fix', *sys.argv[1:]])\n"
+        "use = resource.getrusage(resource.RUSAGE_SELF)\n"
+        "print(use.ru_utime + use.ru_stime, use.ru_maxrss, file=sys.stderr)\n"
+    )
+    start = time.perf_counter()
+    done = subprocess.run(
+        [sys.executable, "-c", code, *flags, path.name],
+        capture_output=True,
+        text=True,
+        cwd=path.parent,
+    )
+    wall = time.perf_counter() - start
+    if done.returncode not in (0, 1):
+        raise SystemExit(f"syncscope fix failed on {path}: {done.stderr.strip()[-400:]}")
+    cpu, peak_kib = done.stderr.strip().splitlines()[-1].split()
+    return wall, float(cpu), int(peak_kib) / 1024
+
+
+def _lines(n: int, reps: int, tmp: Path) -> None:
+    text = long_file(n)
+    path = tmp / f"long{n}.py"
+    for label, flags in (("dry run", ()), ("--apply", ("--apply", "--no-backup"))):
+        runs = []
+        for _ in range(reps):
+            path.write_text(text)
+            runs.append(_run(path, *flags))
+        wall = statistics.median(w for w, _, _ in runs)
+        cpu = statistics.median(c for _, c, _ in runs)
+        peak = max(p for _, _, p in runs)
+        lines = text.count("\n")
+        print(f"{lines:8d} lines, {label:>8}: {wall:6.2f} s wall {cpu:6.2f} s CPU {peak:6.0f} MiB")
+    fixed = path.read_text()
+    kept = all(part in fixed for part in text.split(LOOP.format(i=0))[0].split("\n\n"))
+    print(f"          applied: {fixed.count('is_last')} is_last, padding intact: {kept}")
+
+
+def _loops(counts: list[int]) -> None:
+    from syncscope.fixes.codemod import FixOptions, fix_source
+    from tests.faults.test_faults_fix import _functions
+
     times: list[float] = []
-    for n in args.loops:
+    for n in counts:
         source = _functions(n)
         start = time.perf_counter()
         result = fix_source(source, FixOptions(), path=f"loops{n}.py")
@@ -35,8 +129,21 @@ def main() -> None:
             f"({len(result.problems)} problems)"
         )
     if len(times) > 1:
-        size = args.loops[-1] / args.loops[0]
+        size = counts[-1] / counts[0]
         print(f"time x{times[-1] / times[0]:.2f} for x{size:.0f} the loops")
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--loops", type=int, nargs="*", default=[100, 400])
+    parser.add_argument("--lines", type=int, nargs="*", default=[20_000, 200_000])
+    parser.add_argument("--reps", type=int, default=1)
+    args = parser.parse_args()
+    if args.loops:
+        _loops(args.loops)
+    with tempfile.TemporaryDirectory() as tmp:
+        for n in args.lines:
+            _lines(n, args.reps, Path(tmp))
 
 
 if __name__ == "__main__":

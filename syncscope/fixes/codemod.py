@@ -8,6 +8,7 @@ wrong toggle is never stripped without the right one taking its place.
 
 from __future__ import annotations
 
+import ast
 import difflib
 from dataclasses import dataclass, field
 
@@ -17,6 +18,7 @@ from libcst.metadata import MetadataWrapper
 from syncscope.errors import SyncscopeError
 from syncscope.fixes.canonical import Context, DdpForm
 from syncscope.fixes.edits import Edit, apply_edit
+from syncscope.fixes.focus import Focus, focus
 from syncscope.fixes.imports import add_imports
 from syncscope.fixes.loops import AccumLoop, find_loops
 from syncscope.fixes.resolve import (
@@ -87,10 +89,10 @@ class FixResult:
 def parse(source: str, path: str) -> cst.Module:
     try:
         return cst.parse_module(source)
-    except cst.ParserSyntaxError as exc:
+    except cst.ParserSyntaxError as exc:  # Python compiled it (_parse_checked) first
         raise SyncscopeError(
-            f"{path}: syntax error at line {exc.raw_line}, column {exc.raw_column}; "
-            "fix it before running syncscope fix"
+            f"{path}: syncscope fix's parser (libcst) cannot read line {exc.raw_line}, "
+            f"column {exc.raw_column} (Python can): not rewritten"
         ) from None
 
 
@@ -103,8 +105,9 @@ _STYLE_WRAPPER: dict[Style, WrapperKind] = {
 
 
 def _wrapper_of(
-    loop: AccumLoop, resolution: Resolution, options: FixOptions
+    loop: AccumLoop, resolution: Resolution, options: FixOptions, line: int
 ) -> tuple[WrapperKind | None, str]:
+    """The wrapper of ``loop``'s model (``line``: the loop's line in the whole file)."""
     resolved = resolution.kind_of(loop.model)
     style = options.style
     if resolved is not None:
@@ -112,7 +115,7 @@ def _wrapper_of(
         compatible = wanted in (None, resolved) or (resolved == "fsdp1" and style == "no_sync")
         if not compatible:
             raise SyncscopeError(
-                f"--style {style} does not fit line {loop.line}: "
+                f"--style {style} does not fit line {line}: "
                 f"'{loop.model}' holds {WRAPPER_WORDS[resolved]}"
             )
         return resolved, ""
@@ -145,10 +148,14 @@ class _Pass:
 
 
 class _Driver:
-    def __init__(self, source: str, path: str, options: FixOptions) -> None:
+    def __init__(
+        self, source: str, path: str, options: FixOptions, focused: Focus | None = None
+    ) -> None:
         self.path = path
+        self.source = source
         self.options = options
-        self.module = parse(source, path)
+        self.focus = focused or Focus(source, {})  # a long file: what a fix can touch or read
+        self.module = parse(self.focus.text, path)
         self.distributed = any(word in source for word in DISTRIBUTED_WORDS)
         self.targets: set[int] | None = None  # loop ordinals, with --from
         self.forms: dict[int, DdpForm] = {}  # chosen on the original file, kept across passes
@@ -160,12 +167,17 @@ class _Driver:
         helpers = hints.helper_codes if hints is not None else frozenset()
         loops = find_loops(wrapper, resolution, helpers)
         if self.targets is None and hints is not None:
-            self.targets = {i for i, loop in enumerate(loops) if loop.lines & hints.lines}
+            self.targets = {
+                i
+                for i, loop in enumerate(loops)
+                if {self.focus.original_line(n) for n in loop.lines} & hints.lines
+            }
         found: list[tuple[int, Violation]] = []
         for ordinal, loop in enumerate(loops):
             if self.targets is not None and ordinal not in self.targets:
                 continue
-            kind, why = _wrapper_of(loop, resolution, self.options)
+            line = self.focus.original_line(loop.line)
+            kind, why = _wrapper_of(loop, resolution, self.options, line)
             form = self.forms.setdefault(ordinal, _ddp_form(loop, self.options))
             guard = usable_guard(resolution, loop.model, wrapper.module)
             ctx = Context(
@@ -232,8 +244,10 @@ class _Driver:
                 kept.append((ordinal, violation))
         return kept
 
-    def run(self) -> FixResult:
-        original = self.module.code
+    def run(self) -> FixResult | None:
+        """The result; None where a placeholder of the elided text did not come back
+        intact (the caller fixes the whole file instead)."""
+        original = self.source
         state = self.analyze(self.module)
         first = list(state.violations)
         tried: set[tuple[int, str]] = set()
@@ -270,39 +284,66 @@ class _Driver:
         for ordinal, v in first:
             fixed = (ordinal, v.code) not in remaining and (ordinal, v.code) not in refused
             suggestion = v.suggestion or refused.get((ordinal, v.code), "")
-            problems.append(Problem(v.code, v.name, v.line, v.message, fixed, suggestion))
+            line = self.focus.original_line(v.line)
+            problems.append(Problem(v.code, v.name, line, v.message, fixed, suggestion))
         notes: list[str] = []
         if self.targets == set():
             notes.append("no finding of the profile points into an accumulation loop here")
-        return FixResult(original, state.module.code, tuple(problems), tuple(notes))
+        fixed_text = self.focus.restore(state.module.code)
+        if fixed_text is None:
+            return None
+        return FixResult(original, fixed_text, tuple(problems), tuple(notes))
 
 
-MAX_LINES = 50_000  # a longer file is refused: libcst's tree and metadata take ~80 KB a line
+MAX_LINES = 50_000  # through libcst (the elided text): its tree takes ~80 KB a line
+MAX_FILE_LINES = 1_000_000  # the whole file, through Python's own parser: ~6 KB a line
 MAX_NESTING = 500  # brackets plus operators in one logical line: deeper is refused
 _STACK_BYTES = 256 << 20  # the rewrite runs on a thread with this much stack ...
 _RECURSION_LIMIT = 20_000  # ... and this recursion limit, so MAX_NESTING always fits
 
 
-def _check_nesting(source: str, path: str) -> None:
-    """Refuse, in one line, what Python cannot compile or is nested beyond MAX_NESTING.
+def _too_long(lines: int, limit: int, path: str, what: str) -> SyncscopeError:
+    return SyncscopeError(
+        f"{path}: {lines:,} lines{what}, more than syncscope fix reads ({limit:,}); "
+        "give it the file that holds the loop"
+    )
 
-    libcst's native parser recurses on the C stack: a file nested deeply enough crashes
-    the process (SIGSEGV) instead of raising, so depth is measured with ``tokenize`` first.
-    """
-    import io
-    import tokenize
 
+def _parse_checked(source: str, path: str) -> ast.Module:
+    """Python's own parse of ``source``, after compiling it: what Python cannot compile is
+    refused in one line (the syntax error, or nesting beyond its recursion limit)."""
+    lines = source.count("\n") + 1
+    if lines > MAX_FILE_LINES:
+        raise _too_long(lines, MAX_FILE_LINES, path, "")
     try:
         compile(source, path, "exec", dont_inherit=True)
+        return ast.parse(source, path)
     except SyntaxError as exc:
         raise SyncscopeError(
             f"{path}: syntax error at line {exc.lineno}, column {exc.offset or 0} "
             f"({exc.msg}); fix it before running syncscope fix"
         ) from None
+    except ValueError as exc:  # a NUL byte
+        raise SyncscopeError(f"{path}: not Python source ({exc})") from None
     except (RecursionError, MemoryError):
         raise SyncscopeError(
             f"{path}: nested too deeply for Python to compile it: not rewritten"
         ) from None
+
+
+def _check_nesting(source: str, path: str) -> None:
+    """Refuse, in one line, what is nested beyond MAX_NESTING, or too long for libcst.
+
+    libcst's native parser recurses on the C stack: a file nested deeply enough crashes
+    the process (SIGSEGV) instead of raising, so depth is measured with ``tokenize`` first
+    (on the text libcst will parse: elided statements never reach it).
+    """
+    import io
+    import tokenize
+
+    lines = source.count("\n") + 1
+    if lines > MAX_LINES:
+        raise _too_long(lines, MAX_LINES, path, " where a fix can touch or read")
     depth = score = 0
     try:
         for tok in tokenize.generate_tokens(io.StringIO(source).readline):
@@ -329,24 +370,44 @@ def _check_nesting(source: str, path: str) -> None:
 def fix_source(source: str, options: FixOptions | None = None, path: str = "<script>") -> FixResult:
     """Find the problems of ``source`` and the fixed text (raises SyncscopeError).
 
-    Runs on a thread with a large stack and recursion limit: time and stack grow with the
-    file, bounded by MAX_NESTING; a RecursionError still met is a one-line refusal.
+    A long file goes through libcst only where a fix can touch or read it (``focus``); the
+    rest is elided and put back byte for byte. The cyclic garbage collector is paused
+    meanwhile: the syntax trees are millions of acyclic objects (freed by reference
+    counting), and its passes over them took about half of ``ast.parse``'s time on a
+    200,000-line file.
+    """
+    import gc
+
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        focused = focus(source, _parse_checked(source, path))
+        result = _fix_in_thread(source, options, path, focused)
+        if result is None:  # a placeholder did not come back: the whole file, as before
+            result = _fix_in_thread(source, options, path, Focus(source, {}))
+        assert result is not None
+        return result
+    finally:
+        if collecting:
+            gc.enable()
+
+
+def _fix_in_thread(
+    source: str, options: FixOptions | None, path: str, focused: Focus
+) -> FixResult | None:
+    """fix_source's work on ``focused``. Runs on a thread with a large stack and recursion
+    limit: time and stack grow with the text, bounded by MAX_NESTING; a RecursionError
+    still met is a one-line refusal.
     """
     import sys
     import threading
 
-    lines = source.count("\n") + 1
-    if lines > MAX_LINES:
-        raise SyncscopeError(
-            f"{path}: {lines:,} lines, more than syncscope fix reads ({MAX_LINES:,}: its "
-            "syntax tree takes about 80 KB a line); give it the file that holds the loop"
-        )
-    _check_nesting(source, path)
+    _check_nesting(focused.text, path)
     outcome: dict[str, object] = {}
 
     def work() -> None:
         try:
-            outcome["result"] = _Driver(source, path, options or FixOptions()).run()
+            outcome["result"] = _Driver(source, path, options or FixOptions(), focused).run()
         except RecursionError:
             outcome["error"] = SyncscopeError(
                 f"{path}: nested too deeply for syncscope fix (recursion limit): not rewritten"
@@ -370,5 +431,5 @@ def fix_source(source: str, options: FixOptions | None = None, path: str = "<scr
     if isinstance(error, BaseException):
         raise error
     result = outcome["result"]
-    assert isinstance(result, FixResult)
+    assert result is None or isinstance(result, FixResult)
     return result

@@ -189,12 +189,3 @@ def test_a_script_that_cannot_be_written_is_refused_before_anything_claims_succe
     assert "(fixed)" not in err and "wrote" not in err
     assert "cannot write it (Read-only file system)" in err
     assert script.read_text() == EVERY_MICRO_BATCH
-
-
-def test_a_file_too_large_to_rewrite_is_refused_in_one_line() -> None:
-    """200,000 lines would take minutes and gigabytes of syntax tree: refused up front."""
-    from syncscope.errors import SyncscopeError
-
-    source = EVERY_MICRO_BATCH + "x = 1\n" * 200_000
-    with pytest.raises(SyncscopeError, match=r"200,0\d\d lines, more than syncscope fix reads"):
-        fix_source(source, FixOptions(), path="huge.py")

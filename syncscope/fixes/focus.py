@@ -1,0 +1,223 @@
+"""Only the part of a long file that can matter goes through libcst.
+
+libcst costs tens of microseconds and hundreds of bytes per node, several times per pass
+(parse, scopes, parents, positions, rendering): a 20,000-line file took 28 s, 200,000 lines
+more than 300 s and 2.7 GB. Most of such a file cannot take part in a fix, so Python's own
+parser (``ast``, in C) picks the top-level statements that can, and the others are elided:
+each run of them becomes one placeholder line for the analysis and the rewrite, and gets its
+text back, byte for byte, afterwards.
+
+A top-level statement is kept when it holds a ``for``/``while`` loop calling ``backward``,
+imports, mentions a word of the sync machinery (wrappers, toggles, ``Accelerator``, the
+names a fix may add), or binds a name that a kept statement reads (to a fixed point: the
+model, the optimizer, ``accum``, the ``ddp`` condition, a helper the loop calls). What is
+elided is code a fix neither reads nor writes.
+"""
+
+from __future__ import annotations
+
+import ast
+import bisect
+import io
+import re
+from dataclasses import dataclass
+
+_WORDS = re.compile(
+    r"DistributedDataParallel|DDP|FSDP|FullyShard|fully_shard|Accelerator|accelerate|prepare"
+    r"|no_sync|require_backward_grad_sync|set_requires_gradient_sync|sync_gradients"
+    r"|torch\.compile|distributed|is_last|syncscope|contextlib|nullcontext|zero_grad|step\b",
+)
+MIN_STATEMENTS = 200  # fewer top-level statements: nothing worth eliding
+
+
+@dataclass(frozen=True)
+class Focus:
+    """The text the fix works on, and how to get the whole file back."""
+
+    text: str
+    elided: dict[str, str]  # placeholder line -> the original lines it stands for
+    starts: tuple[int, ...] = ()  # line of each placeholder in ``text``, ascending
+    extra: tuple[int, ...] = ()  # lines elided up to and including each placeholder
+
+    def original_line(self, line: int) -> int:
+        """The line of ``self.text`` numbered as in the whole file."""
+        before = bisect.bisect_left(self.starts, line)
+        return line + (self.extra[before - 1] if before else 0)
+
+    def restore(self, text: str) -> str | None:
+        """``text`` (``self.text``, fixed) with every elided run put back; None unless
+        every placeholder is found, once and unchanged (the caller then fixes the whole
+        file)."""
+        if not self.elided:
+            return text
+        out: list[str] = []
+        found = 0
+        for line in _lines(text):
+            original = self.elided.get(line.rstrip("\r\n"))
+            if original is None:
+                out.append(line)
+            else:
+                out.append(original)
+                found += 1
+        return "".join(out) if found == len(self.elided) else None
+
+
+def focus(source: str, tree: ast.Module) -> Focus:
+    """The parts of ``source`` (parsed: ``tree``) a fix can touch or read; all of it when
+    that is all."""
+    body = tree.body
+    if len(body) < MIN_STATEMENTS:
+        return Focus(source, {})
+    lines = _lines(source)
+    spans = _spans(body, len(lines))
+    if spans is None:
+        return Focus(source, {})
+    texts = ["".join(lines[first - 1 : last]) for first, last in spans]
+    keep = _kept(body, texts)
+    if _is_docstring(body[0]):
+        keep.add(0)  # imports a fix adds go after it
+    return _elide(source, lines, spans, keep)
+
+
+def _is_docstring(node: ast.stmt) -> bool:
+    return (
+        isinstance(node, ast.Expr)
+        and isinstance(node.value, ast.Constant)
+        and isinstance(node.value.value, str)
+    )
+
+
+def _lines(text: str) -> list[str]:
+    """Lines as Python numbers them (``\n``, ``\r\n``, ``\r``; ``str.splitlines`` also
+    splits at form feeds and U+2028, which a source may hold), ends kept."""
+    return io.StringIO(text, newline="").readlines()
+
+
+def _spans(body: list[ast.stmt], total: int) -> list[tuple[int, int]] | None:
+    """First and last line (1-based) of each top-level statement, decorators included;
+    None where two share a line (``a = 1; b = 2``), which this does not split."""
+    spans: list[tuple[int, int]] = []
+    for node in body:
+        first = node.lineno
+        for decorator in getattr(node, "decorator_list", ()):
+            first = min(first, decorator.lineno)
+        last = node.end_lineno or node.lineno
+        if spans and first <= spans[-1][1]:
+            return None
+        spans.append((first, min(last, total)))
+    return spans
+
+
+def _names(nodes: list[ast.AST], stored: bool) -> set[str]:
+    """Names the ``nodes`` bind (``stored``) or read, nested scopes included."""
+    found: set[str] = set()
+    for node in nodes:
+        for sub in ast.walk(node):
+            if isinstance(sub, ast.Name):
+                if isinstance(sub.ctx, (ast.Store, ast.Del)) == stored:
+                    found.add(sub.id)
+            elif not stored:
+                continue
+            elif isinstance(sub, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                found.add(sub.name)
+            elif isinstance(sub, ast.alias):
+                found.add((sub.asname or sub.name).split(".")[0])
+            elif isinstance(sub, (ast.Global, ast.Nonlocal)):
+                found.update(sub.names)
+    return found
+
+
+def _binds(node: ast.stmt, text: str) -> set[str]:
+    """Module-level names ``node`` may bind: its targets only, for the common plain
+    statements (their values are not walked), all it stores for the rest."""
+    if ":=" in text or "global" in text:
+        return _names([node], stored=True)
+    if isinstance(node, ast.Assign):
+        return _names(list(node.targets), stored=True)
+    if isinstance(node, (ast.AugAssign, ast.AnnAssign)):
+        return _names([node.target], stored=True)
+    if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+        return {node.name}
+    if isinstance(node, (ast.Expr, ast.Pass)):
+        return set()
+    return _names([node], stored=True)
+
+
+def _is_seed(node: ast.stmt, text: str) -> bool:
+    if isinstance(node, (ast.Import, ast.ImportFrom)) or _WORDS.search(text):
+        return True
+    if "backward" not in text:
+        return False
+    return any(
+        isinstance(sub, (ast.For, ast.AsyncFor, ast.While))
+        and any(
+            isinstance(call, ast.Call)
+            and isinstance(call.func, ast.Attribute)
+            and call.func.attr == "backward"
+            for call in ast.walk(sub)
+        )
+        for sub in ast.walk(node)
+    )
+
+
+def _kept(body: list[ast.stmt], texts: list[str]) -> set[int]:
+    """Indices of the statements to keep: the seeds and, to a fixed point, every statement
+    binding a name a kept statement reads or binds."""
+    binders: dict[str, list[int]] = {}
+    for index, node in enumerate(body):
+        for name in _binds(node, texts[index]):
+            binders.setdefault(name, []).append(index)
+    keep: set[int] = set()
+    todo = [i for i, node in enumerate(body) if _is_seed(node, texts[i])]
+    wanted: set[str] = set()
+    while todo:
+        index = todo.pop()
+        if index in keep:
+            continue
+        keep.add(index)
+        node = body[index]
+        for name in (_names([node], stored=False) | _binds(node, texts[index])) - wanted:
+            wanted.add(name)
+            todo.extend(binders.get(name, ()))
+    return keep
+
+
+def _elide(source: str, lines: list[str], spans: list[tuple[int, int]], keep: set[int]) -> Focus:
+    nonce = 0
+    while f"syncscope-elided-{nonce}-" in source:
+        nonce += 1
+    # placeholders end as the file's first line does: libcst takes the file's newline from
+    # it, and refuses a lone CR in a file of LF lines
+    first_end = re.search(r"\r\n?|\n", source)
+    newline = first_end.group() if first_end else "\n"
+    out: list[str] = []
+    elided: dict[str, str] = {}
+    starts: list[int] = []
+    extra: list[int] = []
+    cursor = 0  # lines of ``lines`` consumed
+    run: list[tuple[int, int]] = []
+
+    def flush() -> None:
+        nonlocal cursor
+        if not run:
+            return
+        first, last = run[0][0], run[-1][1]
+        out.extend(lines[cursor : first - 1])
+        placeholder = f"pass  # syncscope-elided-{nonce}-{len(elided)}"
+        elided[placeholder] = "".join(lines[first - 1 : last])
+        out.append(placeholder + newline)
+        starts.append(len(out))
+        extra.append((extra[-1] if extra else 0) + (last - first))
+        cursor = last
+        run.clear()
+
+    for index, span in enumerate(spans):
+        if index in keep:
+            flush()
+        else:
+            run.append(span)
+    flush()
+    out.extend(lines[cursor:])
+    if not elided:
+        return Focus(source, {})
+    return Focus("".join(out), elided, tuple(starts), tuple(extra))
