@@ -81,6 +81,7 @@ def _run(path: Path, *flags: str) -> tuple[float, float, float]:
         "status = cli.main(['fix', *sys.argv[1:]])\n"
         "use = resource.getrusage(resource.RUSAGE_SELF)\n"
         "print(use.ru_utime + use.ru_stime, use.ru_maxrss, file=sys.stderr)\n"
+        "sys.exit(status)\n"
     )
     start = time.perf_counter()
     done = subprocess.run(

@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 
 from syncscope.errors import SyncscopeError
 
+MAX_SCRIPT_BYTES = 64 << 20  # a script read whole; fix_source bounds its lines too
+
 if TYPE_CHECKING:  # libcst is imported only when a fix runs
     from syncscope.fixes.codemod import FixResult
     from syncscope.fixes.styles import Style
@@ -68,9 +70,16 @@ def _read(script: Path) -> bytes:
     if not script.is_file():
         raise SyncscopeError(f"{script}: no such file")
     try:
-        return script.read_bytes()
+        with script.open("rb") as stream:
+            data = stream.read(MAX_SCRIPT_BYTES + 1)
     except OSError as exc:
         raise SyncscopeError(f"{script}: cannot read it ({exc.strerror})") from None
+    if len(data) > MAX_SCRIPT_BYTES:
+        raise SyncscopeError(
+            f"{script}: more than {MAX_SCRIPT_BYTES >> 20} MiB, more than syncscope fix reads; "
+            "give it the file that holds the loop"
+        )
+    return data
 
 
 def _decode(script: Path, data: bytes) -> tuple[str, str]:

@@ -8,7 +8,6 @@ wrong toggle is never stripped without the right one taking its place.
 
 from __future__ import annotations
 
-import ast
 import difflib
 from dataclasses import dataclass, field
 
@@ -296,7 +295,7 @@ class _Driver:
 
 
 MAX_LINES = 50_000  # through libcst (the elided text): its tree takes ~80 KB a line
-MAX_FILE_LINES = 1_000_000  # the whole file, through Python's own parser: ~6 KB a line
+MAX_FILE_LINES = 1_000_000  # the whole file: about 350 MB at this bound (lines, summaries)
 MAX_NESTING = 500  # brackets plus operators in one logical line: deeper is refused
 _STACK_BYTES = 256 << 20  # the rewrite runs on a thread with this much stack ...
 _RECURSION_LIMIT = 20_000  # ... and this recursion limit, so MAX_NESTING always fits
@@ -309,15 +308,15 @@ def _too_long(lines: int, limit: int, path: str, what: str) -> SyncscopeError:
     )
 
 
-def _parse_checked(source: str, path: str) -> ast.Module:
-    """Python's own parse of ``source``, after compiling it: what Python cannot compile is
-    refused in one line (the syntax error, or nesting beyond its recursion limit)."""
+def _focused(source: str, path: str) -> Focus:
+    """What of ``source`` goes through libcst (``focus``), compiled on the way: what Python
+    cannot compile is refused in one line (the syntax error, or nesting beyond its
+    recursion limit)."""
     lines = source.count("\n") + 1
     if lines > MAX_FILE_LINES:
         raise _too_long(lines, MAX_FILE_LINES, path, "")
     try:
-        compile(source, path, "exec", dont_inherit=True)
-        return ast.parse(source, path)
+        return focus(source, path)
     except SyntaxError as exc:
         raise SyncscopeError(
             f"{path}: syntax error at line {exc.lineno}, column {exc.offset or 0} "
@@ -381,7 +380,7 @@ def fix_source(source: str, options: FixOptions | None = None, path: str = "<scr
     collecting = gc.isenabled()
     gc.disable()
     try:
-        focused = focus(source, _parse_checked(source, path))
+        focused = _focused(source, path)
         result = _fix_in_thread(source, options, path, focused)
         if result is None:  # a placeholder did not come back: the whole file, as before
             result = _fix_in_thread(source, options, path, Focus(source, {}))

@@ -22,6 +22,8 @@ import io
 import re
 from dataclasses import dataclass
 
+from syncscope.fixes.chunks import groups
+
 _WORDS = re.compile(
     r"DistributedDataParallel|DDP|FSDP|FullyShard|fully_shard|Accelerator|accelerate|prepare"
     r"|no_sync|require_backward_grad_sync|set_requires_gradient_sync|sync_gradients"
@@ -62,21 +64,57 @@ class Focus:
         return "".join(out) if found == len(self.elided) else None
 
 
-def focus(source: str, tree: ast.Module) -> Focus:
-    """The parts of ``source`` (parsed: ``tree``) a fix can touch or read; all of it when
-    that is all."""
-    body = tree.body
-    if len(body) < MIN_STATEMENTS:
-        return Focus(source, {})
+@dataclass(frozen=True, slots=True)
+class _Statement:
+    """What the choice needs of one top-level statement (or of several sharing a line)."""
+
+    first: int  # first line, decorators included (1-based)
+    last: int
+    seed: bool  # kept whatever it binds
+    binds: frozenset[str]
+
+
+def focus(source: str, path: str = "<script>") -> Focus:
+    """The parts of ``source`` a fix can touch or read; all of it when that is all.
+
+    Compiles ``source`` on the way, a few thousand lines at a time (``chunks``): raises
+    what ``compile`` raises.
+    """
     lines = _lines(source)
-    spans = _spans(body, len(lines))
-    if spans is None:
+    statements: list[_Statement] = []
+    for offset, body in groups(lines, path):
+        for node in body:
+            statements.append(_summary(node, offset, lines, not statements))
+    statements = _merged(statements)
+    if len(statements) < MIN_STATEMENTS:
         return Focus(source, {})
-    texts = ["".join(lines[first - 1 : last]) for first, last in spans]
-    keep = _kept(body, texts)
-    if _is_docstring(body[0]):
-        keep.add(0)  # imports a fix adds go after it
+    keep = _kept(statements, lines)
+    spans = [(st.first, st.last) for st in statements]
     return _elide(source, lines, spans, keep)
+
+
+def _summary(node: ast.stmt, offset: int, lines: list[str], first: bool) -> _Statement:
+    start = node.lineno
+    for decorator in getattr(node, "decorator_list", ()):
+        start = min(start, decorator.lineno)
+    end = node.end_lineno or node.lineno
+    text = "".join(lines[offset + start - 1 : offset + end])
+    seed = _is_seed(node, text) or (first and _is_docstring(node))  # imports go after it
+    return _Statement(offset + start, offset + end, seed, frozenset(_binds(node, text)))
+
+
+def _merged(statements: list[_Statement]) -> list[_Statement]:
+    """One entry per run of statements sharing lines (``a = 1; b = 2``): elided whole."""
+    out: list[_Statement] = []
+    for st in statements:
+        if out and st.first <= out[-1].last:
+            last = out[-1]
+            out[-1] = _Statement(
+                last.first, max(last.last, st.last), last.seed or st.seed, last.binds | st.binds
+            )
+        else:
+            out.append(st)
+    return out
 
 
 def _is_docstring(node: ast.stmt) -> bool:
@@ -91,21 +129,6 @@ def _lines(text: str) -> list[str]:
     """Lines as Python numbers them (``\n``, ``\r\n``, ``\r``; ``str.splitlines`` also
     splits at form feeds and U+2028, which a source may hold), ends kept."""
     return io.StringIO(text, newline="").readlines()
-
-
-def _spans(body: list[ast.stmt], total: int) -> list[tuple[int, int]] | None:
-    """First and last line (1-based) of each top-level statement, decorators included;
-    None where two share a line (``a = 1; b = 2``), which this does not split."""
-    spans: list[tuple[int, int]] = []
-    for node in body:
-        first = node.lineno
-        for decorator in getattr(node, "decorator_list", ()):
-            first = min(first, decorator.lineno)
-        last = node.end_lineno or node.lineno
-        if spans and first <= spans[-1][1]:
-            return None
-        spans.append((first, min(last, total)))
-    return spans
 
 
 def _names(nodes: list[ast.AST], stored: bool) -> set[str]:
@@ -160,23 +183,25 @@ def _is_seed(node: ast.stmt, text: str) -> bool:
     )
 
 
-def _kept(body: list[ast.stmt], texts: list[str]) -> set[int]:
+def _kept(statements: list[_Statement], lines: list[str]) -> set[int]:
     """Indices of the statements to keep: the seeds and, to a fixed point, every statement
-    binding a name a kept statement reads or binds."""
+    binding a name a kept statement reads or binds (read from its own text, parsed again:
+    the kept statements are few)."""
     binders: dict[str, list[int]] = {}
-    for index, node in enumerate(body):
-        for name in _binds(node, texts[index]):
+    for index, st in enumerate(statements):
+        for name in st.binds:
             binders.setdefault(name, []).append(index)
     keep: set[int] = set()
-    todo = [i for i, node in enumerate(body) if _is_seed(node, texts[i])]
+    todo = [i for i, st in enumerate(statements) if st.seed]
     wanted: set[str] = set()
     while todo:
         index = todo.pop()
         if index in keep:
             continue
         keep.add(index)
-        node = body[index]
-        for name in (_names([node], stored=False) | _binds(node, texts[index])) - wanted:
+        st = statements[index]
+        tree = ast.parse("".join(lines[st.first - 1 : st.last]))
+        for name in (_names(list(tree.body), stored=False) | st.binds) - wanted:
             wanted.add(name)
             todo.extend(binders.get(name, ()))
     return keep

@@ -60,9 +60,9 @@ def _parsed_lines(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return seen
 
 
-def _pad(text: str) -> tuple[str, int]:
-    """``text`` with PADDING after its docstring and imports (where a fix adds its own) and
-    at its end; and the line PADDING went before."""
+def _pad(text: str, padding: str = PADDING) -> tuple[str, int]:
+    """``text`` with ``padding`` after its docstring and imports (where a fix adds its own)
+    and at its end; and the line ``padding`` went before."""
     body = ast.parse(text).body
     first = next(
         node.lineno
@@ -71,7 +71,7 @@ def _pad(text: str) -> tuple[str, int]:
         and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
     )
     lines = _split(text)
-    return "".join(lines[: first - 1]) + PADDING + "".join(lines[first - 1 :]) + PADDING, first
+    return "".join(lines[: first - 1]) + padding + "".join(lines[first - 1 :]) + padding, first
 
 
 @pytest.mark.parametrize(
@@ -83,7 +83,7 @@ def test_a_long_file_is_fixed_exactly_as_its_short_self(source: Path) -> None:
     shifted by it."""
     short = source.read_text()
     padded, first = _pad(short)
-    assert focus.focus(padded, ast.parse(padded)).elided  # it does elide
+    assert focus.focus(padded).elided  # it does elide
     expected = fix_source(short)
     result = fix_source(padded)
     assert result.fixed == _pad(expected.fixed)[0]
@@ -128,7 +128,7 @@ def test_eliding_changes_nothing_of_the_fix(name: str, monkeypatch: pytest.Monke
     Accelerator, the model each far from the loop) WHEN fixed with elision and with the whole
     file through libcst THEN the same text and the same problems."""
     source = _interleaved((FIXTURES / f"{name}.in.py").read_text())
-    assert focus.focus(source, ast.parse(source)).elided
+    assert focus.focus(source).elided
     elided = fix_source(source)
     monkeypatch.setattr(focus, "MIN_STATEMENTS", 10**9)
     whole = fix_source(source)
@@ -212,7 +212,7 @@ def test_a_placeholder_lost_by_a_rewrite_falls_back_to_the_whole_file(
 
 def test_restore_refuses_a_missing_or_doubled_placeholder() -> None:
     source = PADDING + "import torch\n" + PADDING
-    focused = focus.focus(source, ast.parse(source))
+    focused = focus.focus(source)
     assert focused.restore(focused.text) == source
     first = next(iter(focused.elided))
     assert focused.restore(focused.text.replace(first, "pass")) is None
@@ -258,3 +258,78 @@ def test_apply_keeps_every_byte_of_a_long_crlf_file(
     assert "\r\n" in fixed and "\n" not in fixed.replace("\r\n", "")  # CRLF kept in the fix
     assert script.read_bytes() == _pad(fixed)[0].encode()
     assert (tmp_path / "long.py.bak").read_bytes() == data
+
+
+# --- Python's parse a group of statements at a time (syncscope/fixes/chunks.py) -------------
+
+TRICKY = (
+    'doc = """\nword at column 0 inside a string\nelse_like = 1\n"""\n'
+    "numbers = [\n1,\nvalue_0,\n]\n"
+    "total = 1 + \\\n    2\n"
+    "@staticmethod\n@property\ndef decorated():\n    return 1\n"
+    "try:\n    pass\nexcept ValueError:\n    pass\nfinally:\n    pass\n"
+    "if total:\n    pass\nelif numbers:\n    pass\nelse:\n    pass\n"
+    "a = 1; b = 2\n"
+    "class Spread:\n    x = 1\n\n\n    y = 2\n"
+)
+
+
+@pytest.mark.parametrize("size", [1, 2, 3, 5, 8])
+def test_groups_cut_only_between_statements(size: int, monkeypatch: pytest.MonkeyPatch) -> None:
+    """GIVEN strings, brackets, backslashes, decorators, else/except/finally clauses and
+    statements sharing a line, WHEN parsed a group of ``size`` lines at a time THEN the same
+    elision as in one piece: every statement whole, at its line."""
+    from syncscope.fixes import chunks
+
+    short = (FIXTURES / "ddp_no_suppression_modulo.in.py").read_text()
+    source = _pad(short, TRICKY * 30)[0]
+    whole = focus.focus(source)
+    monkeypatch.setattr(chunks, "CHUNK_LINES", size)
+    assert focus.focus(source) == whole and whole.elided
+    assert fix_source(source).fixed == _pad(fix_source(short).fixed, TRICKY * 30)[0]
+
+
+@pytest.mark.parametrize(
+    "broken",
+    [
+        "x = (1,\n",  # never closed, at the end: the group reaches the end first
+        "def f(:\n    pass\n",  # a plain syntax error
+        "x = 1\n  y = 2\n",  # unexpected indent
+        'x = """never closed\n',
+        "return 1\n",  # only the compiler refuses it
+        "from __future__ import annotations\n",  # too late in the file
+    ],
+)
+def test_a_syntax_error_in_a_long_file_is_reported_where_python_does(
+    broken: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """GIVEN a long file broken after 3,000 lines of statements, parsed 40 lines at a time
+    WHEN fixed THEN refused in one line at the line Python names."""
+    from syncscope.fixes import chunks
+
+    monkeypatch.setattr(chunks, "CHUNK_LINES", 40)
+    source = "import torch\n" + PLAIN * 10 + broken + PLAIN
+    try:
+        compile(source, "long.py", "exec", dont_inherit=True)
+    except SyntaxError as exc:
+        line = exc.lineno
+    with pytest.raises(SyncscopeError, match=rf"^long.py: syntax error at line {line}, ") as e:
+        fix_source(source, path="long.py")
+    assert "\n" not in str(e.value)
+
+
+def test_a_script_beyond_the_size_bound_is_not_read_whole(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """The script is read up to MAX_SCRIPT_BYTES (64 MiB), no further: beyond, one line,
+    exit 2, the file untouched."""
+    from syncscope import cli, fixing
+
+    monkeypatch.setattr(fixing, "MAX_SCRIPT_BYTES", 1 << 20)
+    script = tmp_path / "big.py"
+    script.write_text(PLAIN * 250)  # about 2.6 MB
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["fix", "--apply", "big.py"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "big.py: more than 1 MiB, more than syncscope fix reads" in err
+    assert script.read_text() == PLAIN * 250
