@@ -17,7 +17,7 @@ from libcst.metadata import MetadataWrapper
 from syncscope.errors import SyncscopeError
 from syncscope.fixes.canonical import Context, DdpForm
 from syncscope.fixes.edits import Edit, apply_edit
-from syncscope.fixes.focus import Focus, focus
+from syncscope.fixes.focus import Focus, focus, python_lines
 from syncscope.fixes.imports import add_imports
 from syncscope.fixes.loops import AccumLoop, find_loops
 from syncscope.fixes.resolve import (
@@ -246,9 +246,48 @@ class _Driver:
     def run(self) -> FixResult | None:
         """The result; None where a placeholder of the elided text did not come back
         intact (the caller fixes the whole file instead)."""
-        original = self.source
-        state = self.analyze(self.module)
+        state = initial = self.analyze(self.module)
         first = list(state.violations)
+        lost = self._unkept_line()
+        if lost is None:
+            state, refused = self._rewrite(state)
+        else:  # report, rewrite nothing: a rewrite would change bytes outside the loops
+            why = (
+                f"libcst, which writes the fix, would not keep line {lost} byte for byte "
+                "(a form feed?): not rewritten"
+            )
+            refused = {(o, v.code): why for o, v in first}
+        remaining = {(o, v.code) for o, v in state.violations}
+        problems = []
+        for ordinal, v in first:
+            fixed = (ordinal, v.code) not in remaining and (ordinal, v.code) not in refused
+            suggestion = v.suggestion or refused.get((ordinal, v.code), "")
+            line = self.focus.original_line(v.line)
+            problems.append(Problem(v.code, v.name, line, v.message, fixed, suggestion))
+        notes: list[str] = []
+        if self.targets == set():
+            notes.append("no finding of the profile points into an accumulation loop here")
+        if state is initial:
+            fixed_text: str | None = self.source  # nothing rewritten: not one byte changed
+        else:
+            fixed_text = self.focus.restore(state.module.code)
+        if fixed_text is None:
+            return None
+        return FixResult(self.source, fixed_text, tuple(problems), tuple(notes))
+
+    def _unkept_line(self) -> int | None:
+        """The first line (of the whole file) that libcst does not render back as it read
+        it (a form feed before a statement); None when it renders the text unchanged."""
+        rendered = self.module.code
+        if rendered == self.focus.text:
+            return None
+        ours, its = python_lines(self.focus.text), python_lines(rendered)
+        pairs = enumerate(zip(ours, its, strict=False), 1)
+        differ = next((n for n, (a, b) in pairs if a != b), None)
+        return self.focus.original_line(differ or min(len(ours), len(its)) + 1)
+
+    def _rewrite(self, state: _Pass) -> tuple[_Pass, dict[tuple[int, str], str]]:
+        """Apply the rewrites, pass after pass; the final state and the refused rewrites."""
         tried: set[tuple[int, str]] = set()
         refused: dict[tuple[int, str], str] = {}
         for _ in range(MAX_PASSES):
@@ -278,20 +317,7 @@ class _Driver:
                     state = candidate
                     break
                 batch = [(o, v) for o, v in batch if o not in stuck_loops]  # roll those back
-        remaining = {(o, v.code) for o, v in state.violations}
-        problems = []
-        for ordinal, v in first:
-            fixed = (ordinal, v.code) not in remaining and (ordinal, v.code) not in refused
-            suggestion = v.suggestion or refused.get((ordinal, v.code), "")
-            line = self.focus.original_line(v.line)
-            problems.append(Problem(v.code, v.name, line, v.message, fixed, suggestion))
-        notes: list[str] = []
-        if self.targets == set():
-            notes.append("no finding of the profile points into an accumulation loop here")
-        fixed_text = self.focus.restore(state.module.code)
-        if fixed_text is None:
-            return None
-        return FixResult(original, fixed_text, tuple(problems), tuple(notes))
+        return state, refused
 
 
 MAX_LINES = 50_000  # through libcst (the elided text): its tree takes ~80 KB a line

@@ -54,7 +54,7 @@ class Focus:
             return text
         out: list[str] = []
         found = 0
-        for line in _lines(text):
+        for line in python_lines(text):
             original = self.elided.get(line.rstrip("\r\n"))
             if original is None:
                 out.append(line)
@@ -80,7 +80,7 @@ def focus(source: str, path: str = "<script>") -> Focus:
     Compiles ``source`` on the way, a few thousand lines at a time (``chunks``): raises
     what ``compile`` raises.
     """
-    lines = _lines(source)
+    lines = python_lines(source)
     statements: list[_Statement] = []
     for offset, body in groups(lines, path):
         for node in body:
@@ -125,7 +125,7 @@ def _is_docstring(node: ast.stmt) -> bool:
     )
 
 
-def _lines(text: str) -> list[str]:
+def python_lines(text: str) -> list[str]:
     """Lines as Python numbers them (``\n``, ``\r\n``, ``\r``; ``str.splitlines`` also
     splits at form feeds and U+2028, which a source may hold), ends kept."""
     return io.StringIO(text, newline="").readlines()

@@ -333,3 +333,23 @@ def test_a_script_beyond_the_size_bound_is_not_read_whole(
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "big.py: more than 1 MiB, more than syncscope fix reads" in err
     assert script.read_text() == PLAIN * 250
+
+
+@pytest.mark.parametrize("padded", [False, True], ids=["short", "long"])
+def test_a_form_feed_libcst_would_drop_is_never_lost(padded: bool) -> None:
+    """libcst drops a form feed that opens a statement's line when it renders the module
+    (elided statements never reach it). GIVEN one where the fix reads WHEN fixed THEN the
+    problem is reported and nothing rewritten, naming the line; GIVEN one in a file with
+    nothing to fix THEN the file is unchanged (no diff that deletes it)."""
+    short = (FIXTURES / "ddp_no_sync_backward_only.in.py").read_text()
+    source = short.replace("accum = 4\n", "\x0caccum = 4\n")  # the loop reads it: kept
+    if padded:
+        source = _pad(source)[0]
+    line = _split(source).index("\x0caccum = 4\n") + 1
+    result = fix_source(source)
+    assert not result.changed and result.fixed == source
+    [problem] = result.problems
+    assert not problem.fixed
+    assert f"would not keep line {line} byte for byte" in problem.suggestion
+    clean = (FIXTURES / "ddp_no_sync_correct.in.py").read_text() + "\x0cafter = 1\n"
+    assert fix_source(clean).fixed == clean and not fix_source(clean).problems
