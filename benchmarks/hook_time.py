@@ -36,7 +36,7 @@ import small_transformer as st
 import syncscope.capture.recorder as recorder_module
 from syncscope.capture import instrument, sites
 from syncscope.capture.recorder import Recorder
-from syncscope.rundir import EventWriter
+from syncscope.capture.writer import EventWriter
 
 HOOKS = (
     "on_forward_begin",

@@ -32,6 +32,8 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
+from syncscope.validate import check_bounds
+
 if TYPE_CHECKING:
     from syncscope.capture.session import CaptureSession
 
@@ -51,33 +53,6 @@ USAGE = (
     "[--then run|stop] (SCRIPT | -m MODULE) [ARGS...]"
 )
 OPTIONS = ("--out", "--windows", "--skip-windows", "--then")
-
-
-def check_bounds(
-    windows: str | None,
-    skip_windows: str | None,
-    then: str | None,
-    names: tuple[str, str, str] = ("--windows", "--skip-windows", "--then"),
-) -> tuple[int | None, int, str]:
-    """Validate bounded-capture values: (windows or None, skip_windows, then).
-
-    Raises ValueError with a one-line message naming the option (or variable) at fault."""
-
-    def count(name: str, value: str, least: int) -> int:
-        text = value.strip()
-        if not text.isdigit() or int(text) < least:
-            kind = "a positive integer" if least else "a non-negative integer"
-            raise ValueError(f"{name} must be {kind}, not {value!r}")
-        return int(text)
-
-    n = None if windows is None else count(names[0], windows, 1)
-    w = 0 if skip_windows is None else count(names[1], skip_windows, 0)
-    t = "run" if then is None else then.strip()
-    if t not in ("run", "stop"):
-        raise ValueError(f"{names[2]} must be run or stop, not {then!r}")
-    if t == "stop" and n is None:
-        raise ValueError(f"{names[2]} stop needs {names[0]} N (the windows to capture first)")
-    return n, w, t
 
 
 def _die(message: str) -> NoReturn:
@@ -360,16 +335,6 @@ def user_traceback(exc: BaseException) -> str:
     return "".join(te.format())
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
 def _watch_profile(session: object, rank: int) -> None:
     """End this rank when the `syncscope profile` that started it is gone (even SIGKILLed).
 
@@ -382,11 +347,13 @@ def _watch_profile(session: object, rank: int) -> None:
         return
     import threading
 
+    from syncscope.rundir import pid_alive
+
     pid = int(value)
     parent = os.getppid()
 
     def watch() -> None:
-        while (parent == pid and os.getppid() == pid) or (parent != pid and _alive(pid)):
+        while (parent == pid and os.getppid() == pid) or (parent != pid and pid_alive(pid)):
             time.sleep(WATCH_S)
         with contextlib.suppress(OSError, ValueError):
             print(

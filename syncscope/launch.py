@@ -26,7 +26,7 @@ from typing import Any
 
 import orjson
 
-from syncscope.rundir import rank_files
+from syncscope.rundir import pid_alive, rank_files
 
 # torchrun's options that make no sense under syncscope: option -> why (the one-line error)
 REFUSED = {
@@ -253,18 +253,8 @@ class Monitor(threading.Thread):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)
             deadline = time.monotonic() + 3.0
-            while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+            while time.monotonic() < deadline and any(pid_alive(pid) for pid in pids):
                 time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def launch(

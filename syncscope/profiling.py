@@ -115,7 +115,7 @@ def _check(request: Request) -> _Plan:
             "--hang-timeout must be a number of seconds >= 0 (0: never), "
             f"not {request.hang_timeout!r}"
         )
-    from syncscope.attach import check_bounds
+    from syncscope.validate import check_bounds
 
     try:
         max_windows, first_window, then = check_bounds(

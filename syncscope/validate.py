@@ -236,3 +236,31 @@ def check_event(ev: dict[str, Any], file: object, number: int) -> None:
     for key in _REQUIRED.get(ev.get("type", ""), ()):
         if ev.get(key) is None:
             bad(where, key, f"is missing (a {ev.get('type')!r} event needs it)")
+
+
+def check_bounds(
+    windows: str | None,
+    skip_windows: str | None,
+    then: str | None,
+    names: tuple[str, str, str] = ("--windows", "--skip-windows", "--then"),
+) -> tuple[int | None, int, str]:
+    """Validate bounded-capture values: (windows or None, skip_windows, then), for
+    ``profile``'s options and a rank's environment alike (syncscope/attach.py).
+
+    Raises ValueError with a one-line message naming the option (or variable) at fault."""
+
+    def count(name: str, value: str, least: int) -> int:
+        text = value.strip()
+        if not text.isdigit() or int(text) < least:
+            kind = "a positive integer" if least else "a non-negative integer"
+            raise ValueError(f"{name} must be {kind}, not {value!r}")
+        return int(text)
+
+    n = None if windows is None else count(names[0], windows, 1)
+    w = 0 if skip_windows is None else count(names[1], skip_windows, 0)
+    t = "run" if then is None else then.strip()
+    if t not in ("run", "stop"):
+        raise ValueError(f"{names[2]} must be run or stop, not {then!r}")
+    if t == "stop" and n is None:
+        raise ValueError(f"{names[2]} stop needs {names[0]} N (the windows to capture first)")
+    return n, w, t
