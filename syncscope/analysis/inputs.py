@@ -27,7 +27,7 @@ def load(
         raise SyncscopeError("give either syncscope run directories or traces, not both")
     if run_dirs:
         from syncscope.analysis.build import load_run
-        from syncscope.trace.combine import with_trace_overlap
+        from syncscope.analysis.combine import with_trace_overlap
 
         run = load_run(run_dirs)
         traced = [d / "traces" for d in run_dirs if (d / "traces").is_dir()]
@@ -43,7 +43,7 @@ def load(
 def findings_for(run: Run, hta: dict[str, Any] | None = None) -> list[Finding]:
     """syncscope's diagnoses plus exposed communication, where a trace measured it."""
     from syncscope.analysis.diagnose import diagnose
-    from syncscope.trace.findings import exposed_communication
+    from syncscope.analysis.exposed import exposed_communication
 
     findings = diagnose(run)
     findings.extend(exposed_communication(run, hta))

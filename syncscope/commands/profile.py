@@ -2,7 +2,7 @@
 
 The parser holds syncscope's own options and, added when this command line is parsed or its
 help shown, every option of torch.distributed.run, read from torch's own parser
-(syncscope/launch.py). The run itself is syncscope/profiling.py's.
+(syncscope/launch/torchrun.py). The run itself is syncscope/launch/pipeline.py's.
 """
 
 from __future__ import annotations
@@ -97,13 +97,13 @@ def _add_bounds(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_launcher_options(parser: argparse.ArgumentParser, group: argparse._ArgumentGroup) -> None:
-    from syncscope.launch import add_launcher_options  # imports torch: only now
+    from syncscope.launch.torchrun import add_launcher_options  # imports torch: only now
 
     add_launcher_options(parser, group)
 
 
 def run(args: argparse.Namespace) -> int:
-    from syncscope.profiling import Request, profile
+    from syncscope.launch.pipeline import Request, profile
 
     return profile(
         Request(

@@ -15,8 +15,8 @@ from typing import Literal
 from rich.table import Table
 from rich.text import Text
 
-from syncscope.figures import Stat, window_time, within_noise
 from syncscope.model import Finding, Run, Verdict
+from syncscope.model.figures import Stat, window_time, within_noise
 from syncscope.render.charts import (
     ACCENT,
     MUTED,

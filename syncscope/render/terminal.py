@@ -13,9 +13,17 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from syncscope import figures
-from syncscope.figures import median
-from syncscope.model import SEVERITIES, Finding, RankRun, Run, Window, compress_ranks, verdict_of
+from syncscope.model import (
+    SEVERITIES,
+    Finding,
+    RankRun,
+    Run,
+    Window,
+    compress_ranks,
+    figures,
+    verdict_of,
+)
+from syncscope.model.figures import median
 from syncscope.render import units
 from syncscope.render.safe import visible
 from syncscope.render.summary import (
@@ -99,7 +107,7 @@ def window_table(run: Run) -> Table:
                 windows += " (incomplete)"
             elif first.index in apart:
                 windows += " (warm-up)"
-            # the same figures as everywhere (syncscope.figures), median over this row's ranks
+            # the same figures as everywhere (syncscope.model.figures), median over this row's ranks
             # and windows: comm time is the union of time with a collective in flight
             indices = {w.index for w in group}
             cells = [w for r in ranks for w in r.windows if w.index in indices]

@@ -89,7 +89,7 @@ def test_forked_child_writes_nothing_into_the_rank_file(tmp_path: Path) -> None:
 
 def test_assert_syncs_without_stats_or_expectation() -> None:
     from syncscope.testing import assert_syncs
-    from syncscope.tracking import Stats
+    from syncscope.testing.track import Stats
 
     with pytest.raises(TypeError, match=r"needs the stats of a track\(\) block .*not NoneType"):
         assert_syncs(None)  # type: ignore[arg-type]

@@ -148,7 +148,7 @@ def test_the_checks_see_what_they_check() -> None:
     assert "syncscope.model" in graph["syncscope.analysis.build"]
     assert "syncscope.trace.load" in graph["syncscope.analysis.inputs"]  # inside a function
     assert "syncscope.fixes.codemod" in graph["syncscope.fixes"]  # a package's __init__
-    assert "syncscope.tracking" not in graph["syncscope"]  # only under TYPE_CHECKING there
+    assert "syncscope.testing.track" not in graph["syncscope"]  # only under TYPE_CHECKING there
     # ...and a cycle, of any length, is found as one component
     ring = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert _cycles(ring) == [["a", "b", "c"]]

@@ -346,7 +346,7 @@ def test_escape_html_is_the_standard_librarys(text: str) -> None:
 def test_mean_and_median_are_the_standard_librarys(values: list[float]) -> None:
     import statistics
 
-    from syncscope.figures import mean, median
+    from syncscope.model.figures import mean, median
 
     assert mean(iter(values)) == statistics.fmean(values)
     assert median(iter(values)) == statistics.median(values)
@@ -387,7 +387,7 @@ def test_header_title_axes_and_legend_say_what_the_run_was() -> None:
 
 
 def test_trace_note_says_every_window_was_traced_when_it_was() -> None:
-    from syncscope.trace.combine import with_trace_overlap
+    from syncscope.analysis.combine import with_trace_overlap
 
     live = runs.make_run(windows=4)
     traced = runs.traced()  # the same 4 windows on 2 ranks, measured

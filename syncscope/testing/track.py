@@ -78,7 +78,7 @@ class Stats:
     @property
     def figures(self) -> dict[str, Any]:
         """Window time, communication time, bytes, memory and the projected gain, as
-        report.json's ``figures`` (one definition everywhere: ``syncscope.figures``)."""
+        report.json's ``figures`` (one definition everywhere: ``syncscope.model.figures``)."""
         return figures_dict(self.run, self.findings)
 
     @property

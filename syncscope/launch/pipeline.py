@@ -2,7 +2,7 @@
 
 Check the request before any process starts (the script compiles, the world fits this
 machine, the window bounds make sense), prepare the run directory and its ``meta.json``,
-launch the ranks through torch's launcher (syncscope/launch.py) with a live progress line,
+launch the ranks through torch's launcher (syncscope/launch/torchrun.py) with a live progress line,
 then report: the report files, the terminal summary and the exit status. A bounded capture
 that runs on (``--windows N --then run``) is reported as soon as every rank has captured its
 windows, while the job goes on without syncscope's hooks.
@@ -24,7 +24,7 @@ from syncscope.errors import SyncscopeError
 from syncscope.render.safe import visible
 
 if TYPE_CHECKING:
-    from syncscope.launch import LaunchOptions, LaunchResult
+    from syncscope.launch.torchrun import LaunchOptions, LaunchResult
     from syncscope.model import Run
 
 
@@ -270,7 +270,7 @@ def _meta(request: Request, plan: _Plan) -> dict[str, Any]:
 
 def _launch(request: Request, plan: _Plan, early: _EarlyReport) -> LaunchResult:
     """The job under torch's launcher, with the live progress line."""
-    from syncscope.launch import launch
+    from syncscope.launch.torchrun import launch
 
     attach_options = []
     if plan.bounded:
