@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from syncscope.errors import SyncscopeError
+from syncscope.errors import BadRunDirectory, SyncscopeError
 from syncscope.model import Finding, Run, severity_rank
 from syncscope.rundir import is_run_dir
 
@@ -49,3 +49,12 @@ def findings_for(run: Run, hta: dict[str, Any] | None = None) -> list[Finding]:
     findings.extend(exposed_communication(run, hta))
     findings.sort(key=lambda f: severity_rank(f.severity))
     return findings
+
+
+def load_and_diagnose(run_dir: Path) -> tuple[Run, list[Finding]]:
+    """Read a saved run and diagnose it: the one path every re-rendering command takes
+    (``report``, ``diff``)."""
+    if not run_dir.exists():
+        raise BadRunDirectory(f"{run_dir}: no such run directory")
+    run, _files = load([run_dir], skip_bad=False, progress=False)
+    return run, findings_for(run)

@@ -314,16 +314,11 @@ def report_run(run_dir: Path, status: int, failed: int | None, fail_on: str, qui
     """Diagnose the run in ``run_dir``, write its reports, show the summary; the exit status
     (the job's own when it failed, else by ``fail_on``)."""
     from syncscope.analysis.inputs import findings_for, load
-    from syncscope.render.outputs import exit_status, write_reports
-    from syncscope.render.terminal import print_summary
+    from syncscope.render.outputs import finish
 
     run, _ = load([run_dir], skip_bad=True, progress=False)  # with --trace: both sources
     findings = findings_for(run)
-    paths = write_reports(run, findings, run_dir)
-    if not quiet:
-        print_summary(run, findings)
-    names = ", ".join(p.name for p in paths)
-    print(visible(f"syncscope: run directory {run_dir} ({names})"), file=sys.stderr)
+    code = finish(run, findings, run_dir, fail_on, quiet, summary="terminal", where="run directory")
     _note_attempts(run_dir)
     _note_nothing_captured(run)
     if failed is not None and _finished_everywhere(run):
@@ -334,16 +329,14 @@ def report_run(run_dir: Path, status: int, failed: int | None, fail_on: str, qui
             "Python shut down; the measurements above are complete",
             file=sys.stderr,
         )
-        return exit_status(findings, fail_on)
+        return code
     if failed is not None:
         print(
             f"syncscope: the script failed on rank {failed} with exit status {status} "
             "(its output is above); the other ranks were stopped by the launcher",
             file=sys.stderr,
         )
-    if status:
-        return status
-    return exit_status(findings, fail_on)
+    return status or code
 
 
 def _note_nothing_captured(run: Run) -> None:

@@ -17,7 +17,8 @@ import plotly.offline
 import pytest
 from plotly.subplots import make_subplots
 
-from syncscope import cli, reporting
+from syncscope import cli
+from syncscope.analysis import inputs
 from syncscope.model import Finding, Run, RunMeta
 from syncscope.render import charts
 from syncscope.render.diff import compare, render_diff_html
@@ -262,7 +263,7 @@ def test_rendering_imports_no_plotly_python_code() -> None:
 def saved_runs(monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[Run, list[Finding]]]:
     """Run directories resolved to hand-built runs (the loader is tested elsewhere)."""
     table = {"before": (runs.redundant(), [runs.finding()]), "after": (runs.clean_ddp(), [])}
-    monkeypatch.setattr(reporting, "load_and_diagnose", lambda path: table[Path(path).name])
+    monkeypatch.setattr(inputs, "load_and_diagnose", lambda path: table[Path(path).name])
     return table
 
 
