@@ -21,8 +21,11 @@
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "syncscope"
 MAX_FUNCTION_LINES = 80
@@ -237,3 +240,15 @@ def test_the_layer_check_sees_a_violation() -> None:
 def test_the_package_root_holds_at_most_8_modules() -> None:
     root = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert len(root) <= MAX_ROOT_MODULES, f"{len(root)} modules at syncscope/: {root}"
+
+
+def test_every_folder_is_on_the_map() -> None:
+    """docs/concepts.md's map of the stages is the list of syncscope's folders, one line each."""
+    concepts = PACKAGE.parent / "docs" / "concepts.md"
+    if not concepts.is_file():  # an installed package without its docs
+        pytest.skip(f"{concepts} is not beside the package")
+    text = concepts.read_text(encoding="utf-8")
+    mapped = re.findall(r"^\| `syncscope/(\w+)/` \| \S", text, flags=re.M)
+    folders = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+    assert sorted(mapped) == folders
+    assert len(mapped) == len(set(mapped))
