@@ -89,21 +89,29 @@ def _report(args: list[str], capsys: pytest.CaptureFixture[str]) -> tuple[int, s
     return status, out.out, out.err
 
 
-def _with_timeout(seconds: int) -> None:
+def _report_within(
+    args: list[str], capsys: pytest.CaptureFixture[str], seconds: int = 20
+) -> tuple[int, str, str]:
+    """``_report``, failed with TimeoutError should it take over ``seconds`` (a read that
+    never ends: a FIFO with no writer, an endless device)."""
     import signal
 
     def fail(*_: object) -> None:
-        raise TimeoutError("hung")
+        raise TimeoutError(f"hung: {args} took over {seconds} s")
 
-    signal.signal(signal.SIGALRM, fail)
+    before = signal.signal(signal.SIGALRM, fail)
     signal.alarm(seconds)
+    try:
+        return _report(args, capsys)
+    finally:
+        signal.alarm(0)
+        signal.signal(signal.SIGALRM, before)
 
 
 def test_a_fifo_as_a_rank_file_is_skipped_with_a_note(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
     import os
-    import signal
 
     from tests.faults.hostile import write_run
 
@@ -111,11 +119,7 @@ def test_a_fifo_as_a_rank_file_is_skipped_with_a_note(
     fifo = run / "ranks" / "rank-00001.jsonl"
     fifo.unlink()
     os.mkfifo(fifo)
-    _with_timeout(20)
-    try:
-        status, out, err = _report(["report", str(run), "-f", "json"], capsys)
-    finally:
-        signal.alarm(0)
+    status, out, err = _report_within(["report", str(run), "-f", "json"], capsys)
     assert status == 0, err
     assert "is a FIFO, not a regular file: skipped" in out
 
@@ -124,19 +128,13 @@ def test_a_fifo_as_a_rank_file_is_skipped_with_a_note(
 def test_a_rank_file_linked_to_an_endless_device_is_skipped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str
 ) -> None:
-    import signal
-
     from tests.faults.hostile import write_run
 
     run = write_run(tmp_path, ranks=2)
     link = run / "ranks" / "rank-00001.jsonl"
     link.unlink()
     link.symlink_to(target)
-    _with_timeout(20)
-    try:
-        status, out, err = _report(["report", str(run), "-f", "json"], capsys)
-    finally:
-        signal.alarm(0)
+    status, out, err = _report_within(["report", str(run), "-f", "json"], capsys)
     assert status == 0, err
     assert "is a device, not a regular file: skipped" in out
 
@@ -145,18 +143,12 @@ def test_a_rank_file_linked_to_an_endless_device_is_skipped(
 def test_meta_json_linked_to_an_endless_device_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str
 ) -> None:
-    import signal
-
     from tests.faults.hostile import write_run
 
     run = write_run(tmp_path, ranks=2)
     (run / "meta.json").unlink()
     (run / "meta.json").symlink_to(target)
-    _with_timeout(20)
-    try:
-        status, _, err = _report(["report", str(run), "-f", "json"], capsys)
-    finally:
-        signal.alarm(0)
+    status, _, err = _report_within(["report", str(run), "-f", "json"], capsys)
     assert status == 2
     assert err.count("\n") == 1 and "meta.json: a device, not a regular file" in err
 
@@ -245,3 +237,4 @@ def test_assert_syncs_names_a_micro_batch_outside_the_window() -> None:
 
     problems = check(stats_of(make_run()), at_micro_batch=-99)
     assert problems and "names none of them" in problems[0] and "-95" not in problems[0]
+
