@@ -238,3 +238,96 @@ def test_assert_syncs_names_a_micro_batch_outside_the_window() -> None:
     problems = check(stats_of(make_run()), at_micro_batch=-99)
     assert problems and "names none of them" in problems[0] and "-95" not in problems[0]
 
+
+# --- odd records in a rank file: counted once, read in order, the last capture -------------
+FALSE_ERRORS = {"collective-mismatch", "rank-divergence"}
+
+
+def _rank_file(events: list[dict[str, object]]) -> bytes:
+    import orjson
+
+    return b"".join(orjson.dumps(e) + b"\n" for e in events)
+
+
+def _two_per_window(rank: int, swapped: bool = False) -> list[dict[str, object]]:
+    """The hand-made rank events with a broadcast (32 bytes, the next seq) after each
+    all-reduce; ``swapped``: each window's two records written in the other order."""
+    from tests.faults.hostile import run_events
+
+    events: list[dict[str, object]] = []
+    seq = 0
+    for ev in run_events(rank):
+        if ev["type"] in ("coll", "done"):
+            ev = {**ev, "seq": seq}
+        events.append(ev)
+        if ev["type"] == "done":
+            pair = [
+                {**events[-2], "seq": seq + 1, "op": "broadcast", "bytes": 32},
+                {"type": "done", "seq": seq + 1, "t": ev["t"]},
+            ]
+            if swapped:
+                events[-2:] = [pair[0], events[-2], events[-1], pair[1]]
+            else:
+                events.extend(pair)
+            seq += 2
+    return events
+
+
+def _read(run: Path):  # type: ignore[no-untyped-def]
+    from syncscope.reporting import load_and_diagnose
+
+    run_, findings = load_and_diagnose(run)
+    return run_, {f.kind for f in findings}
+
+
+def test_a_record_written_twice_is_counted_once_with_a_note(tmp_path: Path) -> None:
+    """Rank 1's first all-reduce and its completion each written twice: one collective, as
+    on rank 0 (was: a false collective-mismatch error, rank 1 "issued" 3 to rank 0's 2)."""
+    import copy
+
+    from tests.faults.hostile import run_events, write_run
+
+    events = []
+    for ev in run_events(1):
+        events.append(ev)
+        if ev["type"] in ("coll", "done") and ev["seq"] == 1:
+            events.append(copy.deepcopy(ev))
+    run = write_run(tmp_path, raw={1: _rank_file(events)})
+    result, kinds = _read(run)
+    assert not kinds & FALSE_ERRORS
+    per_rank = {r: [len(w.collectives) for w in result.ranks[r].windows] for r in (0, 1)}
+    assert per_rank[0] == per_rank[1] == [1, 1]
+    assert any(
+        "rank-00001.jsonl: 1 collective and 1 completion record(s) repeat" in n
+        for n in result.meta.notes
+    )
+
+
+def test_collective_records_out_of_seq_order_are_read_in_seq_order(tmp_path: Path) -> None:
+    """Each window issues an all-reduce then a broadcast; rank 1's file has the two written
+    the other way round: read by seq, the ranks agree (in file order: a false mismatch)."""
+    from tests.faults.hostile import write_run
+
+    run = write_run(tmp_path, events=lambda r: _two_per_window(r, swapped=r == 1))
+    result, kinds = _read(run)
+    assert not kinds & FALSE_ERRORS
+    ops = {r: [c.op for w in result.ranks[r].windows for c in w.collectives] for r in (0, 1)}
+    assert ops[0] == ops[1] == ["all_reduce", "broadcast"] * 2
+    assert any("4 collective record(s) written out of seq order" in n for n in result.meta.notes)
+    clean = write_run(tmp_path, "clean", events=_two_per_window)
+    assert _read(clean)[0].meta.notes == ()  # in order: no note
+
+
+def test_a_second_header_mid_file_reads_the_last_capture(tmp_path: Path) -> None:
+    """Rank 1's file holds a first capture cut off in its second window (no exit record),
+    then a whole one: the last capture is the rank, with a note; no false error."""
+    from tests.faults.hostile import run_events, write_run
+
+    first = run_events(1)
+    cut = [i for i, ev in enumerate(first) if ev["type"] == "coll"][1]
+    run = write_run(tmp_path, raw={1: _rank_file([*first[:cut], *run_events(1)])})
+    result, kinds = _read(run)
+    assert not kinds & FALSE_ERRORS and "run-failed" not in kinds
+    assert [len(result.ranks[r].windows) for r in (0, 1)] == [2, 2]
+    assert any("rank-00001.jsonl: 2 attempts of the script" in n for n in result.meta.notes)
+
