@@ -331,3 +331,20 @@ def test_a_second_header_mid_file_reads_the_last_capture(tmp_path: Path) -> None
     assert [len(result.ranks[r].windows) for r in (0, 1)] == [2, 2]
     assert any("rank-00001.jsonl: 2 attempts of the script" in n for n in result.meta.notes)
 
+
+def test_diff_of_a_live_run_against_traces_warns_in_one_line(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    from tests.faults.hostile import SAMPLE, write_run
+
+    run = write_run(tmp_path)
+    for a, b in ((run, SAMPLE), (SAMPLE, run)):
+        status, out, err = _report(["diff", str(a), str(b)], capsys)
+        assert status == 0, err
+        warnings = [line for line in err.splitlines() if "measured differently" in line]
+        assert len(warnings) == 1 and warnings[0].startswith("syncscope: warning: the first is")
+        assert "live capture" in warnings[0] and "torch.profiler trace set" in warnings[0]
+        assert "metric" in out  # the table follows
+    status, _, err = _report(["diff", str(run), str(write_run(tmp_path, "b"))], capsys)
+    assert status == 0 and "measured differently" not in err  # two live runs: no warning
+
