@@ -348,3 +348,25 @@ def test_diff_of_a_live_run_against_traces_warns_in_one_line(
     status, _, err = _report(["diff", str(run), str(write_run(tmp_path, "b"))], capsys)
     assert status == 0 and "measured differently" not in err  # two live runs: no warning
 
+
+@pytest.mark.parametrize(
+    "argv",
+    [
+        [f"train{HOSTILE}\n.py"],
+        ["--windows", f"2{HOSTILE}", "train.py"],
+        ["--then", HOSTILE, "train.py"],
+    ],
+)
+def test_attach_errors_show_escapes_as_text(
+    argv: list[str], capsys: pytest.CaptureFixture[str]
+) -> None:
+    """python -m syncscope.attach's one-line errors: a script path, an option's value."""
+    from syncscope import attach
+
+    with pytest.raises(SystemExit) as exc:
+        attach.main(argv)
+    err = capsys.readouterr().err
+    assert exc.value.code == 2
+    assert err.startswith("syncscope: error: ") and err.count("\n") == 1
+    for raw in RAW:
+        assert raw not in err
