@@ -56,7 +56,14 @@ def test_the_summary_shows_escapes_from_command_notes_sites_and_findings(termina
         text = render_text(run, findings, width=200)
     for raw in (CLEAR, "\x1b]0;", "\x07", "\x9b"):
         assert raw not in text
-    assert "\\x1b[2J" in text and "\\x1b]0;owned" in text  # (rich drops the BEL itself)
+    assert "\\x1b[2J" in text and "\\x1b]0;owned\\x07" in text  # the BEL shown too
+    # shown before layout: every line of a finding's box is as wide as its top
+    if not terminal:
+        lines = text.splitlines()
+        top = next(i for i, line in enumerate(lines) if line.startswith("╭"))
+        end = next(i for i in range(top, len(lines)) if lines[i].startswith("╰"))
+        widths = {len(line) for line in lines[top : end + 1]}
+        assert len(widths) == 1, lines[top : end + 1]
 
 
 def test_diff_shows_escapes_as_text() -> None:
