@@ -56,7 +56,12 @@ OPTIONS = ("--out", "--windows", "--skip-windows", "--then")
 
 
 def _die(message: str) -> NoReturn:
-    print(f"syncscope: error: {message}", file=sys.stderr)
+    """One error line, exit 2. A script path, an option's value or a directory is user text:
+    its control characters (and line breaks) are written out, never sent to the terminal."""
+    from syncscope.render.safe import visible
+
+    line = visible(message).replace("\n", "\\n")
+    print(f"syncscope: error: {line}", file=sys.stderr)
     raise SystemExit(2)
 
 

@@ -41,6 +41,7 @@ from syncscope.rundir import (
 )
 from syncscope.validate import (
     check_event,
+    check_sequence,
     field_float,
     field_int,
     field_of,
@@ -587,7 +588,7 @@ def load_run(path: Path | Sequence[Path]) -> Run:
     headers: list[dict[str, Any]] = []
     meta_data: dict[str, Any] = {}
     meta_file: Path | None = None
-    stops: list[str] = []  # ranks whose capture stopped on a write failure
+    stops: list[str] = []  # notes: stopped captures, skipped files, records set right
     for run_dir in paths:
         if not run_dir.is_dir():
             raise BadRunDirectory(f"{run_dir}: no such run directory")
@@ -609,6 +610,8 @@ def load_run(path: Path | Sequence[Path]) -> Run:
             for number, event in enumerate(events, 1):
                 check_event(event, file, number)
             events = _last_attempt(events, file, stops)
+            events, notes = check_sequence(events, file.name)
+            stops.extend(notes)
             if events[0].get("type") == "header":
                 version = events[0].get("version", 1)
                 if not isinstance(version, int) or version > EVENTS_FORMAT_VERSION:

@@ -341,7 +341,7 @@ def _fragmented_figures(findings: list[Finding]) -> list[Finding]:
             share = min(1.0, call * extra / max(window, 1.0))
             cost["share_of_window_time"] = share
             # the card's severity follows the share it shows, not its worst window's
-            severity = "warning" if share >= FRAGMENT_WARNING_SHARE else "info"
+            severity: Severity = "warning" if share >= FRAGMENT_WARNING_SHARE else "info"
             f = replace(f, cost=cost, severity=severity)
         out.append(f)
     return out

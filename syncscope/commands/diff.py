@@ -66,6 +66,12 @@ def _labels(a: Path, b: Path) -> tuple[str, str]:
     return (a.name, b.name) if a.name and b.name and a.name != b.name else (str(a), str(b))
 
 
+_MEASURED = {
+    "live": "a live capture (syncscope profile: its hooks' clocks)",
+    "trace": "a torch.profiler trace set (the profiler's events)",
+}
+
+
 def _mismatches(a: RunMeta, b: RunMeta) -> list[str]:
     """What makes the two runs' figures not directly comparable (said before the diff)."""
     out: list[str] = []
@@ -73,6 +79,12 @@ def _mismatches(a: RunMeta, b: RunMeta) -> list[str]:
         out.append(
             f"the runs have different world sizes ({a.world_size} vs {b.world_size}): "
             "time and bytes differences are not a like-for-like speed-up"
+        )
+    if a.source != b.source:
+        out.append(
+            f"the first is {_MEASURED[a.source]}, the second {_MEASURED[b.source]}: the two "
+            "are measured differently, and traces name no script, so nothing shows they are "
+            "the same job"
         )
     name_a, name_b = Path(a.script).name, Path(b.script).name
     if name_a and name_b and name_a != name_b and not name_b.endswith(name_a):
