@@ -100,8 +100,22 @@ def _profile(request: Request, plan: _Plan) -> int:
             "stopped (see the hang finding)",
             file=sys.stderr,
         )
-    return report_run(
+    code = report_run(
         plan.run_dir, result.status, result.first_failed, request.fail_on, request.quiet
+    )
+    if result.lingering:
+        _note_lingering(result.lingering, request.hang_timeout)
+    return code
+
+
+def _note_lingering(ranks: tuple[int, ...], hang_timeout: float) -> None:
+    which = ", ".join(str(r) for r in ranks)
+    print(
+        f"syncscope: warning: rank(s) {which} finished the script (every window is captured: "
+        f"the report is complete) but the process did not end for {hang_timeout:g} s: "
+        "a non-daemon thread the script started keeps Python alive after the script's end "
+        "(join it, or start it with daemon=True); syncscope stopped the process(es)",
+        file=sys.stderr,
     )
 
 
