@@ -183,6 +183,7 @@ class Monitor(threading.Thread):
         poll_s: float = 0.25,
         on_captured: Callable[[], None] | None = None,
         expected_ranks: int = 1,
+        on_waiting: Callable[[float], None] | None = None,
     ) -> None:
         super().__init__(name="syncscope-monitor", daemon=True)
         self.run_dir = run_dir
@@ -201,6 +202,7 @@ class Monitor(threading.Thread):
         self.on_captured = on_captured
         self.expected_ranks = expected_ranks
         self._captured: set[Path] = set()
+        self.on_waiting = on_waiting  # no rank file yet: called with the seconds waited
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -249,6 +251,8 @@ class Monitor(threading.Thread):
                 callback()
             if self.on_progress is not None:
                 self.on_progress(self.steps, len(self._sizes), now - start)
+            if self.on_waiting is not None and not self._sizes:
+                self.on_waiting(now - start)
             running = [p for p in self._pids if p not in self._exited]
             if self.hang_timeout <= 0 or now - last_change <= self.hang_timeout:
                 continue
@@ -329,15 +333,25 @@ def launch(
     os.environ["SYNCSCOPE_PROFILE_PID"] = str(os.getpid())  # ranks end when this process does
     if trace_windows is not None:
         os.environ["SYNCSCOPE_TRACE_WINDOWS"] = trace_windows
+    from syncscope.rendezvous import RendezvousWatch
+
+    watch = RendezvousWatch(options.values)
     monitor = Monitor(
-        run_dir, hang_timeout, on_progress, on_captured=on_captured, expected_ranks=expected_ranks
+        run_dir,
+        hang_timeout,
+        on_progress,
+        on_captured=on_captured,
+        expected_ranks=expected_ranks,
+        on_waiting=watch,
     )
     monitor.start()
     try:
-        status, first_failed, error = _run_torchrun(args)
+        with watch.hooked():
+            status, first_failed, error = _run_torchrun(args)
     finally:
         monitor.stop()
         monitor.join(timeout=5)
+    error = watch.explain(error)
     if monitor.hung:
         status, first_failed = 1, None  # syncscope stopped the job itself
     if monitor.lingering:
@@ -367,5 +381,6 @@ def _run_torchrun(args: Any) -> tuple[int, int | None, str]:
     except Exception as exc:  # rendezvous failures, a signal to the agent (SignalException)
         sigval = getattr(exc, "sigval", None)
         status = 128 + int(sigval) if sigval is not None else 1
-        return status, None, f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        text = f"{type(exc).__name__}: {exc}".strip().rstrip(":")  # a timeout's is empty
+        return status, None, text.splitlines()[0][:300]
     return 0, None, ""
