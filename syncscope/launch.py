@@ -221,7 +221,9 @@ class Monitor(threading.Thread):
                 chunk = fh.read(size - old)
             if path not in self._pids:
                 first = chunk.split(b"\n", 1)[0]
-                with contextlib.suppress(orjson.JSONDecodeError, TypeError, ValueError):
+                with contextlib.suppress(
+                    orjson.JSONDecodeError, AttributeError, TypeError, ValueError
+                ):
                     header = orjson.loads(first)
                     self._pids[path] = int(header.get("pid", 0))
                     self._ranks[path] = int(header.get("rank", -1))
