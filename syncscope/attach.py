@@ -27,6 +27,7 @@ import re
 import runpy
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from types import FrameType
@@ -240,6 +241,7 @@ def _close_on_signals(session: CaptureSession) -> None:
         # has nothing to record, and closing the session there could block on state copied
         # mid-use from the rank (the profiler's), so it just ends
         if os.getpid() == rank_pid:
+            _name_lingering_threads(signum)
             session.close(128 + signum, f"killed by signal {signal.Signals(signum).name}")
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
@@ -288,8 +290,32 @@ def _run(session: CaptureSession, is_module: bool, target: str) -> int:
         status, reason = 1, f"{type(exc).__name__}: {exc}"[:500]
     finally:
         session.close(status, reason)
+        _SCRIPT_ENDED.set()
         _release()
     return status
+
+
+_SCRIPT_ENDED = threading.Event()  # the script has returned (or raised): its exit is recorded
+
+
+def _name_lingering_threads(signum: int) -> None:
+    """A signal after the script's end: say which of its threads kept the process alive
+    (Python waits for every non-daemon thread before it exits)."""
+    if not _SCRIPT_ENDED.is_set():
+        return
+    from syncscope.render.safe import visible
+
+    main = threading.main_thread()
+    names = [t.name for t in threading.enumerate() if not t.daemon and t is not main]
+    if names:
+        with contextlib.suppress(OSError, ValueError):
+            print(
+                f"syncscope: {signal.Signals(signum).name} after the script ended (rank "
+                f"{os.environ.get('RANK', '?')}): its non-daemon thread(s) "
+                f"{visible(', '.join(map(repr, names)))} kept the process alive",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def _close_on_os_exit(session: CaptureSession) -> None:
@@ -350,8 +376,6 @@ def _watch_profile(session: object, rank: int) -> None:
     value = os.environ.get(ENV_PROFILE_PID, "")
     if not value.isdigit():
         return
-    import threading
-
     from syncscope.rundir import pid_alive
 
     pid = int(value)

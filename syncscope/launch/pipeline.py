@@ -91,14 +91,31 @@ def _profile(request: Request, plan: _Plan) -> int:
         # the launcher failed or was stopped: say so in one line, and report what was captured
         print(f"syncscope: error: the launcher stopped: {visible(result.error)}", file=sys.stderr)
     if result.hung:
-        write_meta(plan.run_dir, {**meta, "hung": True})
+        try:
+            write_meta(plan.run_dir, {**meta, "hung": True})
+        except SyncscopeError as exc:  # a full disk: the report below still says what it can
+            print(visible(f"syncscope: warning: {exc}"), file=sys.stderr)
         print(
             f"syncscope: no rank made progress for {request.hang_timeout:g} s; the job was "
             "stopped (see the hang finding)",
             file=sys.stderr,
         )
-    return report_run(
+    code = report_run(
         plan.run_dir, result.status, result.first_failed, request.fail_on, request.quiet
+    )
+    if result.lingering:
+        _note_lingering(result.lingering, request.hang_timeout)
+    return code
+
+
+def _note_lingering(ranks: tuple[int, ...], hang_timeout: float) -> None:
+    which = ", ".join(str(r) for r in ranks)
+    print(
+        f"syncscope: warning: rank(s) {which} finished the script (every window is captured: "
+        f"the report is complete) but the process did not end for {hang_timeout:g} s: "
+        "a non-daemon thread the script started keeps Python alive after the script's end "
+        "(join it, or start it with daemon=True); syncscope stopped the process(es)",
+        file=sys.stderr,
     )
 
 
@@ -314,11 +331,20 @@ def report_run(run_dir: Path, status: int, failed: int | None, fail_on: str, qui
     """Diagnose the run in ``run_dir``, write its reports, show the summary; the exit status
     (the job's own when it failed, else by ``fail_on``)."""
     from syncscope.analysis.inputs import findings_for, load
-    from syncscope.render.outputs import finish
+    from syncscope.render.outputs import finish, show_summary
 
     run, _ = load([run_dir], skip_bad=True, progress=False)  # with --trace: both sources
     findings = findings_for(run)
-    code = finish(run, findings, run_dir, fail_on, quiet, summary="terminal", where="run directory")
+    try:
+        code = finish(
+            run, findings, run_dir, fail_on, quiet, summary="terminal", where="run directory"
+        )
+    except SyncscopeError as exc:  # a full disk: the summary is all there is, then the error
+        show_summary(run, findings, "terminal")
+        _note_attempts(run_dir)
+        _note_nothing_captured(run)
+        print(visible(f"syncscope: error: {exc}; {_kept(run, run_dir)}"), file=sys.stderr)
+        return status or 2
     _note_attempts(run_dir)
     _note_nothing_captured(run)
     if failed is not None and _finished_everywhere(run):
@@ -337,6 +363,16 @@ def report_run(run_dir: Path, status: int, failed: int | None, fail_on: str, qui
             file=sys.stderr,
         )
     return status or code
+
+
+def _kept(run: Run, run_dir: Path) -> str:
+    """What a failed report write leaves: the capture, and how to report it later."""
+    windows = max((len(rank.windows) for rank in run.ranks), default=0)
+    return (
+        f"the summary above covers what was captured ({windows} window(s) on "
+        f"{len(run.ranks)} rank(s)); the rank files in {run_dir / 'ranks'} are kept: "
+        f"'syncscope report {run_dir}' writes report.html once there is room"
+    )
 
 
 def _note_nothing_captured(run: Run) -> None:

@@ -6,7 +6,9 @@ user gave it, multi-node rendezvous included), with ``-m syncscope.attach`` as t
 each rank runs the user's script instrumented, and calls ``torch.distributed.run.run`` in
 this process. A monitor thread reads the rank event files as they grow: it shows progress
 and, when no rank has written anything for ``hang_timeout`` seconds, stops the workers so
-the run can be reported instead of hanging forever.
+the run can be reported instead of hanging forever. When every rank has recorded the
+script's end but a process lives on that long (a non-daemon thread of the script's keeps
+Python alive), it stops those processes too and says which (``LaunchResult.lingering``).
 """
 
 from __future__ import annotations
@@ -154,6 +156,9 @@ class LaunchResult:
     first_failed: int | None
     hung: bool
     error: str = ""  # the launcher itself failed or was stopped (one line)
+    # ranks that finished the script but whose process lived on (a non-daemon thread of the
+    # script's) for the hang timeout: syncscope stopped them; every window is captured
+    lingering: tuple[int, ...] = ()
 
 
 @contextlib.contextmanager
@@ -178,6 +183,7 @@ class Monitor(threading.Thread):
         poll_s: float = 0.25,
         on_captured: Callable[[], None] | None = None,
         expected_ranks: int = 1,
+        on_waiting: Callable[[float], None] | None = None,
     ) -> None:
         super().__init__(name="syncscope-monitor", daemon=True)
         self.run_dir = run_dir
@@ -185,15 +191,18 @@ class Monitor(threading.Thread):
         self.on_progress = on_progress
         self.poll_s = poll_s
         self.hung = False
+        self.lingering: tuple[int, ...] = ()
         self.steps = 0
         self._stop_event = threading.Event()
         self._sizes: dict[Path, int] = {}
         self._pids: dict[Path, int] = {}
+        self._ranks: dict[Path, int] = {}
         self._exited: set[Path] = set()
         # bounded capture: called once every rank has written its record (the job runs on)
         self.on_captured = on_captured
         self.expected_ranks = expected_ranks
         self._captured: set[Path] = set()
+        self.on_waiting = on_waiting  # no rank file yet: called with the seconds waited
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -212,8 +221,12 @@ class Monitor(threading.Thread):
                 chunk = fh.read(size - old)
             if path not in self._pids:
                 first = chunk.split(b"\n", 1)[0]
-                with contextlib.suppress(orjson.JSONDecodeError):
-                    self._pids[path] = int(orjson.loads(first).get("pid", 0))
+                with contextlib.suppress(
+                    orjson.JSONDecodeError, AttributeError, TypeError, ValueError
+                ):
+                    header = orjson.loads(first)
+                    self._pids[path] = int(header.get("pid", 0))
+                    self._ranks[path] = int(header.get("rank", -1))
             if b'"type":"exit"' in chunk:
                 self._exited.add(path)
                 if b'"reason":"capture complete' in chunk:
@@ -240,11 +253,30 @@ class Monitor(threading.Thread):
                 callback()
             if self.on_progress is not None:
                 self.on_progress(self.steps, len(self._sizes), now - start)
+            if self.on_waiting is not None and not self._sizes:
+                self.on_waiting(now - start)
             running = [p for p in self._pids if p not in self._exited]
-            if self.hang_timeout > 0 and running and now - last_change > self.hang_timeout:
+            if self.hang_timeout <= 0 or now - last_change <= self.hang_timeout:
+                continue
+            if running:
                 self.hung = True
                 self._stop_workers(running)
                 return
+            if self._stop_lingering():
+                return
+
+    def _stop_lingering(self) -> bool:
+        """Every rank recorded the script's end, yet a process lives on: Python waits for a
+        non-daemon thread the script started. Stop those processes (the record is complete);
+        True when there were any. A rank that ran on after a bounded capture is left alone
+        (it is still training, without hooks)."""
+        ended = [p for p in self._pids if p in self._exited and p not in self._captured]
+        alive = [p for p in ended if pid_alive(self._pids[p])]  # a zombie has ended
+        if not alive:
+            return False
+        self.lingering = tuple(sorted(self._ranks.get(p, -1) for p in alive))
+        self._stop_workers(alive)
+        return True
 
     def _stop_workers(self, paths: list[Path]) -> None:
         pids = [self._pids[p] for p in paths if self._pids.get(p)]
@@ -284,19 +316,31 @@ def launch(
     os.environ["SYNCSCOPE_PROFILE_PID"] = str(os.getpid())  # ranks end when this process does
     if trace_windows is not None:
         os.environ["SYNCSCOPE_TRACE_WINDOWS"] = trace_windows
+    from syncscope.rendezvous import RendezvousWatch
+
+    watch = RendezvousWatch(options.values)
     monitor = Monitor(
-        run_dir, hang_timeout, on_progress, on_captured=on_captured, expected_ranks=expected_ranks
+        run_dir,
+        hang_timeout,
+        on_progress,
+        on_captured=on_captured,
+        expected_ranks=expected_ranks,
+        on_waiting=watch,
     )
     monitor.start()
     try:
-        status, first_failed, error = _run_torchrun(args)
+        with watch.hooked():
+            status, first_failed, error = _run_torchrun(args)
     finally:
         monitor.stop()
         monitor.join(timeout=5)
+    error = watch.explain(error)
     if monitor.hung:
         status, first_failed = 1, None  # syncscope stopped the job itself
+    if monitor.lingering:
+        status, first_failed = 0, None  # the script ended everywhere; syncscope stopped it
     sys.stdout.flush()
-    return LaunchResult(status, first_failed, monitor.hung, error)
+    return LaunchResult(status, first_failed, monitor.hung, error, monitor.lingering)
 
 
 def _run_torchrun(args: Any) -> tuple[int, int | None, str]:
@@ -320,5 +364,6 @@ def _run_torchrun(args: Any) -> tuple[int, int | None, str]:
     except Exception as exc:  # rendezvous failures, a signal to the agent (SignalException)
         sigval = getattr(exc, "sigval", None)
         status = 128 + int(sigval) if sigval is not None else 1
-        return status, None, f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        text = f"{type(exc).__name__}: {exc}".strip().rstrip(":")  # a timeout's is empty
+        return status, None, text.splitlines()[0][:300]
     return 0, None, ""

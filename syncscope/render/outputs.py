@@ -105,17 +105,23 @@ def finish(
     ``summary``: ``terminal`` (profile) prints for the terminal, in colour there and 120
     columns wide when piped; ``text`` (analyze) prints the plain text of ``report -f text``
     (no colour, 110 columns). The two commands have always printed so: kept apart on purpose,
-    so that neither one's output changes."""
+    so that neither one's output changes. A report that cannot be written (a full disk) is
+    the ``SyncscopeError`` of ``write_reports``, raised before anything is shown."""
     written = write_reports(run, findings, out_dir)
     if not quiet:
-        from syncscope.render import terminal  # rich: only when it prints
-
-        if summary == "terminal":
-            terminal.print_summary(run, findings)
-        else:
-            print(terminal.render_text(run, findings))
+        show_summary(run, findings, summary)
     from syncscope.render.safe import visible
 
     names = ", ".join(p.name for p in written)
     print(visible(f"syncscope: {where} {out_dir} ({names})"), file=sys.stderr)
     return exit_status(findings, fail_on)
+
+
+def show_summary(run: Run, findings: Sequence[Finding], summary: str) -> None:
+    """The terminal summary in ``finish``'s style ``summary`` (``terminal`` or ``text``)."""
+    from syncscope.render import terminal  # rich: only when it prints
+
+    if summary == "terminal":
+        terminal.print_summary(run, findings)
+    else:
+        print(terminal.render_text(run, findings))
