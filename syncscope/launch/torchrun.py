@@ -316,7 +316,7 @@ def launch(
     os.environ["SYNCSCOPE_PROFILE_PID"] = str(os.getpid())  # ranks end when this process does
     if trace_windows is not None:
         os.environ["SYNCSCOPE_TRACE_WINDOWS"] = trace_windows
-    from syncscope.rendezvous import RendezvousWatch
+    from syncscope.launch.rendezvous import RendezvousWatch
 
     watch = RendezvousWatch(options.values)
     monitor = Monitor(

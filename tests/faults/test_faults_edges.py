@@ -317,7 +317,7 @@ C10D = {"nnodes": "2", "rdzv_backend": "c10d", "rdzv_endpoint": "node0:29400"}
 
 
 def test_rendezvous_watch_says_how_many_nodes_joined(capsys: pytest.CaptureFixture[str]) -> None:
-    from syncscope.rendezvous import RendezvousWatch
+    from syncscope.launch.rendezvous import RendezvousWatch
 
     watch = RendezvousWatch(C10D)
     watch.handlers.append(_Handler(1))
@@ -343,7 +343,7 @@ def test_rendezvous_watch_says_how_many_nodes_joined(capsys: pytest.CaptureFixtu
 
 
 def test_rendezvous_watch_without_state(capsys: pytest.CaptureFixture[str]) -> None:
-    from syncscope.rendezvous import RendezvousWatch
+    from syncscope.launch.rendezvous import RendezvousWatch
 
     RendezvousWatch({"nproc_per_node": "2"})(30.0)  # one node: slow ranks, nothing to say
     assert capsys.readouterr().err == ""
