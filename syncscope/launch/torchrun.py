@@ -203,6 +203,11 @@ class Monitor(threading.Thread):
         self.expected_ranks = expected_ranks
         self._captured: set[Path] = set()
         self.on_waiting = on_waiting  # no rank file yet: called with the seconds waited
+        # start-up: a rank whose file holds only its header is still importing and setting
+        # up; it makes progress while its process uses CPU (a rank blocked in a rendezvous
+        # or a collective does not), so the hang clock does not run on a loaded machine
+        self._header_bytes: dict[Path, int] = {}
+        self._cpu_ticks: dict[int, int] = {}
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -227,6 +232,7 @@ class Monitor(threading.Thread):
                     header = orjson.loads(first)
                     self._pids[path] = int(header.get("pid", 0))
                     self._ranks[path] = int(header.get("rank", -1))
+                    self._header_bytes[path] = len(first) + 1
             if b'"type":"exit"' in chunk:
                 self._exited.add(path)
                 if b'"reason":"capture complete' in chunk:
@@ -239,7 +245,7 @@ class Monitor(threading.Thread):
         start = last_change = time.monotonic()
         while not self._stop_event.wait(self.poll_s):
             try:
-                if self._read_new():
+                if self._read_new() or self._starting_up():
                     last_change = time.monotonic()
             except OSError:
                 continue
@@ -265,6 +271,21 @@ class Monitor(threading.Thread):
             if self._stop_lingering():
                 return
 
+    def _starting_up(self) -> bool:
+        """True when a rank that has written nothing beyond its header used CPU since the
+        last poll: it is importing or building its model, not hung."""
+        busy = False
+        for path, header in self._header_bytes.items():
+            if self._sizes.get(path, 0) > header or path in self._exited:
+                continue
+            pid = self._pids.get(path, 0)
+            ticks = _cpu_ticks(pid)
+            if ticks is not None and ticks > self._cpu_ticks.get(pid, ticks):
+                busy = True
+            if ticks is not None:
+                self._cpu_ticks[pid] = ticks
+        return busy
+
     def _stop_lingering(self) -> bool:
         """Every rank recorded the script's end, yet a process lives on: Python waits for a
         non-daemon thread the script started. Stop those processes (the record is complete);
@@ -287,6 +308,20 @@ class Monitor(threading.Thread):
             deadline = time.monotonic() + 3.0
             while time.monotonic() < deadline and any(pid_alive(pid) for pid in pids):
                 time.sleep(0.05)
+
+
+def _cpu_ticks(pid: int) -> int | None:
+    """The process's user and system CPU time in clock ticks (Linux; None where /proc
+    cannot say)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    fields = stat.rpartition(b")")[2].split()
+    try:
+        return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    except (IndexError, ValueError):
+        return None
 
 
 def launch(
