@@ -32,12 +32,25 @@ _GRACE_S = 1.0  # how long to look for a dead rank's last message before calling
 _SETTLE_S = 2.0  # after a first failure, how long to wait for the others (the root cause)
 
 
+class _Exit:
+    """``sys.exit(code)`` in a rank, as sent to the parent: the code itself, not a pickled
+    SystemExit (a parent or rank that imports dask.distributed pickles exceptions through
+    tblib, and a SystemExit comes back with its code lost)."""
+
+    def __init__(self, code: object) -> None:
+        self.code = code
+
+
 def _error_payload(exc: BaseException) -> tuple[bytes | None, str]:
     """The pickled exception (None when it does not survive a round trip) and its text:
     the traceback alone when the exception travels (its message is printed with it, so the
     note does not repeat a long assert_syncs message), the whole text otherwise."""
     text = "".join(traceback.format_exception(exc))
     try:
+        if isinstance(exc, SystemExit):
+            code = exc.code if isinstance(exc.code, (int, str, type(None))) else repr(exc.code)
+            data = pickle.dumps(_Exit(code))
+            return data, text
         data = pickle.dumps(exc)
         pickle.loads(data)  # custom __init__ signatures pickle but do not unpickle
     except Exception:
@@ -89,13 +102,13 @@ def _worker(
 def _rank_error(rank: int, world_size: int, data: bytes | None, text: str) -> BaseException:
     """The rank's exception, with its traceback as a note; RuntimeError if it cannot be
     rebuilt or would stop the parent (SystemExit, KeyboardInterrupt)."""
-    exc: BaseException | None = None
+    exc: object = None
     if data is not None:
         try:
             exc = pickle.loads(data)
         except Exception:
             exc = None
-    if isinstance(exc, SystemExit):  # sys.exit(9) in the function: its code is the news
+    if isinstance(exc, (_Exit, SystemExit)):  # sys.exit(9) in the function: its code is the news
         code = exc.code
         status = code if isinstance(code, int) else (0 if code is None else 1)
         exc = RuntimeError(

@@ -80,10 +80,10 @@ class _Proc:
         self.exitcode = exitcode
 
 
-def _message(rank: int, exc: BaseException) -> tuple[int, str, bytes, str]:
-    import pickle
-
-    return rank, "error", pickle.dumps(exc), f"Traceback ...\n{type(exc).__name__} (above)"
+def _message(rank: int, exc: BaseException) -> tuple[int, str, bytes | None, str]:
+    """What a rank sends when ``exc`` ends its function (spawn's own encoding)."""
+    data, text = SPAWN._error_payload(exc)
+    return rank, "error", data, text
 
 
 def _collect(procs: list[_Proc], messages: list[Any]) -> BaseException:
