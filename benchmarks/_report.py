@@ -229,7 +229,13 @@ def _small_steps(results: dict[str, Any]) -> list[str]:
         + ". Medians over repetitions, min-max in parentheses; *paired*: each profiled run "
         "over the plain run of its repetition; *thread*: CPU time of the training thread "
         "alone. `benchmarks/hook_time.py` gives the time inside the recorder per window, "
-        "which noise does not blur.",
+        "which noise does not blur."
+        + (
+            f" Measured {small['measured']} (load average at the end "
+            f"{', '.join(str(x) for x in small['load'])}), apart from the other sections."
+            if small.get("measured")
+            else ""
+        ),
         "",
         "| shape | launch | window ms | CPU ms | thread CPU ms |",
         "|---|---|---:|---:|---:|",

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -58,7 +59,13 @@ def measure(
 ) -> dict[str, Any]:
     """Every shape's figures (``windows``: timed windows per run, None: each shape's own)."""
     results = {shape: _measure_shape(shape, reps, windows, backend, work) for shape in shapes}
-    return {"backend": backend, "limit": LIMIT, "shapes": results}
+    return {
+        "backend": backend,
+        "limit": LIMIT,
+        "shapes": results,
+        "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load": [round(x, 2) for x in os.getloadavg()],
+    }
 
 
 def _measure_shape(
