@@ -26,7 +26,7 @@ def load(
     if run_dirs and len(run_dirs) != len(paths):
         raise SyncscopeError("give either syncscope run directories or traces, not both")
     if run_dirs:
-        from syncscope.analysis.build import load_run
+        from syncscope.analysis.assemble import load_run
         from syncscope.analysis.combine import with_trace_overlap
 
         run = load_run(run_dirs)

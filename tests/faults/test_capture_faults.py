@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from syncscope.analysis.build import load_run
+from syncscope.analysis.assemble import load_run
 from syncscope.capture import writer as writer_module
 from syncscope.capture.writer import EventWriter
 from syncscope.rundir import rank_events_path, read_events

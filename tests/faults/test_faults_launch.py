@@ -232,7 +232,7 @@ def test_a_restarted_attempt_writes_a_file_of_its_own(tmp_path: Path) -> None:
             "exit",
         ]
     assert (first / "meta.json").is_file()
-    from syncscope.analysis.build import load_run
+    from syncscope.analysis.assemble import load_run
 
     assert len(load_run(out).ranks) == len(load_run(first).ranks) == 1
 
@@ -302,7 +302,7 @@ def test_os_exit_records_the_exit_and_keeps_every_window(tmp_path: Path) -> None
     assert sum(e["type"] == "step" for e in events) == 5
     exits = [e for e in events if e["type"] == "exit"]
     assert len(exits) == 1 and exits[0]["status"] == 0, exits
-    from syncscope.analysis.build import load_run
+    from syncscope.analysis.assemble import load_run
     from syncscope.analysis.diagnose import diagnose
 
     run = load_run(out)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from syncscope.analysis.build import load_run
+from syncscope.analysis.assemble import load_run
 from syncscope.capture.writer import EventWriter
 from syncscope.errors import BadRunDirectory
 from syncscope.rundir import rank_events_path, read_events, write_meta
