@@ -205,37 +205,61 @@ def _capture(results: dict[str, Any]) -> list[str]:
     return [*lines, "", "![capture](benchmarks/capture.svg)", "", *_small_steps(results)]
 
 
+_SHAPE_TEXT = {
+    "transformer": "a nanoGPT-shaped DDP loop (`workloads/small_transformer.py`: 2 blocks, "
+    "64 wide)",
+    "mlp": "a DDP MLP (`workloads/small_mlp.py`: 4 x Linear(512, 512) + ReLU, batch 16, AdamW)",
+}
+
+
 def _small_steps(results: dict[str, Any]) -> list[str]:
     small = results.get("small_steps")
     if not small:
         return []
+    # results written before the MLP shape was added hold the transformer's figures alone
+    shapes = small.get("shapes") or {"transformer": small}
     lines = [
         "### Small steps",
         "",
-        "`benchmarks/small_steps.py`: a nanoGPT-shaped DDP loop "
-        "(`workloads/small_transformer.py`: 2 blocks, 64 wide, 4 micro-batches under "
-        f"`no_sync()`), eager and `torch.compile`d (backend {small['backend']}), plain "
-        "torchrun against `syncscope profile`, interleaved. Medians over repetitions, "
-        "min-max in parentheses; *paired*: each profiled run over the plain run of its "
-        "repetition. `benchmarks/hook_time.py` gives the time inside the recorder per window, "
-        "which noise does not blur.",
+        "`benchmarks/small_steps.py`: two shapes of small optimizer step, each with 4 "
+        "micro-batches under `no_sync()` on 2 gloo ranks of one thread, eager and "
+        f"`torch.compile`d (backend {small['backend']}), plain torchrun against `syncscope "
+        "profile`, interleaved: "
+        + "; ".join(_SHAPE_TEXT[s] for s in shapes if s in _SHAPE_TEXT)
+        + ". Medians over repetitions, min-max in parentheses; *paired*: each profiled run "
+        "over the plain run of its repetition; *thread*: CPU time of the training thread "
+        "alone. `benchmarks/hook_time.py` gives the time inside the recorder per window, "
+        "which noise does not blur."
+        + (
+            f" Measured {small['measured']} (load average at the end "
+            f"{', '.join(str(x) for x in small['load'])}), apart from the other sections."
+            if small.get("measured")
+            else ""
+        ),
         "",
-        "| launch | window ms | CPU ms |",
-        "|---|---:|---:|",
+        "| shape | launch | window ms | CPU ms | thread CPU ms |",
+        "|---|---|---:|---:|---:|",
     ]
-    for name, figures in small["configs"].items():
-        w, c = figures["window"], figures["cpu"]
-        lines.append(
-            f"| {name} | {w['median'] * 1e3:.2f} ({w['low'] * 1e3:.2f}-{w['high'] * 1e3:.2f}) "
-            f"| {c['median'] * 1e3:.2f} |"
-        )
+    for shape, figures in shapes.items():
+        for name, f in figures["configs"].items():
+            w, c, t = f["window"], f["cpu"], f.get("thread")
+            lines.append(
+                f"| {shape} | {name} | {w['median'] * 1e3:.2f} "
+                f"({w['low'] * 1e3:.2f}-{w['high'] * 1e3:.2f}) | {c['median'] * 1e3:.2f} | "
+                + (f"{t['median'] * 1e3:.2f} |" if t else "- |")
+            )
     lines.append("")
-    for mode in ("eager", "compiled"):
-        r, p = small[mode], small[mode]["paired"]
-        lines.append(
-            f"- {mode}: x{r['ratio']:.3f} of plain (medians), paired x{p['median']:.3f} "
-            f"({p['low']:.3f}-{p['high']:.3f}); CPU time x{r['cpu_ratio']:.3f}"
-        )
+    for shape, figures in shapes.items():
+        for mode in ("eager", "compiled"):
+            r, p = figures[mode], figures[mode]["paired"]
+            pc, pt = r.get("paired_cpu"), r.get("paired_thread")
+            lines.append(
+                f"- {shape}, {mode}: wall x{r['ratio']:.3f} of plain (medians), paired "
+                f"x{p['median']:.3f} ({p['low']:.3f}-{p['high']:.3f}); CPU time paired "
+                + (f"x{pc['median']:.3f} ({pc['low']:.3f}-{pc['high']:.3f})" if pc else "-")
+                + "; training thread paired "
+                + (f"x{pt['median']:.3f} ({pt['low']:.3f}-{pt['high']:.3f})" if pt else "-")
+            )
     return [*lines, ""]
 
 

@@ -4,9 +4,9 @@
     python benchmarks/bench_prediction.py --reps 1    # quicker
 
 For each configuration: ``syncscope profile`` the buggy loop and record the window time its
-report projects after the fix (``syncscope.figures.projection``: window time minus the
+report projects after the fix (``syncscope.model.figures.projection``: window time minus the
 exposed sync time of every micro-batch but the last), then profile the fixed loop and take
-its measured window time (``syncscope.figures.window_time``: median over ranks and steady
+its measured window time (``syncscope.model.figures.window_time``: median over ranks and steady
 windows). Both sides run under the same capture, so its overhead cancels. The error is
 (predicted - measured) / measured. The previous model (window time minus the *sum* of the
 early collectives' durations) is computed from the same buggy runs for comparison.
@@ -32,9 +32,8 @@ from _harness import ROOT, WORKLOADS, Launch, rotated
 
 sys.path.insert(0, str(ROOT))
 
-from syncscope import figures
-from syncscope.analysis.build import load_run
-from syncscope.model import Run, Window
+from syncscope.analysis.assemble import load_run
+from syncscope.model import Run, Window, figures
 
 MODELS = {
     "small": ["--hidden", "128", "--layers", "2", "--batch", "16"],

@@ -34,7 +34,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 from syncscope.capture import collectives, instrument
 from syncscope.capture.recorder import MemorySink, Recorder
-from syncscope.rundir import EventWriter
+from syncscope.capture.writer import EventWriter
 
 Installer = Callable[[Recorder], Callable[[], None]]
 

@@ -37,7 +37,7 @@ from capture_breakdown import IdleRecorder
 
 from syncscope.capture import instrument
 from syncscope.capture.recorder import MemorySink, Recorder
-from syncscope.rundir import EventWriter
+from syncscope.capture.writer import EventWriter
 
 _now = time.perf_counter_ns
 

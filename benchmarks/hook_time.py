@@ -31,12 +31,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 sys.path.insert(0, str(Path(__file__).resolve().parent / "workloads"))
 
+import small_mlp as mlp
 import small_transformer as st
 
 import syncscope.capture.recorder as recorder_module
 from syncscope.capture import instrument, sites
 from syncscope.capture.recorder import Recorder
-from syncscope.rundir import EventWriter
+from syncscope.capture.writer import EventWriter
 
 HOOKS = (
     "on_forward_begin",
@@ -58,6 +59,12 @@ def main() -> None:
     parser.add_argument("--windows", type=int, default=100)
     parser.add_argument("--tiny", action="store_true", help="a model of almost no compute")
     parser.add_argument(
+        "--model",
+        choices=("transformer", "mlp"),
+        default="transformer",
+        help="mlp: small_steps.py's MLP shape (4 x Linear(512, 512) + ReLU, batch 16)",
+    )
+    parser.add_argument(
         "--cpu",
         action="store_true",
         help="time the hooks in thread CPU time (not inflated by preemption on a busy machine)",
@@ -68,9 +75,13 @@ def main() -> None:
     args = st.parse_args()
     if opts.tiny:
         args.width, args.seq, args.batch, args.vocab, args.heads = 8, 4, 1, 16, 2
-    ddp = DDP(st.TinyGPT(args))
+    if opts.model == "mlp":
+        ddp = DDP(mlp.Net())
+        data = mlp.make_data(dist.get_rank())
+    else:
+        ddp = DDP(st.TinyGPT(args))
+        data = [(t[:, :-1], t[:, 1:]) for t in st.make_data(args, dist.get_rank())]
     optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
-    data = [(t[:, :-1], t[:, 1:]) for t in st.make_data(args, dist.get_rank())]
 
     spent: dict[str, int] = {}
     depth = [0]

@@ -246,6 +246,26 @@ def machine() -> dict[str, Any]:
     }
 
 
+def _respread(value: Any) -> Any:
+    """``value`` read back from results.json with its spreads made ``Spread`` again."""
+    if isinstance(value, dict):
+        if set(value) == {"median", "low", "high", "n"}:
+            return Spread(**value)
+        return {k: _respread(v) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_respread(v) for v in value]
+    return value
+
+
+def rerender_small_steps(small_json: Path, out: Path) -> Path:
+    """The page again from ``out``'s results.json, its small-step figures from
+    ``small_json`` (a ``small_steps.py --json`` file, with when and how loaded it ran)."""
+    raw = json.loads((out / "benchmarks" / "results.json").read_text())
+    results = {k: v if k == "small_steps" else _respread(v) for k, v in raw.items()}
+    results["small_steps"] = json.loads(small_json.read_text())
+    return render(results, out)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 repetition, small trace sets")
@@ -260,7 +280,18 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--capture-reps", type=int, help="repetitions of section 2 (default 10; --quick: 1)"
     )
+    parser.add_argument(
+        "--small-steps-from",
+        type=Path,
+        metavar="JSON",
+        help="measure nothing: put this small_steps.py --json result in the page's small-step "
+        "figures, the rest from the output folder's benchmarks/results.json, and render again",
+    )
     opts = parser.parse_args(argv)
+    if opts.small_steps_from:
+        page = rerender_small_steps(opts.small_steps_from, opts.out or ROOT / "docs")
+        log(f"wrote {page}")
+        return 0
     reps = opts.reps or (1 if opts.quick else 5)
     capture_reps = opts.capture_reps or (1 if opts.quick else 10)
     out = opts.out or (Path(tempfile.gettempdir()) / "syncscope-bench-quick" if opts.quick
@@ -282,7 +313,7 @@ def main(argv: list[str] | None = None) -> int:
             results["capture"] = capture_cost(work, capture_reps, capture_args)
             log("section 2, small steps (small_steps.py)")
             results["small_steps"] = measure_small_steps(
-                1 if opts.quick else 6, 10 if opts.quick else 40, "aot_eager", work
+                1 if opts.quick else 6, 10 if opts.quick else None, "aot_eager", work
             )
             log("section 4: grad-sync bytes per window")
             results["bytes"] = sync_bytes(work, fixed, [*table_args[:8], "--windows", "2"])

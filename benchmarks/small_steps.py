@@ -1,23 +1,30 @@
-"""Capture cost on small optimizer steps: a tiny transformer, eager and torch.compile'd.
+"""Capture cost on small optimizer steps, two model shapes, eager and torch.compile'd.
 
-    python benchmarks/small_steps.py [--reps 8] [--windows 40]
+    python benchmarks/small_steps.py [--reps 8] [--shapes transformer,mlp] [--windows N]
 
-Where each hook's fixed cost weighs most: ``workloads/small_transformer.py`` (nanoGPT-shaped,
-2 blocks, 64 wide, 4 micro-batches under ``no_sync()``, 2 gloo ranks, one thread each: steps
-of about 15-25 ms on a quiet 2-core machine). Four configurations, plain ``torchrun`` and
-``syncscope profile`` (counting mode), each eager and compiled (``--backend``, default
-``aot_eager``), run in a rotated order every repetition so that machine noise hits them
-alike. Each run reports the median of its timed windows (the warm-up windows, compilation
-included, are not timed). Printed: per configuration the median window time and CPU time
-over repetitions, and for the profiled runs the ratio to plain torchrun, as the ratio of the
-medians and as the median of the ratios paired within a repetition (issue 2's limit: 1.03).
-``--json FILE`` keeps every run.
+Where each hook's fixed cost weighs most, on two shapes of small step (2 gloo ranks, one
+thread each, 4 micro-batches under ``no_sync()``):
+
+- ``transformer``: ``workloads/small_transformer.py`` (nanoGPT-shaped, 2 blocks, 64 wide;
+  steps of about 15-25 ms on a quiet 2-core machine), 40 timed windows after 5 warm-up ones;
+- ``mlp``: ``workloads/small_mlp.py`` (4 x Linear(512, 512) + ReLU, batch 16; steps of
+  about 14-20 ms, two bucket all-reduces each), 112 timed windows after 8 warm-up ones.
+
+Per shape, four configurations, plain ``torchrun`` and ``syncscope profile`` (counting
+mode), each eager and compiled (``--backend``, default ``aot_eager``), run in a rotated
+order every repetition so that machine noise hits them alike. Each run reports the median
+of its timed windows (warm-up, compilation included, not timed): wall time, CPU time of the
+rank process (every thread) and CPU time of the training thread alone (``thread_time``).
+Printed: per configuration the medians over repetitions, and for the profiled runs the
+ratio to plain torchrun, as the ratio of the medians and as the median of the ratios
+paired within a repetition (the limit: 1.03). ``--json FILE`` keeps every run.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -30,6 +37,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 from _harness import WORKLOADS, Launch, Spread, rotated
 
 LIMIT = 1.03
+# shape -> (workload, timed windows, warm-up windows)
+SHAPES = {
+    "transformer": ("small_transformer.py", 40, 5),
+    "mlp": ("small_mlp.py", 112, 8),
+}
 CONFIGS = {
     "plain eager": (Launch("torchrun"), False),
     "profile eager": (Launch("profile"), False),
@@ -38,13 +50,34 @@ CONFIGS = {
 }
 
 
-def measure(reps: int, windows: int, backend: str, work: Path) -> dict[str, Any]:
-    script = WORKLOADS / "small_transformer.py"
+def measure(
+    reps: int,
+    windows: int | None,
+    backend: str,
+    work: Path,
+    shapes: tuple[str, ...] = tuple(SHAPES),
+) -> dict[str, Any]:
+    """Every shape's figures (``windows``: timed windows per run, None: each shape's own)."""
+    results = {shape: _measure_shape(shape, reps, windows, backend, work) for shape in shapes}
+    return {
+        "backend": backend,
+        "limit": LIMIT,
+        "shapes": results,
+        "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
+        "load": [round(x, 2) for x in os.getloadavg()],
+    }
+
+
+def _measure_shape(
+    shape: str, reps: int, windows: int | None, backend: str, work: Path
+) -> dict[str, Any]:
+    workload, timed, warmup = SHAPES[shape]
+    script = WORKLOADS / workload
     runs: list[dict[str, Any]] = []
     for rep in range(reps):
         for name in rotated(list(CONFIGS), rep):
             launch, compiled = CONFIGS[name]
-            args = ["--windows", str(windows), "--warmup", "5"]
+            args = ["--windows", str(windows or timed), "--warmup", str(warmup)]
             if compiled:
                 args += ["--compile", "--backend", backend]
             record = launch.run(script, args, work)
@@ -57,23 +90,25 @@ def measure(reps: int, windows: int, backend: str, work: Path) -> dict[str, Any]
             }
             runs.append(run)
             print(
-                f"[{time.strftime('%H:%M:%S')}] rep {rep} {name}: "
-                f"{run['window_s'] * 1e3:.2f} ms/window, {run['cpu_s'] * 1e3:.2f} ms CPU",
+                f"[{time.strftime('%H:%M:%S')}] {shape} rep {rep} {name}: "
+                f"{run['window_s'] * 1e3:.2f} ms/window, {run['cpu_s'] * 1e3:.2f} ms CPU, "
+                f"{run['thread_s'] * 1e3:.2f} ms training thread",
                 file=sys.stderr,
                 flush=True,
             )
-    return summarize(runs, backend)
+    return summarize(runs, workload)
 
 
-def summarize(runs: list[dict[str, Any]], backend: str) -> dict[str, Any]:
+def summarize(runs: list[dict[str, Any]], workload: str) -> dict[str, Any]:
     def of(config: str, key: str) -> list[float]:
         return [r[key] for r in runs if r["config"] == config]
 
-    result: dict[str, Any] = {"backend": backend, "runs": runs, "limit": LIMIT, "configs": {}}
+    result: dict[str, Any] = {"workload": workload, "runs": runs, "configs": {}}
     for name in CONFIGS:
         result["configs"][name] = {
             "window": Spread.of(of(name, "window_s")).__dict__,
             "cpu": Spread.of(of(name, "cpu_s")).__dict__,
+            "thread": Spread.of(of(name, "thread_s")).__dict__,
         }
     for mode in ("eager", "compiled"):
         plain = {r["rep"]: r for r in runs if r["config"] == f"plain {mode}"}
@@ -94,35 +129,51 @@ def summarize(runs: list[dict[str, Any]], backend: str) -> dict[str, Any]:
 
 
 def report(result: dict[str, Any]) -> str:
-    lines = [f"small steps (small_transformer.py, compiled with backend {result['backend']}):"]
+    lines: list[str] = []
+    for shape, figures in result["shapes"].items():
+        lines += _report_shape(shape, figures, result["backend"], result["limit"])
+    return "\n".join(lines)
+
+
+def _report_shape(shape: str, result: dict[str, Any], backend: str, limit: float) -> list[str]:
+    lines = [f"small steps, {shape} ({result['workload']}, compiled with backend {backend}):"]
     for name, figures in result["configs"].items():
-        w, c = figures["window"], figures["cpu"]
+        w, c, t = figures["window"], figures["cpu"], figures["thread"]
         lines.append(
             f"  {name:<17} window {w['median'] * 1e3:6.2f} ms "
             f"(range {w['low'] * 1e3:.2f}-{w['high'] * 1e3:.2f}, n={w['n']}), "
-            f"CPU {c['median'] * 1e3:6.2f} ms"
+            f"CPU {c['median'] * 1e3:6.2f} ms, training thread {t['median'] * 1e3:6.2f} ms"
         )
     for mode in ("eager", "compiled"):
         r = result[mode]
-        p = r["paired"]
+        p, pc, pt = r["paired"], r["paired_cpu"], r["paired_thread"]
         lines.append(
-            f"  profile/plain {mode:<8} x{r['ratio']:.3f} (medians), paired x{p['median']:.3f} "
-            f"(range {p['low']:.3f}-{p['high']:.3f}), CPU x{r['cpu_ratio']:.3f} "
-            f"(paired x{r['paired_cpu']['median']:.3f}), training thread CPU paired "
-            f"x{r['paired_thread']['median']:.3f}; limit x{result['limit']:.2f}"
+            f"  profile/plain {mode:<8} wall x{r['ratio']:.3f} (medians), paired "
+            f"x{p['median']:.3f} ({p['low']:.3f}-{p['high']:.3f}); process CPU paired "
+            f"x{pc['median']:.3f} ({pc['low']:.3f}-{pc['high']:.3f}); training thread CPU "
+            f"paired x{pt['median']:.3f} ({pt['low']:.3f}-{pt['high']:.3f}); limit x{limit:.2f}"
         )
-    return "\n".join(lines)
+    return lines
 
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--reps", type=int, default=8)
-    parser.add_argument("--windows", type=int, default=40, help="timed windows per run")
+    parser.add_argument(
+        "--windows", type=int, help="timed windows per run (default: each shape's own)"
+    )
+    parser.add_argument(
+        "--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}"
+    )
     parser.add_argument("--backend", default="aot_eager", help="torch.compile backend")
     parser.add_argument("--json", type=Path, help="write every run here")
     opts = parser.parse_args(argv)
+    shapes = tuple(s.strip() for s in opts.shapes.split(",") if s.strip())
+    unknown = [s for s in shapes if s not in SHAPES]
+    if unknown or not shapes:
+        parser.error(f"--shapes: unknown {', '.join(unknown) or 'none given'}")
     with tempfile.TemporaryDirectory(prefix="syncscope-small-") as tmp:
-        result = measure(opts.reps, opts.windows, opts.backend, Path(tmp))
+        result = measure(opts.reps, opts.windows, opts.backend, Path(tmp), shapes)
     print(report(result))
     if opts.json:
         opts.json.write_text(json.dumps(result, indent=1))

@@ -11,7 +11,7 @@ from typing import TYPE_CHECKING, Any
 __version__ = "0.1.0"
 
 if TYPE_CHECKING:
-    from syncscope.tracking import Stats, track
+    from syncscope.testing.track import Stats, track
 
 __all__ = ["Stats", "__version__", "track"]
 
@@ -20,5 +20,5 @@ def __getattr__(name: str) -> Any:
     if name in ("track", "Stats"):
         import importlib
 
-        return getattr(importlib.import_module("syncscope.tracking"), name)
+        return getattr(importlib.import_module("syncscope.testing.track"), name)
     raise AttributeError(f"module 'syncscope' has no attribute {name!r}")

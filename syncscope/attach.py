@@ -27,10 +27,13 @@ import re
 import runpy
 import signal
 import sys
+import threading
 import time
 from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
+
+from syncscope.validate import check_bounds
 
 if TYPE_CHECKING:
     from syncscope.capture.session import CaptureSession
@@ -53,35 +56,13 @@ USAGE = (
 OPTIONS = ("--out", "--windows", "--skip-windows", "--then")
 
 
-def check_bounds(
-    windows: str | None,
-    skip_windows: str | None,
-    then: str | None,
-    names: tuple[str, str, str] = ("--windows", "--skip-windows", "--then"),
-) -> tuple[int | None, int, str]:
-    """Validate bounded-capture values: (windows or None, skip_windows, then).
-
-    Raises ValueError with a one-line message naming the option (or variable) at fault."""
-
-    def count(name: str, value: str, least: int) -> int:
-        text = value.strip()
-        if not text.isdigit() or int(text) < least:
-            kind = "a positive integer" if least else "a non-negative integer"
-            raise ValueError(f"{name} must be {kind}, not {value!r}")
-        return int(text)
-
-    n = None if windows is None else count(names[0], windows, 1)
-    w = 0 if skip_windows is None else count(names[1], skip_windows, 0)
-    t = "run" if then is None else then.strip()
-    if t not in ("run", "stop"):
-        raise ValueError(f"{names[2]} must be run or stop, not {then!r}")
-    if t == "stop" and n is None:
-        raise ValueError(f"{names[2]} stop needs {names[0]} N (the windows to capture first)")
-    return n, w, t
-
-
 def _die(message: str) -> NoReturn:
-    print(f"syncscope: error: {message}", file=sys.stderr)
+    """One error line, exit 2. A script path, an option's value or a directory is user text:
+    its control characters (and line breaks) are written out, never sent to the terminal."""
+    from syncscope.render.safe import visible
+
+    line = visible(message).replace("\n", "\\n")
+    print(f"syncscope: error: {line}", file=sys.stderr)
     raise SystemExit(2)
 
 
@@ -260,6 +241,7 @@ def _close_on_signals(session: CaptureSession) -> None:
         # has nothing to record, and closing the session there could block on state copied
         # mid-use from the rank (the profiler's), so it just ends
         if os.getpid() == rank_pid:
+            _name_lingering_threads(signum)
             session.close(128 + signum, f"killed by signal {signal.Signals(signum).name}")
         signal.signal(signum, signal.SIG_DFL)
         os.kill(os.getpid(), signum)
@@ -308,8 +290,32 @@ def _run(session: CaptureSession, is_module: bool, target: str) -> int:
         status, reason = 1, f"{type(exc).__name__}: {exc}"[:500]
     finally:
         session.close(status, reason)
+        _SCRIPT_ENDED.set()
         _release()
     return status
+
+
+_SCRIPT_ENDED = threading.Event()  # the script has returned (or raised): its exit is recorded
+
+
+def _name_lingering_threads(signum: int) -> None:
+    """A signal after the script's end: say which of its threads kept the process alive
+    (Python waits for every non-daemon thread before it exits)."""
+    if not _SCRIPT_ENDED.is_set():
+        return
+    from syncscope.render.safe import visible
+
+    main = threading.main_thread()
+    names = [t.name for t in threading.enumerate() if not t.daemon and t is not main]
+    if names:
+        with contextlib.suppress(OSError, ValueError):
+            print(
+                f"syncscope: {signal.Signals(signum).name} after the script ended (rank "
+                f"{os.environ.get('RANK', '?')}): its non-daemon thread(s) "
+                f"{visible(', '.join(map(repr, names)))} kept the process alive",
+                file=sys.stderr,
+                flush=True,
+            )
 
 
 def _close_on_os_exit(session: CaptureSession) -> None:
@@ -360,16 +366,6 @@ def user_traceback(exc: BaseException) -> str:
     return "".join(te.format())
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except OSError:
-        return True
-    return True
-
-
 def _watch_profile(session: object, rank: int) -> None:
     """End this rank when the `syncscope profile` that started it is gone (even SIGKILLed).
 
@@ -380,13 +376,13 @@ def _watch_profile(session: object, rank: int) -> None:
     value = os.environ.get(ENV_PROFILE_PID, "")
     if not value.isdigit():
         return
-    import threading
+    from syncscope.rundir import pid_alive
 
     pid = int(value)
     parent = os.getppid()
 
     def watch() -> None:
-        while (parent == pid and os.getppid() == pid) or (parent != pid and _alive(pid)):
+        while (parent == pid and os.getppid() == pid) or (parent != pid and pid_alive(pid)):
             time.sleep(WATCH_S)
         with contextlib.suppress(OSError, ValueError):
             print(

@@ -150,3 +150,23 @@ def write_output(path: Path, content: bytes | Callable[[IO[bytes]], None]) -> No
             content(out)
         else:
             out.write(content)
+
+
+def new_folder(base: Path) -> Path:
+    """Create ``base``, or ``base-2``, ``base-3``... when it exists: atomically (mkdir fails
+    on an existing folder), so concurrent analyses started in the same second never share
+    one."""
+    try:
+        base.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as exc:
+        raise SyncscopeError(f"cannot create {base.parent}: {exc.strerror}") from None
+    for n in range(1, 10_000):
+        path = base if n == 1 else base.with_name(f"{base.name}-{n}")
+        try:
+            path.mkdir()
+        except FileExistsError:
+            continue
+        except OSError as exc:
+            raise SyncscopeError(f"cannot create {path}: {exc.strerror}") from None
+        return path
+    raise SyncscopeError(f"cannot create {base}: 10,000 folders of that name exist")

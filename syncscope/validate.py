@@ -9,6 +9,7 @@ hold (``missing_ranks``), never used to allocate.
 
 from __future__ import annotations
 
+import itertools
 import math
 from collections.abc import Iterable
 from typing import Any
@@ -236,3 +237,83 @@ def check_event(ev: dict[str, Any], file: object, number: int) -> None:
     for key in _REQUIRED.get(ev.get("type", ""), ()):
         if ev.get(key) is None:
             bad(where, key, f"is missing (a {ev.get('type')!r} event needs it)")
+
+
+def check_bounds(
+    windows: str | None,
+    skip_windows: str | None,
+    then: str | None,
+    names: tuple[str, str, str] = ("--windows", "--skip-windows", "--then"),
+) -> tuple[int | None, int, str]:
+    """Validate bounded-capture values: (windows or None, skip_windows, then), for
+    ``profile``'s options and a rank's environment alike (syncscope/attach.py).
+
+    Raises ValueError with a one-line message naming the option (or variable) at fault."""
+
+    def count(name: str, value: str, least: int) -> int:
+        text = value.strip()
+        if not text.isdigit() or int(text) < least:
+            kind = "a positive integer" if least else "a non-negative integer"
+            raise ValueError(f"{name} must be {kind}, not {value!r}")
+        return int(text)
+
+    n = None if windows is None else count(names[0], windows, 1)
+    w = 0 if skip_windows is None else count(names[1], skip_windows, 0)
+    t = "run" if then is None else then.strip()
+    if t not in ("run", "stop"):
+        raise ValueError(f"{names[2]} must be run or stop, not {then!r}")
+    if t == "stop" and n is None:
+        raise ValueError(f"{names[2]} stop needs {names[0]} N (the windows to capture first)")
+    return n, w, t
+
+
+def check_sequence(
+    events: list[dict[str, Any]], name: str
+) -> tuple[list[dict[str, Any]], list[str]]:
+    """A rank file's ``coll`` and ``done`` records made one per ``seq`` and read in ``seq``
+    order, with a note for each thing set right (``name``: the file, for the notes).
+
+    - A ``coll`` repeating an earlier one's ``seq`` (the same record written twice) is left
+      out: counted twice it would be a collective the rank never issued, a false mismatch
+      with every other rank. A repeated ``done``: the first (the earliest completion) is kept.
+    - ``coll`` records out of ``seq`` order (``seq`` is the order of issue on the rank): the
+      places ``coll`` records hold in the file take them in ``seq`` order, so every other
+      event, and the window each place is in, stays where it was written.
+    """
+    colls = [ev["seq"] for ev in events if ev.get("type") == "coll"]
+    dones = [ev["seq"] for ev in events if ev.get("type") == "done"]
+    in_order = all(a < b for a, b in itertools.pairwise(colls))
+    if in_order and len(set(dones)) == len(dones):
+        return events, []  # the usual file: nothing to set right, nothing copied
+    kept: list[dict[str, Any]] = []
+    places: list[int] = []
+    seen: tuple[set[int], set[int]] = (set(), set())
+    repeats = [0, 0]
+    for ev in events:
+        kind = ev.get("type")
+        if kind in ("coll", "done"):
+            which = 0 if kind == "coll" else 1
+            if ev["seq"] in seen[which]:
+                repeats[which] += 1
+                continue
+            seen[which].add(ev["seq"])
+            if which == 0:
+                places.append(len(kept))
+        kept.append(ev)
+    notes: list[str] = []
+    if repeats[0] or repeats[1]:
+        notes.append(
+            f"{name}: {repeats[0]} collective and {repeats[1]} completion record(s) repeat an "
+            "earlier record's seq (written twice): each is counted once"
+        )
+    issued = [kept[i] for i in places]
+    ordered = sorted(issued, key=lambda ev: int(ev["seq"]))
+    moved = sum(a is not b for a, b in zip(issued, ordered, strict=True))
+    if moved:
+        for place, ev in zip(places, ordered, strict=True):
+            kept[place] = ev
+        notes.append(
+            f"{name}: {moved} collective record(s) written out of seq order: read in seq "
+            "order (the order the rank issued them)"
+        )
+    return kept, notes

@@ -26,15 +26,6 @@ from syncscope.analysis.helpers import (
     helper_text,
     name_helper,
 )
-from syncscope.figures import (
-    Steady,
-    early_sync_ns,
-    mean,
-    median,
-    projection,
-    saved_ns,
-    steady_windows,
-)
 from syncscope.model import (
     FAILED_KINDS,
     Collective,
@@ -46,11 +37,20 @@ from syncscope.model import (
     Window,
     severity_rank,
 )
+from syncscope.model.figures import (
+    Steady,
+    early_sync_ns,
+    mean,
+    median,
+    projection,
+    saved_ns,
+    steady_windows,
+)
 
 FRAGMENT_MAX_MEAN_BYTES = 256 * 1024  # smaller collectives cost mostly their latency
 FRAGMENT_BUCKET_BYTES = 25 * 1024 * 1024  # DDP's default bucket: what one collective can carry
 # the extra calls' estimated cost, as a share of the window: reported from 1%; a warning
-# from 10%, the share at which exposed-communication warns (syncscope/trace/findings.py)
+# from 10%, the share at which exposed-communication warns (syncscope/analysis/exposed.py)
 FRAGMENT_MIN_SHARE = 0.01
 FRAGMENT_WARNING_SHARE = 0.10
 
@@ -130,7 +130,7 @@ def _redundant(rank: RankRun, window: Window) -> Iterator[Observation]:
     helper = helper_no_op(window, positions[0]) if cause in REPLACED_CAUSES else None
     if helper is not None:  # the user's own helper was meant to skip these syncs
         cause, severity = HELPER_CAUSE, "warning"
-    # exposed sync time (syncscope.figures), not a sum of overlapping collective durations
+    # exposed sync time (syncscope.model.figures), not a sum of overlapping collective durations
     wasted_ns = early_sync_ns(window)
     duration = max(window.duration_ns, 1)
     cost: dict[str, float] = {
@@ -341,7 +341,7 @@ def _fragmented_figures(findings: list[Finding]) -> list[Finding]:
             share = min(1.0, call * extra / max(window, 1.0))
             cost["share_of_window_time"] = share
             # the card's severity follows the share it shows, not its worst window's
-            severity = "warning" if share >= FRAGMENT_WARNING_SHARE else "info"
+            severity: Severity = "warning" if share >= FRAGMENT_WARNING_SHARE else "info"
             f = replace(f, cost=cost, severity=severity)
         out.append(f)
     return out
@@ -349,7 +349,7 @@ def _fragmented_figures(findings: list[Finding]) -> list[Finding]:
 
 def _redundant_figures(run: Run, findings: list[Finding], steady: Steady) -> list[Finding]:
     """A redundant-sync card's time figures from one source, the projection
-    (syncscope.figures.projection over the card's ranks): the window and projected window
+    (syncscope.model.figures.projection over the card's ranks): the window and projected window
     times are its medians, the exposed sync time their difference, the share that over the
     window. When the projection is omitted, the card says so with the same reason as the
     summary (``projection_omitted``) and projects no window time."""
@@ -452,7 +452,7 @@ MESSAGES = {
 
 
 def _saved_across_ranks(observations: list[Observation], saved: dict[int, int]) -> None:
-    """Redundant time as the projection counts it (syncscope.figures.saved_ns): per early
+    """Redundant time as the projection counts it (syncscope.model.figures.saved_ns): per early
     micro-batch the least any rank waited, so skew between ranks is not priced as waste."""
     for o in observations:
         if o.kind != "redundant-sync" or o.window not in saved:
@@ -471,7 +471,7 @@ def _group(observations: list[Observation], steady: Steady | None = None) -> lis
     findings: list[Finding] = []
     for (kind, cause), items in groups.items():
         first = items[0]
-        # costs: the median over the steady windows (syncscope.figures), as the headline's
+        # costs: the median over the steady windows (syncscope.model.figures), as the headline's
         # window time is; the warm-up windows only when no steady window is affected
         basis = [o for o in items if steady is not None and o.window in steady] or items
         numeric = {

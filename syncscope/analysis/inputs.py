@@ -10,7 +10,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from syncscope.errors import SyncscopeError
+from syncscope.errors import BadRunDirectory, SyncscopeError
 from syncscope.model import Finding, Run, severity_rank
 from syncscope.rundir import is_run_dir
 
@@ -26,8 +26,8 @@ def load(
     if run_dirs and len(run_dirs) != len(paths):
         raise SyncscopeError("give either syncscope run directories or traces, not both")
     if run_dirs:
-        from syncscope.analysis.build import load_run
-        from syncscope.trace.combine import with_trace_overlap
+        from syncscope.analysis.assemble import load_run
+        from syncscope.analysis.combine import with_trace_overlap
 
         run = load_run(run_dirs)
         traced = [d / "traces" for d in run_dirs if (d / "traces").is_dir()]
@@ -43,9 +43,18 @@ def load(
 def findings_for(run: Run, hta: dict[str, Any] | None = None) -> list[Finding]:
     """syncscope's diagnoses plus exposed communication, where a trace measured it."""
     from syncscope.analysis.diagnose import diagnose
-    from syncscope.trace.findings import exposed_communication
+    from syncscope.analysis.exposed import exposed_communication
 
     findings = diagnose(run)
     findings.extend(exposed_communication(run, hta))
     findings.sort(key=lambda f: severity_rank(f.severity))
     return findings
+
+
+def load_and_diagnose(run_dir: Path) -> tuple[Run, list[Finding]]:
+    """Read a saved run and diagnose it: the one path every re-rendering command takes
+    (``report``, ``diff``)."""
+    if not run_dir.exists():
+        raise BadRunDirectory(f"{run_dir}: no such run directory")
+    run, _files = load([run_dir], skip_bad=False, progress=False)
+    return run, findings_for(run)

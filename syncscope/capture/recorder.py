@@ -22,15 +22,15 @@ import torch
 import syncscope
 from syncscope.capture import sites
 from syncscope.capture.fingerprint import (
-    PendingFingerprint,
     cuda_peak_and_reset,
     fingerprint,
     rss_bytes,
 )
-from syncscope.capture.frameworks import FRAMEWORKS, detect_framework
-from syncscope.capture.grads import deepspeed_reduce_grads, fsdp_reduce_grads, holds_grads
+from syncscope.capture.gradients import GradientIndex, _op_tensors
+from syncscope.capture.pending import PendingWork
 from syncscope.capture.records import Item, Record, event_of
-from syncscope.model import input_argument, normalize_op
+from syncscope.capture.wrappers import WrapperRegistry
+from syncscope.model import normalize_op
 from syncscope.rundir import EVENTS_FORMAT, EVENTS_FORMAT_VERSION
 
 
@@ -85,17 +85,6 @@ class TraceHooks(Protocol):
     def close(self) -> None: ...
 
 
-def _tensors(value: Any) -> list[torch.Tensor]:
-    if isinstance(value, torch.Tensor):
-        return [value]
-    if isinstance(value, (list, tuple)):
-        out: list[torch.Tensor] = []
-        for item in value:
-            out.extend(_tensors(item))
-        return out
-    return []
-
-
 # what a window is made of: not written while windows are skipped (``--skip-windows``)
 _WINDOW_EVENTS = frozenset(
     (
@@ -122,21 +111,12 @@ _AT_ONCE = frozenset(
     ("header", "exit", "wrapper", "dist", "framework", "warning", "skipped", "bwd_error")
 )
 
-_WRAPPER_ORDER = ("ddp", "fsdp2", "fsdp1", "deepspeed")  # the order of a backward's ``sync`` state
-
 _perf_ns = time.perf_counter_ns  # the recorder's clock (see Recorder.now)
-_GRAD_SAMPLE = 4  # parameters whose .grad is looked at around backwards (a reset)
 
 
 _dtype_names: dict[torch.dtype, str] = {}  # torch.float32 -> "float32"
 
 _CLOSURE = {"closure": True}  # a step's further field when it runs a closure (never mutated)
-
-
-def _op_tensors(opname: str, args: tuple[Any, ...]) -> list[torch.Tensor]:
-    """The tensors a c10d op reads (its input: the second argument for gathers/scatters)."""
-    index = input_argument(opname)
-    return _tensors(args[index]) if len(args) > index else []
 
 
 def _dtype_name(dtype: torch.dtype) -> str:
@@ -146,8 +126,17 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
-class Recorder:
-    """Receives callbacks from the instrumentation and writes events for one rank."""
+class Recorder(WrapperRegistry, GradientIndex, PendingWork):
+    """Receives callbacks from the instrumentation and writes events for one rank.
+
+    In parts, by concern: this class is the window/phase state machine and holds the
+    events; ``WrapperRegistry`` (``syncscope.capture.wrappers``) the wrappers and their
+    sync state, ``GradientIndex`` (``syncscope.capture.gradients``) the gradient index and
+    content probe, ``PendingWork`` (``syncscope.capture.pending``) the collectives in flight
+    and pending fingerprints. The parts are base classes, not objects of their own: the hot
+    hooks read every part's state as the recorder's attributes, with no indirection."""
+
+    sink: Sink
 
     def __init__(
         self,
@@ -177,35 +166,12 @@ class Recorder:
         self.bucket = 0
         self.seq = 0
         self.events = 0
-        self.ddp_modules: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-        self.fsdp_roots: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-        self.fsdp1_modules: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-        self.engines: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
-        self._grads_freed = False  # ZeRO-2/3: the model's .grad is freed once reduced
         self._fp_window = -1  # the window fingerprint_window last fingerprinted
-        # (kind, weak reference, label) of every wrapper: what sync_state reads per backward
-        self._wrappers: list[tuple[str, weakref.ref[Any], str]] = []
-        self._sync_dicts: dict[bool, dict[str, bool]] = {}  # sync_state's, one DDP module
-        self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
-        self._labels = 0
-        self._pending_fp: list[tuple[int, PendingFingerprint]] = []
-        self._grads_after_backward = -1
-        self._reset_since_backward = False
-        self._grad_ptrs: set[int] | None = None
-        self._grad_numels: set[int] = set()
-        self._grad_list: list[torch.Tensor] = []
-        self._content_hits: set[int] = set()  # tensors found to hold gradients, pre-issue
-        self._bucket_ptrs: set[int] = set()  # DDP buckets handed to a Python comm hook
-        self.framework: tuple[str, str] | None = None
-        self._framework_final = False
-        self._pg_cache: dict[str, list[int] | None] = {}
         self._window_open = False
         self._closed = False
-        self.dist_info: dict[str, Any] = {}
-        self._works: list[tuple[int, Any]] = []
-        self._params_cache: list[torch.Tensor] = []
-        self._grad_sample: list[torch.Tensor] = []  # what _count_grads looks at
-        self._params_dirty = True  # a wrapper or optimizer step since _params last ran
+        self._init_wrappers()
+        self._init_gradients()
+        self._init_pending()
         self._group_counts: dict[int, int] = {}  # id(optimizer) -> its param groups
         self._window_activity = False  # a backward, collective or reset since the last step
         # bounded capture: skip the first windows, stop after max_windows captured ones
@@ -216,18 +182,6 @@ class Recorder:
         self.uninstall: Any = None  # set by instrument.install
         self.detaching = False  # capture is over: hooks go at their next safe call
         _LIVE.add(self)  # made inert in a forked child (_inert_in_children)
-
-    def _note_dist(self) -> None:
-        """Remember the default group while it exists (scripts often destroy it at the end)."""
-        if self.dist_info:
-            return
-        dist = torch.distributed
-        if dist.is_available() and dist.is_initialized():
-            self.dist_info = {
-                "backend": str(dist.get_backend()),
-                "world_size": dist.get_world_size(),
-                "rank": dist.get_rank(),
-            }
 
     # -- plumbing -------------------------------------------------------------------------
     def now(self) -> int:
@@ -273,11 +227,6 @@ class Recorder:
         if undo is not None:
             undo()
 
-    def new_label(self, kind: str, module: Any) -> str:
-        self._labels += 1
-        inner = getattr(module, "module", module)
-        return f"{kind}:{type(inner).__name__}#{self._labels - 1}"
-
     def header(self, extra: dict[str, Any]) -> None:
         self.emit(
             {
@@ -318,80 +267,10 @@ class Recorder:
             self.trace.close()
         self._closed = True
         # hold nothing of the job's once closed: its tensors and works must be free to go
-        self._params_cache, self._pending_fp = [], []
-        self._grad_sample = []
-        self._grad_ptrs, self._grad_list = None, []
-        self._content_hits, self._bucket_ptrs = set(), set()
+        self._pending_fp = []
+        self._forget_gradients()
 
-    def on_dist_init(self) -> None:
-        self._note_dist()
-        if self.dist_info:
-            self.emit({"type": "dist", "t": self.now(), **self.dist_info})
-
-    # -- wrappers -------------------------------------------------------------------------
-    def on_wrapper(
-        self, kind: str, module: Any, info: dict[str, Any], key: Any | None = None
-    ) -> str:
-        """Register a DDP module (key: the module) or FSDP2 root (key: its FSDPState)."""
-        self._note_dist()
-        self.note_framework(2)
-        label = self.new_label(kind, module)
-        if kind == "ddp":
-            self.ddp_modules[module] = label
-            self._wrappers.append(("ddp", weakref.ref(module), label))
-        elif key is None:
-            self.fsdp1_modules[module] = label  # FSDP1: the module holds the sync flag
-            self._wrappers.append(("fsdp1", weakref.ref(module), label))
-        else:
-            self.fsdp_roots[key] = label  # FSDP2: keyed by the root's FSDPState
-            self._wrappers.append(("fsdp2", weakref.ref(key), label))
-        self._wrappers.sort(key=lambda w: _WRAPPER_ORDER.index(w[0]))  # stable: by creation
-        self._params_dirty = True
-        self.emit({"type": "wrapper", "kind": kind, "label": label, "t": self.now(), **info})
-        return label
-
-    def on_engine(self, engine: Any, info: dict[str, Any], version: str) -> str:
-        """Register a DeepSpeed engine (see ``syncscope.capture.deepspeed``): a wrapper, and
-        the framework, with its ZeRO stage, whatever runs it (Accelerate, the HF Trainer)."""
-        self._note_dist()
-        label = self.new_label("deepspeed", engine)
-        self.engines[engine] = label
-        self._wrappers.append(("deepspeed", weakref.ref(engine), label))
-        self._wrappers.sort(key=lambda w: _WRAPPER_ORDER.index(w[0]))
-        self._params_dirty = True
-        stage = int(info.get("zero_stage", 0) or 0)
-        self._grads_freed = self._grads_freed or stage >= 2
-        self.emit({"type": "wrapper", "kind": "deepspeed", "label": label, "t": self.now(), **info})
-        if version or self.framework is None:
-            self.framework, self._framework_final = ("deepspeed", version), True
-            self.emit(
-                {
-                    "type": "framework",
-                    "t": self.now(),
-                    "name": "deepspeed",
-                    "version": version,
-                    "zero_stage": stage,
-                }
-            )
-        return label
-
-    def note_framework(self, skip: int = 1) -> None:
-        """Record the framework driving the job (Lightning, HF Trainer, Accelerate), as seen
-        from the stack at a wrapper's creation and at the first optimizer step."""
-        if self._framework_final:
-            return
-        found: tuple[str, str] | None = None
-        with contextlib.suppress(Exception):  # a record must never break the user's job
-            found = detect_framework(skip + 1)
-        if found is None or found == self.framework:
-            return
-        if self.framework is not None and [n for n, _, _ in FRAMEWORKS].index(found[0]) > [
-            n for n, _, _ in FRAMEWORKS
-        ].index(self.framework[0]):
-            return  # keep the more specific one seen first
-        self.framework = found
-        self.emit({"type": "framework", "t": self.now(), "name": found[0], "version": found[1]})
-
+    # -- forward ----------------------------------------------------------------------------
     def _window_begin(self) -> None:
         if not self._window_open:
             self._window_open = True
@@ -421,34 +300,6 @@ class Recorder:
         """A wrapper forward returned: only the phase changes. No event is written (earlier
         versions wrote ``fwd_end``, which nothing derived from a run reads)."""
         self.fwd_depth = max(0, self.fwd_depth - 1)
-
-    def sync_state(self) -> dict[str, bool]:
-        """Each live wrapper's sync intent now: DDP modules, FSDP2 roots, FSDP1 modules (in
-        that order: ``_wrappers`` is kept sorted by kind). With one DDP module (the common
-        case) one of two dicts made once is returned (events are never mutated)."""
-        wrappers = self._wrappers
-        if len(wrappers) == 1 and wrappers[0][0] == "ddp":
-            ddp = wrappers[0][1]()
-            if ddp is not None:
-                flag = bool(ddp.require_backward_grad_sync)
-                cached = self._sync_dicts.get(flag)
-                if cached is None or wrappers[0][2] not in cached:
-                    cached = self._sync_dicts[flag] = {wrappers[0][2]: flag}
-                return cached
-        state: dict[str, bool] = {}
-        for kind, ref, label in self._wrappers:
-            obj = ref()
-            if obj is None:
-                continue
-            if kind == "ddp":
-                state[label] = bool(obj.require_backward_grad_sync)
-            elif kind == "fsdp2":
-                state[label] = fsdp_reduce_grads(obj)
-            elif kind == "deepspeed":
-                state[label] = deepspeed_reduce_grads(obj)
-            else:
-                state[label] = bool(getattr(obj, "_sync_gradients", True))
-        return state
 
     # -- backward -------------------------------------------------------------------------
     def on_backward_begin(self) -> bool:
@@ -493,42 +344,6 @@ class Recorder:
         self.after_backward = True
         self._reset_since_backward = False
         self._grad_ptrs = None
-
-    def _params(self) -> list[torch.Tensor]:
-        """Parameters of the known optimizers (else of the wrapped models), cached."""
-        if not self._params_dirty:
-            return self._params_cache
-        self._params_dirty = False
-        seen: dict[int, torch.Tensor] = {}
-        # a DeepSpeed engine's optimizer holds flat partitions (ZeRO 1-3): its model's
-        # parameters are the ones whose gradients are the job's
-        for opt in [] if self.engines else list(self.optimizers):
-            for group in opt.param_groups:
-                for p in group["params"]:
-                    seen[id(p)] = p
-        if not seen:
-            modules = [*self.ddp_modules, *self.fsdp1_modules]
-            modules += [e.module for e in list(self.engines)]
-            modules += [m for s in list(self.fsdp_roots) for m in getattr(s, "_modules", ())]
-            for module in modules:
-                for p in module.parameters():
-                    seen[id(p)] = p
-        params = list(seen.values())
-        self._params_cache = params
-        self._grad_sample = params[:: max(1, -(-len(params) // _GRAD_SAMPLE))]
-        return self._params_cache
-
-    def _count_grads(self) -> int:
-        """Parameters holding a gradient, among a spread sample of at most _GRAD_SAMPLE of
-        them (a reset wipes them all, so a sample sees it at a cost independent of model
-        size; each parameter read right after a backward is a cold memory access)."""
-        if self._params_dirty:
-            self._params()
-        present = 0
-        for p in self._grad_sample:
-            if p.grad is not None:
-                present += 1
-        return present
 
     def on_grad_reset(self, how: str, set_to_none: bool | None) -> None:
         self._reset_since_backward = True
@@ -683,15 +498,6 @@ class Recorder:
         ):
             self.on_capture_end()
 
-    def _resolve_fingerprints(self, wait: bool) -> None:
-        keep: list[tuple[int, PendingFingerprint]] = []
-        for window, fp in self._pending_fp:
-            if wait or fp.ready():
-                self.emit({"type": "fp", "window": window, **fp.fields()})
-            else:
-                keep.append((window, fp))
-        self._pending_fp = keep
-
     # -- collectives --------------------------------------------------------------------------
     def phase(self) -> str:
         if self.step_depth:
@@ -703,85 +509,6 @@ class Recorder:
         if self.after_backward:
             return "after-backward"
         return "other"
-
-    def _group_ranks(self, pg: Any) -> tuple[str, list[int] | None]:
-        name = str(getattr(pg, "group_name", "") or "")
-        if name in self._pg_cache:
-            return name, self._pg_cache[name]
-        ranks: list[int] | None
-        try:
-            ranks = list(torch.distributed.get_process_group_ranks(pg))
-        except Exception:
-            ranks = None
-        self._pg_cache[name] = ranks
-        # the group's ranks, written once: its collectives name it by ``pg`` (a group of
-        # the whole job on every collective made a 16k-rank run's files grow as world size
-        # squared)
-        self.emit({"type": "pg", "t": self.now(), "pg": name, "group": ranks})
-        return name, ranks
-
-    def _grads(self) -> list[torch.Tensor]:
-        """The rank-local gradients of the known parameters, in parameter order (cached until
-        the next backward or reset), with their storages and element counts noted."""
-        if self._grad_ptrs is None:
-            ptrs: set[int] = set()
-            numels: set[int] = set()
-            grads: list[torch.Tensor] = []
-            total = 0
-            for p in self._params():
-                g = p.grad
-                if g is None or g.is_sparse:
-                    continue
-                local = g.to_local() if hasattr(g, "to_local") else g
-                try:
-                    ptrs.add(local.untyped_storage().data_ptr())
-                except Exception:
-                    continue
-                grads.append(local)
-                numels.add(local.numel())
-                total += local.numel()
-            if total:
-                numels.add(total)
-            self._grad_ptrs, self._grad_numels, self._grad_list = ptrs, numels, grads
-        return self._grad_list
-
-    def _grad_facts(self, tensors: list[torch.Tensor]) -> tuple[bool, bool]:
-        """(shares storage with a .grad or a DDP bucket handed to a comm hook, numel equals
-        one grad or all grads). The numel is recorded for information only: sizes coincide
-        (a 1-element loss and a bias), so it never makes a collective a grad sync."""
-        self._grads()
-        known = self._grad_ptrs or set()
-        storage = False
-        numel = False
-        for t in tensors:
-            with contextlib.suppress(Exception):
-                ptr = t.untyped_storage().data_ptr()
-                storage = storage or ptr in known or ptr in self._bucket_ptrs
-            numel = numel or (t.is_floating_point() and t.numel() in self._grad_numels)
-        return storage, numel
-
-    def note_ddp_bucket(self, buffer: torch.Tensor) -> None:
-        """A DDP comm hook was handed this bucket: collectives on it reduce gradients."""
-        with contextlib.suppress(Exception):
-            self._bucket_ptrs.add(buffer.untyped_storage().data_ptr())
-
-    def before_collective(self, opname: str, args: tuple[Any, ...]) -> None:
-        """Called before a collective runs (its input is still the rank's own): notes whether
-        a user all-reduce/reduce-scatter outside backward holds the gradients' values, such
-        as a flattened copy of them (``_flatten_dense_tensors``), which shares no storage."""
-        self._content_hits = set()
-        if self.bwd_depth or normalize_op(opname) not in ("all_reduce", "reduce_scatter"):
-            return
-        tensors = [t for t in _op_tensors(opname, args) if t.is_floating_point()]
-        if not tensors:
-            return
-        grads = self._grads()
-        if not grads:
-            return
-        for t in tensors:
-            with contextlib.suppress(Exception):
-                if holds_grads(t, grads, self._grad_ptrs or set()):
-                    self._content_hits.add(t.untyped_storage().data_ptr())
 
     def on_collective(
         self,
@@ -859,40 +586,6 @@ class Recorder:
             self.trace.grad_sync(op, nbytes)
         if work is not None:
             self._watch(work, seq)
-
-    def _watch(self, work: Any, seq: int) -> None:
-        """Remember an in-flight collective; its completion is noticed by ``poll_works``.
-
-        Completion is polled at the rank's next event rather than signalled by a callback on
-        the work's future: such callbacks run on the backend's threads and can deadlock with
-        process-group teardown. The recorded time is therefore an upper bound (the first
-        event after completion), which for DDP's bucket all-reduces is the end of backward.
-        """
-        with self._lock:
-            self._works.append((seq, work))
-
-    def poll_works(self, at: int | None = None) -> None:
-        """Hold a ``done`` record, at ``at`` (else now), for each watched collective found
-        completed. One pass under the lock (``is_completed`` only reads the work's state);
-        the clock is read only when one has completed."""
-        if not self._works:
-            return
-        with self._lock:
-            still: list[tuple[int, Any]] | None = None
-            for item in self._works:
-                try:
-                    completed = bool(item[1].is_completed())
-                except Exception:
-                    completed = True
-                if completed:
-                    if at is None:
-                        at = self.now()
-                    self.sink.buffer(("done", item[0], at))
-                elif still is None:
-                    still = [item]
-                else:
-                    still.append(item)
-            self._works = still or []
 
 
 _LIVE: weakref.WeakSet[Recorder] = weakref.WeakSet()  # every recorder not yet collected

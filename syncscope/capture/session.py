@@ -8,7 +8,8 @@ from pathlib import Path
 from typing import Any
 
 from syncscope.capture.recorder import MemorySink, Recorder, Sink, TraceHooks
-from syncscope.rundir import EventWriter, rank_events_path
+from syncscope.capture.writer import EventWriter
+from syncscope.rundir import rank_events_path
 
 
 class CaptureSession:

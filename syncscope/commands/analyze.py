@@ -2,12 +2,16 @@
 
 PATH is a syncscope run directory, a directory of Kineto traces, or trace files; several
 directories (one per node) are merged into one job. Output as ``profile``: the terminal
-summary, ``report.json`` and the report files. The work is syncscope/reporting.py's.
+summary, ``report.json`` and the report files, through the same ending
+(``syncscope.render.outputs.finish``).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
+import time
+from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -16,7 +20,7 @@ from syncscope.render.outputs import FAIL_ON
 if TYPE_CHECKING:
     from syncscope.cli import Parser
 
-__all__ = ["add_parser", "run"]
+__all__ = ["add_parser", "analyze", "run"]
 
 SUMMARY = "Report on a saved run, or on torch.profiler (Kineto) traces of a training job."
 
@@ -66,9 +70,44 @@ def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from syncscope.reporting import analyze
-
     paths = [p if "://" in p else Path(p) for p in args.paths]
     return analyze(
         paths, args.out, args.skip_bad, args.hta, args.fail_on, args.quiet, args.scheduler
     )
+
+
+def analyze(
+    paths: Sequence[Path | str],
+    out: Path | None = None,
+    skip_bad: bool = False,
+    hta: bool = False,
+    fail_on: str = "error",
+    quiet: bool = False,
+    scheduler: str | None = None,
+) -> int:
+    """Report on saved runs or torch.profiler (Kineto) traces: report files in ``out``, the
+    summary on stdout; the exit status by ``fail_on``. ``scheduler``: read the traces on
+    that Dask cluster (``local``, an address or a scheduler file; paths may be URLs)."""
+    from syncscope.analysis.inputs import findings_for, load
+    from syncscope.files import new_folder
+    from syncscope.render.outputs import finish
+    from syncscope.render.safe import visible
+
+    run, files = load(paths, skip_bad, progress=not quiet, scheduler=scheduler)
+    extra = None
+    if hta:
+        from syncscope.trace.overlap import hta_overlap
+
+        if not files:
+            extra = {"error": "--hta needs trace files"}
+        elif all(r.device == "cpu" for r in run.ranks):
+            extra = {"error": "HTA's analyses need GPU kernels; these are CPU-only traces"}
+        else:
+            extra = hta_overlap(files)
+        if isinstance(extra, dict) and isinstance(extra.get("error"), str):
+            print(
+                visible(f"syncscope: warning: --hta not applied: {extra['error']}"), file=sys.stderr
+            )
+    findings = findings_for(run, extra)
+    out_dir = out or new_folder(Path("syncscope-out") / f"analyze-{time.strftime('%Y%m%d-%H%M%S')}")
+    return finish(run, findings, out_dir, fail_on, quiet, summary="text", where="reports in")

@@ -2,7 +2,7 @@
 
 Dry run by default: a unified diff on stdout and one line per problem on stderr. Exit
 status: 0 nothing to fix, 1 problems found (dry run) or left unfixed (``--apply``), 2 error.
-The work is syncscope/fixing.py's.
+The work is syncscope/fixes/pipeline.py's.
 """
 
 from __future__ import annotations
@@ -70,7 +70,7 @@ def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
-    from syncscope.fixing import fix
+    from syncscope.fixes.pipeline import fix
 
     return fix(
         args.script,

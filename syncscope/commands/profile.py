@@ -2,7 +2,7 @@
 
 The parser holds syncscope's own options and, added when this command line is parsed or its
 help shown, every option of torch.distributed.run, read from torch's own parser
-(syncscope/launch.py). The run itself is syncscope/profiling.py's.
+(syncscope/launch/torchrun.py). The run itself is syncscope/launch/pipeline.py's.
 """
 
 from __future__ import annotations
@@ -57,7 +57,8 @@ def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
         type=float,
         default=300.0,
         metavar="SECONDS",
-        help="Seconds without progress before the job is declared hung and stopped (0: never). "
+        help="Seconds without progress before the job is declared hung and stopped, or before "
+        "ranks kept alive after the script's end (a non-daemon thread) are stopped (0: never). "
         "(default: %(default)s)",
     )
     parser.add_argument(
@@ -97,13 +98,13 @@ def _add_bounds(parser: argparse.ArgumentParser) -> None:
 
 
 def _add_launcher_options(parser: argparse.ArgumentParser, group: argparse._ArgumentGroup) -> None:
-    from syncscope.launch import add_launcher_options  # imports torch: only now
+    from syncscope.launch.torchrun import add_launcher_options  # imports torch: only now
 
     add_launcher_options(parser, group)
 
 
 def run(args: argparse.Namespace) -> int:
-    from syncscope.profiling import Request, profile
+    from syncscope.launch.pipeline import Request, profile
 
     return profile(
         Request(

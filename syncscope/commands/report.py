@@ -4,12 +4,13 @@ The run is read and diagnosed exactly as ``syncscope analyze`` reads it (trace o
 trace-only findings included), so a re-rendered page matches the one written at the time.
 It must read the run, not report.json: the page's timeline and the text summary draw each
 window's collectives, which report.json does not hold, and a newer syncscope's diagnoses
-apply to an old run (docs/report.md). The work is syncscope/reporting.py's.
+apply to an old run (docs/report.md).
 """
 
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -45,6 +46,30 @@ def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    from syncscope.reporting import report
-
     report(args.run_dir, args.fmt, args.output)
+
+
+def report(run_dir: Path, fmt: str = "html", output: str | None = None) -> None:
+    """Render a saved run again in format ``fmt`` (render/outputs.py's ``FORMATS``) to
+    ``output``: a file, or ``-`` for stdout; by default RUN_DIR/report.html for html and
+    stdout for the others."""
+    from syncscope.analysis.inputs import load_and_diagnose
+    from syncscope.errors import SyncscopeError
+    from syncscope.render.outputs import render, writer
+    from syncscope.render.safe import visible
+
+    run, findings = load_and_diagnose(run_dir)
+    if output is None and fmt == "html":
+        output = str(run_dir / "report.html")
+    if output is None or output == "-":
+        sys.stdout.write(render(run, findings, fmt))
+        return
+    from functools import partial
+
+    from syncscope.files import write_output
+
+    try:
+        write_output(Path(output), partial(writer(fmt), run, findings))
+    except OSError as exc:
+        raise SyncscopeError(f"{output}: cannot write it ({exc.strerror or exc})") from None
+    print(visible(f"syncscope: wrote {output}"), file=sys.stderr)

@@ -21,7 +21,7 @@ from pathlib import Path
 from typing import Any
 
 from syncscope.errors import SyncscopeError
-from syncscope.figures import Stat, within_noise
+from syncscope.model.figures import Stat, within_noise
 
 LOSS = re.compile(r"\bloss[\s=:]+([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)\b")
 CORRECTNESS_CODES = frozenset({"SYN104", "SYN105", "SYN106", "SYN107", "SYN108"})

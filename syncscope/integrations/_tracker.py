@@ -13,7 +13,7 @@ from typing import TYPE_CHECKING, Any
 from syncscope.testing.asserts import check, explain, validate
 
 if TYPE_CHECKING:
-    from syncscope.tracking import Stats
+    from syncscope.testing.track import Stats
 
 
 class SyncTracker:
@@ -77,7 +77,7 @@ class SyncTracker:
         if self._tracking is not None:  # the last run ended by an exception nobody reported
             self.close()
         self._run = run
-        from syncscope.tracking import track
+        from syncscope.testing.track import track
 
         tracking = track(gather=self.gather)
         self._stats = tracking.__enter__()

@@ -13,10 +13,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from rich.table import Table
-from rich.text import Text
 
-from syncscope.figures import Stat, window_time, within_noise
 from syncscope.model import Finding, Run, Verdict
+from syncscope.model.figures import Stat, window_time, within_noise
 from syncscope.render.charts import (
     ACCENT,
     MUTED,
@@ -36,7 +35,7 @@ from syncscope.render.summary import (
     headline,
     window_means,
 )
-from syncscope.render.terminal import SafeConsole
+from syncscope.render.terminal import SafeConsole, VisibleText
 from syncscope.render.units import human_bytes, human_ns
 
 Unit = Literal["count", "bytes", "ns"]
@@ -307,9 +306,11 @@ def render_diff_text(diff: RunDiff, *, color: bool = False, width: int = 100) ->
         highlight=False,
         emoji=False,
     )
-    console.print(Text(f"syncscope diff: {diff.labels[0]} -> {diff.labels[1]}", style="bold"))
-    console.print(Text(diff.title, style=f"bold {TONES[diff.tone]}"))
-    console.print(Text(diff.subtitle))
+    console.print(
+        VisibleText(f"syncscope diff: {diff.labels[0]} -> {diff.labels[1]}", style="bold")
+    )
+    console.print(VisibleText(diff.title, style=f"bold {TONES[diff.tone]}"))
+    console.print(VisibleText(diff.subtitle))
     table = Table(show_edge=False, pad_edge=False, box=None, header_style="bold")
     table.add_column("metric")
     table.add_column(diff.labels[0], justify="right")
@@ -320,7 +321,7 @@ def render_diff_text(diff: RunDiff, *, color: bool = False, width: int = 100) ->
             m.label,
             m.show(m.before, 0),
             m.show(m.after, 1),
-            Text(f"{m.delta} {m.change}".strip(), style=STYLES[m.change]),
+            VisibleText(f"{m.delta} {m.change}".strip(), style=STYLES[m.change]),
         )
     console.print()
     console.print(table)
@@ -331,9 +332,9 @@ def render_diff_text(diff: RunDiff, *, color: bool = False, width: int = 100) ->
     ):
         if findings:
             console.print()
-            console.print(Text(f"{title} ({len(findings)})", style="bold"))
+            console.print(VisibleText(f"{title} ({len(findings)})", style="bold"))
             for f in findings:
-                line = Text(f"  {mark} ", style=style)
+                line = VisibleText(f"  {mark} ", style=style)
                 line.append(f"{f.kind} [{f.severity}] ", style="bold")
                 line.append(f.message)  # Text: run strings are never parsed as markup
                 console.print(line)

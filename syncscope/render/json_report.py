@@ -13,7 +13,6 @@ from typing import IO, Any
 
 import orjson
 
-from syncscope import figures
 from syncscope.model import (
     Finding,
     RankRun,
@@ -21,6 +20,7 @@ from syncscope.model import (
     SourceLocation,
     Window,
     compress_ranks,
+    figures,
     verdict_of,
 )
 
@@ -125,7 +125,7 @@ def _stat(stat: figures.Stat | None) -> dict[str, float] | None:
 
 
 def figures_dict(run: Run, findings: Sequence[Finding]) -> dict[str, Any]:
-    """The headline figures (syncscope.figures; docs/concepts.md defines each)."""
+    """The headline figures (syncscope.model.figures; docs/concepts.md defines each)."""
     steady = figures.steady_windows(run)
     projecting = {r for f in findings if "redundant_time_ns_per_window" in f.cost for r in f.ranks}
     p = figures.projection(run, projecting, steady) if projecting else None

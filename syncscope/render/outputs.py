@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import importlib
 import io
+import sys
 from collections.abc import Callable, Sequence
 from functools import partial
 from pathlib import Path
@@ -85,3 +86,42 @@ def exit_status(findings: Sequence[Finding], fail_on: str) -> int:
 
     limit = severity_rank(fail_on)
     return 1 if any(severity_rank(f.severity) <= limit for f in findings) else 0
+
+
+def finish(
+    run: Run,
+    findings: Sequence[Finding],
+    out_dir: Path,
+    fail_on: str,
+    quiet: bool,
+    *,
+    summary: str,
+    where: str,
+) -> int:
+    """The end of ``profile`` and ``analyze`` alike: write the reports into ``out_dir``, show
+    the summary (unless ``quiet``), say where the reports are (``syncscope: WHERE OUT_DIR
+    (report.json, report.html)`` on stderr); returns the exit status by ``fail_on``.
+
+    ``summary``: ``terminal`` (profile) prints for the terminal, in colour there and 120
+    columns wide when piped; ``text`` (analyze) prints the plain text of ``report -f text``
+    (no colour, 110 columns). The two commands have always printed so: kept apart on purpose,
+    so that neither one's output changes. A report that cannot be written (a full disk) is
+    the ``SyncscopeError`` of ``write_reports``, raised before anything is shown."""
+    written = write_reports(run, findings, out_dir)
+    if not quiet:
+        show_summary(run, findings, summary)
+    from syncscope.render.safe import visible
+
+    names = ", ".join(p.name for p in written)
+    print(visible(f"syncscope: {where} {out_dir} ({names})"), file=sys.stderr)
+    return exit_status(findings, fail_on)
+
+
+def show_summary(run: Run, findings: Sequence[Finding], summary: str) -> None:
+    """The terminal summary in ``finish``'s style ``summary`` (``terminal`` or ``text``)."""
+    from syncscope.render import terminal  # rich: only when it prints
+
+    if summary == "terminal":
+        terminal.print_summary(run, findings)
+    else:
+        print(terminal.render_text(run, findings))

@@ -13,9 +13,8 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from syncscope import figures
-from syncscope.figures import Projection, mean
-from syncscope.model import Finding, Run, Verdict, Window, verdict_of
+from syncscope.model import Finding, Run, Verdict, Window, figures, verdict_of
+from syncscope.model.figures import Projection, mean
 from syncscope.render.units import escape_html, human_bytes, human_ns
 
 LARGE_JOB_RANKS = 16  # from this many ranks on, charts aggregate (heatmaps, no per-rank bars)
@@ -116,7 +115,7 @@ def grid_of(run: Run) -> Grid:
 class Headline:
     """The numbers at the top of the page and in ``diff``: what a person reads first.
 
-    Window time, communication time, bytes and memory are the figures ``syncscope.figures``
+    Window time, communication time, bytes and memory are the figures ``syncscope.model.figures``
     defines (median over ranks and steady windows; warm-up windows apart)."""
 
     verdict: Verdict
@@ -185,7 +184,7 @@ def headline(run: Run, findings: Sequence[Finding], grid: Grid | None = None) ->
     comm = figures.comm_time(run, steady)
     nbytes = figures.sync_bytes(run, steady)
     # The projected gain, from the steady windows of the ranks the findings that project it
-    # cover (syncscope.figures.projection: a range, or the reason there is none).
+    # cover (syncscope.model.figures.projection: a range, or the reason there is none).
     projecting = [f for f in findings if _number(f.cost.get("redundant_time_ns_per_window"))]
     projection = (
         figures.projection(run, {r for f in projecting for r in f.ranks} or None, steady)

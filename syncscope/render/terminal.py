@@ -9,13 +9,22 @@ from typing import IO
 from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.segment import Segment
+from rich.style import Style
 from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
-from syncscope import figures
-from syncscope.figures import median
-from syncscope.model import SEVERITIES, Finding, RankRun, Run, Window, compress_ranks, verdict_of
+from syncscope.model import (
+    SEVERITIES,
+    Finding,
+    RankRun,
+    Run,
+    Window,
+    compress_ranks,
+    figures,
+    verdict_of,
+)
+from syncscope.model.figures import median
 from syncscope.render import units
 from syncscope.render.safe import visible
 from syncscope.render.summary import (
@@ -27,6 +36,19 @@ from syncscope.render.summary import (
     window_basis,
 )
 from syncscope.render.units import human_bytes
+
+
+class VisibleText(Text):
+    """Rich text whose strings show their control characters (``render.safe.visible``)
+    before layout: the width rich measures is the width printed, and rich does not drop a
+    BEL or a carriage return it would strip."""
+
+    def __init__(self, text: str = "", style: str = "") -> None:
+        super().__init__(visible(text), style=style)
+
+    def append(self, text: str | Text, style: str | Style | None = None) -> VisibleText:
+        super().append(visible(text) if isinstance(text, str) else text, style=style)
+        return self
 
 
 def human_ns(ns: float | None) -> str:
@@ -99,7 +121,7 @@ def window_table(run: Run) -> Table:
                 windows += " (incomplete)"
             elif first.index in apart:
                 windows += " (warm-up)"
-            # the same figures as everywhere (syncscope.figures), median over this row's ranks
+            # the same figures as everywhere (syncscope.model.figures), median over this row's ranks
             # and windows: comm time is the union of time with a collective in flight
             indices = {w.index for w in group}
             cells = [w for r in ranks for w in r.windows if w.index in indices]
@@ -110,7 +132,7 @@ def window_table(run: Run) -> Table:
                 label,
                 windows,
                 str(len(first.micro_batches)),
-                Text(str(syncs), style=style),
+                VisibleText(str(syncs), style=style),
                 ",".join(map(str, first.grad_sync_micro_batches)) or "-",
                 human_bytes(median(w.grad_sync_bytes for w in cells)),
                 human_ns(median(figures.comm_ns(w) for w in cells)),
@@ -122,7 +144,7 @@ def window_table(run: Run) -> Table:
 def figures_line(run: Run, findings: Sequence[Finding]) -> Text:
     """The headline figures, as the HTML report and ``diff`` show them."""
     head = headline(run, findings)
-    line = Text()
+    line = VisibleText()
     line.append("window time ", style="bold")
     line.append(f"{human_ns(head.window_ns)} ({window_basis(head)})")
     if head.comm_ns is not None:
@@ -208,32 +230,32 @@ def _cost_line(f: Finding) -> str:
 
 
 def finding_panel(f: Finding) -> Panel:
-    body: list[RenderableType] = [Text(f.message)]
+    body: list[RenderableType] = [VisibleText(f.message)]
     where = f"ranks {compress_ranks(f.ranks)}" if f.ranks else ""
     if f.windows:
         where += f", windows {compress_ranks(f.windows)}"
     if where:
-        body.append(Text(where, style="dim"))
+        body.append(VisibleText(where, style="dim"))
     evidence = {k: v for k, v in f.evidence.items() if not isinstance(v, dict)}
     if evidence:
         body.append(
-            Text(
+            VisibleText(
                 "evidence: "
                 + ", ".join(f"{label_of(k)} {_shown(k, v)}" for k, v in evidence.items())
             )
         )
     for key, value in f.evidence.items():
         if isinstance(value, dict):
-            body.append(Text(f"{key}:"))
+            body.append(VisibleText(f"{key}:"))
             for k, v in list(value.items())[:8]:
-                body.append(Text(f"  {k}: {v}"))
+                body.append(VisibleText(f"  {k}: {v}"))
     cost = _cost_line(f)
     if cost:
-        body.append(Text("cost: " + cost, style="bold"))
+        body.append(VisibleText("cost: " + cost, style="bold"))
     for role, site in f.sites:
-        body.append(Text(f"{role}: {site}", style="dim"))
+        body.append(VisibleText(f"{role}: {site}", style="dim"))
     if f.fix is not None:
-        body.append(Text("fix: " + plain_text(f.fix.summary), style="green"))
+        body.append(VisibleText("fix: " + plain_text(f.fix.summary), style="green"))
         body.append(Syntax(f.fix.snippet, "python", theme="ansi_dark", background_color="default"))
     title = f"[{SEVERITY_STYLE[f.severity]}]{f.severity}[/] {f.kind} ({f.cause})"
     return Panel(
@@ -244,23 +266,23 @@ def finding_panel(f: Finding) -> Panel:
 def summary_renderables(run: Run, findings: Sequence[Finding]) -> list[RenderableType]:
     out: list[RenderableType] = []
     meta = run.meta
-    head = Text()
+    head = VisibleText()
     head.append("syncscope ", style="bold")
     head.append(title_of(run) or "(command not recorded)")
     head.append(f"  ·  world size {meta.world_size}  ·  source {meta.source}", style="dim")
     out.append(head)
     for note in meta.notes:
-        out.append(Text(f"note: {note}", style="yellow"))
+        out.append(VisibleText(f"note: {note}", style="yellow"))
     if run.ranks and any(r.windows for r in run.ranks):
         out.append(window_table(run))
         out.append(figures_line(run, findings))
     else:
-        out.append(Text("no optimizer step or backward pass was recorded", style="yellow"))
+        out.append(VisibleText("no optimizer step or backward pass was recorded", style="yellow"))
     for f in findings:
         out.append(finding_panel(f))
     verdict = verdict_of(list(findings))
     counts = {s: sum(f.severity == s for f in findings) for s in SEVERITIES}
-    line = Text(f" verdict: {verdict} ", style=VERDICT_STYLE[verdict])
+    line = VisibleText(f" verdict: {verdict} ", style=VERDICT_STYLE[verdict])
     line.append("  " + ", ".join(f"{n} {s}{'s' if n != 1 else ''}" for s, n in counts.items()))
     if verdict == "failed":
         complete = [sum(1 for w in r.windows if w.complete) for r in run.ranks]

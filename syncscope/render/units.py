@@ -2,7 +2,7 @@
 (a module of its own so the HTML report does not import rich), and ``escape_html``, which the
 renderers would otherwise take from ``html``: it imports ``html.entities``, to analyze a trace
 that may be 9 MiB. (``mean`` and ``median``, kept from ``statistics`` for the same reason, are
-in ``syncscope.figures``.)"""
+in ``syncscope.model.figures``.)"""
 
 from __future__ import annotations
 

@@ -22,7 +22,7 @@ from syncscope.model import FAILED_KINDS
 from syncscope.render.summary import plain_text
 
 if TYPE_CHECKING:
-    from syncscope.tracking import Stats
+    from syncscope.testing.track import Stats
 
 MAX_WINDOWS_SHOWN = 12
 
@@ -216,7 +216,7 @@ def assert_syncs(
     Only complete windows (ended by an optimizer step) are checked, and at least one is
     required. Bad arguments raise TypeError or ValueError, not AssertionError.
     """
-    from syncscope.tracking import Stats
+    from syncscope.testing.track import Stats
 
     if not isinstance(stats, Stats):
         raise TypeError(

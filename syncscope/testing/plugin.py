@@ -46,7 +46,7 @@ def pytest_configure(config: pytest.Config) -> None:
 def syncscope() -> Generator[Any, None, None]:
     """Tracks the test (from this fixture's set-up to its teardown); the value is live
     ``syncscope.Stats``. This process only: nothing is gathered from other ranks."""
-    from syncscope.tracking import track
+    from syncscope.testing.track import track
 
     with track(gather=False) as stats:
         yield stats
@@ -90,7 +90,7 @@ def pytest_runtest_call(item: pytest.Item) -> Generator[None, object, object]:
     if limits is None:
         return (yield)
     from syncscope.testing.asserts import check, explain
-    from syncscope.tracking import track
+    from syncscope.testing.track import track
 
     expect = {
         "per_window": limits.get("grad_syncs_per_window"),

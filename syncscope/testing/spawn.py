@@ -5,8 +5,11 @@ The parent hosts the rendezvous store on a free port (no port guessing, no races
 raises has its exception re-raised in the parent with that rank's traceback attached (as a
 note); a run that outlives ``timeout`` has every process ended and raises TimeoutError.
 
-Each rank reports before it tears its process group down, so the rank that failed first is
-the one re-raised, not a peer that saw the connection drop afterwards.
+Each rank reports before it tears its process group down. After a first failure the parent
+waits a moment for the others, then re-raises the root cause: a rank's own exception (or
+its ``sys.exit`` code), before a rank that died without a word (``os._exit(9)``, a signal),
+before ranks that only saw the connection to a failed peer drop ("Connection reset by
+peer"); those follow as notes.
 """
 
 from __future__ import annotations
@@ -14,15 +17,28 @@ from __future__ import annotations
 import multiprocessing as mp
 import pickle
 import queue
+import re
+import signal
 import time
 import traceback
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any
 
 _OK = "ok"
 _ERR = "error"
 _GRACE_S = 1.0  # how long to look for a dead rank's last message before calling it lost
+_SETTLE_S = 2.0  # after a first failure, how long to wait for the others (the root cause)
+
+
+class _Exit:
+    """``sys.exit(code)`` in a rank, as sent to the parent: the code itself, not a pickled
+    SystemExit (a parent or rank that imports dask.distributed pickles exceptions through
+    tblib, and a SystemExit comes back with its code lost)."""
+
+    def __init__(self, code: object) -> None:
+        self.code = code
 
 
 def _error_payload(exc: BaseException) -> tuple[bytes | None, str]:
@@ -31,6 +47,10 @@ def _error_payload(exc: BaseException) -> tuple[bytes | None, str]:
     note does not repeat a long assert_syncs message), the whole text otherwise."""
     text = "".join(traceback.format_exception(exc))
     try:
+        if isinstance(exc, SystemExit):
+            code = exc.code if isinstance(exc.code, (int, str, type(None))) else repr(exc.code)
+            data = pickle.dumps(_Exit(code))
+            return data, text
         data = pickle.dumps(exc)
         pickle.loads(data)  # custom __init__ signatures pickle but do not unpickle
     except Exception:
@@ -82,17 +102,72 @@ def _worker(
 def _rank_error(rank: int, world_size: int, data: bytes | None, text: str) -> BaseException:
     """The rank's exception, with its traceback as a note; RuntimeError if it cannot be
     rebuilt or would stop the parent (SystemExit, KeyboardInterrupt)."""
-    exc: BaseException | None = None
+    exc: object = None
     if data is not None:
         try:
             exc = pickle.loads(data)
         except Exception:
             exc = None
-    if not isinstance(exc, Exception):
+    if isinstance(exc, (_Exit, SystemExit)):  # sys.exit(9) in the function: its code is the news
+        code = exc.code
+        status = code if isinstance(code, int) else (0 if code is None else 1)
+        exc = RuntimeError(
+            f"spawn: rank {rank} exited with code {status} (sys.exit({code!r}) in the function)"
+        )
+    elif not isinstance(exc, Exception):
         last = text.strip().splitlines()[-1] if text.strip() else "unknown error"
         exc = RuntimeError(f"rank {rank} failed: {last}")
     exc.add_note(f"raised on rank {rank} of {world_size}; that rank's traceback:\n{text}")
     return exc
+
+
+# how a rank sees a peer that died: its own error is a consequence, not the cause
+_BROKEN_LINK = re.compile(
+    r"Connection (closed|reset) by peer|Broken pipe|Socket Timeout|Connection refused"
+    r"|remote worker crashing"
+)
+
+
+@dataclass
+class _Failure:
+    rank: int
+    error: BaseException
+    kind: int  # 0: its own error; 1: died without reporting; 2: a broken link to a peer
+
+
+def _failure(rank: int, error: BaseException) -> _Failure:
+    return _Failure(rank, error, 2 if _BROKEN_LINK.search(str(error)) else 0)
+
+
+def _lost_error(rank: int, code: int) -> RuntimeError:
+    how = f"was killed by signal {_signal_name(-code)}" if code < 0 else f"exited with code {code}"
+    return RuntimeError(
+        f"spawn: rank {rank} {how} without reporting (killed, os._exit(), or a crash in "
+        "native code)"
+    )
+
+
+def _signal_name(number: int) -> str:
+    try:
+        return signal.Signals(number).name
+    except ValueError:
+        return str(number)
+
+
+def _root_cause(failures: list[_Failure], world_size: int) -> BaseException:
+    """The first rank's own failure (its exception, its exit code), before a rank that died
+    without a word, before ranks that only saw a peer's connection drop; the others are
+    noted on it as consequences."""
+    ordered = sorted(enumerate(failures), key=lambda item: (item[1].kind, item[0]))
+    root = ordered[0][1]
+    for _, other in ordered[1:]:
+        first = (str(other.error).strip().splitlines() or [""])[0][:300]
+        why = " (its connection to a failed rank broke)" if other.kind == 2 else ""
+        root.error.add_note(
+            f"then rank {other.rank} of {world_size} failed{why}: "
+            f"{type(other.error).__name__}: {first}"
+        )
+    return root.error
 
 
 def spawn(
@@ -156,14 +231,19 @@ def spawn(
 def _collect(
     procs: list[Any], results: Any, values: dict[int, Any], timeout: float, deadline: float
 ) -> None:
-    """Fill ``values`` with each rank's return value as the ranks report; raise the first
-    rank's exception, TimeoutError at ``deadline`` (``timeout`` s after the start), or
-    RuntimeError for a rank that died without reporting."""
+    """Fill ``values`` with each rank's return value as the ranks report; raise the root
+    cause once a rank has failed and the others have reported, died or had ``_SETTLE_S`` s
+    (``_root_cause``), TimeoutError at ``deadline`` (``timeout`` s after the start)."""
     world_size = len(procs)
-    lost_since: float | None = None
+    failures: list[_Failure] = []
+    settle = float("inf")  # after the first failure: when to stop waiting for the others
+    exited_at: dict[int, float] = {}
     while len(values) < world_size:
-        remaining = deadline - time.monotonic()
-        if remaining <= 0:
+        now = time.monotonic()
+        heard = set(values) | {f.rank for f in failures}
+        if failures and (now >= min(settle, deadline) or len(heard) == world_size):
+            raise _root_cause(failures, world_size)
+        if now >= deadline:
             missing = [r for r in range(world_size) if r not in values]
             raise TimeoutError(
                 f"spawn: rank(s) {missing} of {world_size} did not finish within "
@@ -171,23 +251,21 @@ def _collect(
                 "returned early?); every rank was stopped"
             )
         try:
-            rank, status, data, text = results.get(timeout=min(remaining, 0.2))
+            rank, status, data, text = results.get(timeout=min(deadline - now, 0.1))
         except queue.Empty:
-            lost = [r for r, p in enumerate(procs) if r not in values and p.exitcode is not None]
-            if not lost:
-                continue
-            now = time.monotonic()
-            lost_since = lost_since or now
-            if now - lost_since < _GRACE_S:  # its message may still be in the pipe
-                continue
-            r = lost[0]
-            raise RuntimeError(
-                f"spawn: rank {r} exited with code {procs[r].exitcode} without reporting "
-                "(killed, os._exit(), or a crash in native code)"
-            ) from None
+            for r, p in enumerate(procs):
+                if r in heard or p.exitcode is None:
+                    continue
+                exited_at.setdefault(r, now)
+                if now - exited_at[r] >= _GRACE_S:  # its message may still be in the pipe
+                    failures.append(_Failure(r, _lost_error(r, p.exitcode), 1))
+                    settle = min(settle, now + _SETTLE_S)
+            continue
         if status == _ERR:
-            raise _rank_error(rank, world_size, data, text)
-        values[rank] = pickle.loads(data)
+            failures.append(_failure(rank, _rank_error(rank, world_size, data, text)))
+            settle = min(settle, time.monotonic() + _SETTLE_S)
+        else:
+            values[rank] = pickle.loads(data)
 
 
 def _stop(procs: list[Any], grace: float) -> None:

@@ -30,9 +30,9 @@ from syncscope.model import (
     WrapperInfo,
     normalize_op,
 )
-from syncscope.packed import Packed
 from syncscope.trace.events import RankEvents, RawCollective, Span, dtype_bytes
 from syncscope.trace.overlap import Interval, Measure, measure_windows, merge_pairs
+from syncscope.trace.packed import Packed
 
 SCALAR_BYTES = 16  # an all-reduce this small after backward is a metric (loss), not gradients
 _SKIP_PARAM_COMMS = frozenset({"wait", "barrier", ""})

@@ -8,9 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from syncscope import rundir
-from syncscope.analysis.build import load_run
-from syncscope.rundir import EventWriter, rank_events_path, read_events
+from syncscope.analysis.assemble import load_run
+from syncscope.capture import writer as writer_module
+from syncscope.capture.writer import EventWriter
+from syncscope.rundir import rank_events_path, read_events
 from tests.faults import hostile as h
 
 
@@ -34,7 +35,7 @@ def test_disk_full_stops_capture_and_keeps_what_was_written(
     path = rank_events_path(run, 1)
     path.unlink()
     events = h.run_events(1)
-    monkeypatch.setattr(rundir, "_os_write", _enospc_after(10))
+    monkeypatch.setattr(writer_module, "_os_write", _enospc_after(10))
     writer = EventWriter(path)
     for event in events:
         writer.write(event)  # never raises
@@ -55,7 +56,7 @@ def test_disk_full_stops_capture_and_keeps_what_was_written(
 
 
 def test_fault_seam_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv(rundir.FAULT_ENV, "3")
+    monkeypatch.setenv(writer_module.FAULT_ENV, "3")
     writer = EventWriter(tmp_path / "ranks" / "rank-00000.jsonl")
     for i in range(5):
         writer.write({"type": "x", "t": i})
@@ -88,7 +89,7 @@ def test_forked_child_writes_nothing_into_the_rank_file(tmp_path: Path) -> None:
 
 def test_assert_syncs_without_stats_or_expectation() -> None:
     from syncscope.testing import assert_syncs
-    from syncscope.tracking import Stats
+    from syncscope.testing.track import Stats
 
     with pytest.raises(TypeError, match=r"needs the stats of a track\(\) block .*not NoneType"):
         assert_syncs(None)  # type: ignore[arg-type]

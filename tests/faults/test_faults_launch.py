@@ -152,7 +152,7 @@ def test_overlapping_track_blocks_each_keep_their_hooks() -> None:
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from syncscope.tracking import track
+    from syncscope.testing.track import track
 
     model = DDP(nn.Linear(4, 4))
     a_block, b_block = track(), track()
@@ -232,7 +232,7 @@ def test_a_restarted_attempt_writes_a_file_of_its_own(tmp_path: Path) -> None:
             "exit",
         ]
     assert (first / "meta.json").is_file()
-    from syncscope.analysis.build import load_run
+    from syncscope.analysis.assemble import load_run
 
     assert len(load_run(out).ranks) == len(load_run(first).ranks) == 1
 
@@ -240,7 +240,7 @@ def test_a_restarted_attempt_writes_a_file_of_its_own(tmp_path: Path) -> None:
 def test_profile_notes_the_earlier_attempts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from syncscope.profiling import _note_attempts
+    from syncscope.launch.pipeline import _note_attempts
 
     (tmp_path / "attempts" / "attempt-0" / "ranks").mkdir(parents=True)
     _note_attempts(tmp_path)
@@ -302,7 +302,7 @@ def test_os_exit_records_the_exit_and_keeps_every_window(tmp_path: Path) -> None
     assert sum(e["type"] == "step" for e in events) == 5
     exits = [e for e in events if e["type"] == "exit"]
     assert len(exits) == 1 and exits[0]["status"] == 0, exits
-    from syncscope.analysis.build import load_run
+    from syncscope.analysis.assemble import load_run
     from syncscope.analysis.diagnose import diagnose
 
     run = load_run(out)
@@ -317,7 +317,7 @@ def test_os_exit_records_the_exit_and_keeps_every_window(tmp_path: Path) -> None
 def test_a_run_with_nothing_captured_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from syncscope.profiling import report_run
+    from syncscope.launch.pipeline import report_run
 
     script = tmp_path / "empty.py"
     script.write_text("")

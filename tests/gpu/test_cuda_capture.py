@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from syncscope.analysis.build import load_run
+from syncscope.analysis.assemble import load_run
 from tests.conftest import ROOT, ProfiledRun, profile, run_syncscope
 
 pytestmark = [pytest.mark.gpu, pytest.mark.slow]

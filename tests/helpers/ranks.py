@@ -78,7 +78,7 @@ def track_ddp(mode: str) -> dict[str, Any]:
     """Track a DDP loop on every rank, then assert one sync per window on the last
     micro-batch (raises AssertionError for a wasteful loop)."""
     from syncscope.testing import assert_syncs
-    from syncscope.tracking import track
+    from syncscope.testing.track import track
 
     model = make_ddp()
     with track() as stats:
@@ -99,7 +99,7 @@ def run_example_tracked(script: str, *args: str) -> dict[str, Any]:
     import runpy
     import sys
 
-    from syncscope.tracking import track
+    from syncscope.testing.track import track
 
     examples = Path(__file__).resolve().parents[2] / "examples"
     sys.path.insert(0, str(examples))

@@ -25,7 +25,7 @@ def _import_torch_before_pytester(tmp_path_factory: pytest.TempPathFactory) -> N
     import torch.distributed as dist
 
     from syncscope.testing.asserts import explain
-    from syncscope.tracking import track
+    from syncscope.testing.track import track
     from tests.helpers.ranks import make_ddp, train
 
     store = dist.FileStore(str(tmp_path_factory.mktemp("warm") / "store"), 1)  # type: ignore[attr-defined]

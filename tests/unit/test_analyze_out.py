@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from syncscope import reporting
-from syncscope.reporting import new_folder
+from syncscope.commands import analyze
+from syncscope.files import new_folder
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "syncscope-gloo-ddp-no_sync"
 
@@ -33,12 +33,12 @@ def test_two_analyses_in_the_same_second_write_two_folders(
 ) -> None:
     # GIVEN: the clock frozen on one second, and a trace
     monkeypatch.chdir(tmp_path)
-    monkeypatch.setattr(reporting.time, "strftime", lambda fmt: "20260101-000000")
+    monkeypatch.setattr(analyze.time, "strftime", lambda fmt: "20260101-000000")
     trace = tmp_path / "t"
     shutil.copytree(SAMPLE, trace)
     # WHEN: analyzed twice
     for _ in range(2):
-        reporting.analyze([trace], quiet=True)
+        analyze.analyze([trace], quiet=True)
     # THEN: two folders, each with its own report
     folders = sorted((tmp_path / "syncscope-out").iterdir())
     assert [f.name for f in folders] == ["analyze-20260101-000000", "analyze-20260101-000000-2"]

@@ -1,4 +1,4 @@
-"""The package's shape stays as issue 15 left it: short functions, and no import cycles.
+"""The package's shape: short functions, no import cycles (issue 15), layers (issue 32).
 
 - Every function and method in ``syncscope/`` (nested ones included) spans at most
   ``MAX_FUNCTION_LINES`` lines, counted as ``end_lineno - lineno + 1`` on the ast (from the
@@ -10,13 +10,22 @@
   submodule are not edges (a package whose ``__init__`` imports its own submodules would
   otherwise form a cycle with each of them). Imports under ``if TYPE_CHECKING:`` are not
   edges: they never run. A cycle is a strongly connected component of more than one module.
+- Layers, on the same edges plus the imports made only for the type checker: ``model``,
+  ``errors``, ``files`` and ``validate`` import nothing above them (``FOUNDATION``); the
+  run-directory format (``rundir``) never imports capture; render never imports analysis;
+  capture never imports analysis, render or trace (``FORBIDDEN``).
+- The package root holds at most 8 modules; every other module is in the folder of its
+  stage, and docs/concepts.md lists each folder (``test_every_folder_is_on_the_map``).
 """
 
 from __future__ import annotations
 
 import ast
+import re
 from collections.abc import Iterator
 from pathlib import Path
+
+import pytest
 
 PACKAGE = Path(__file__).resolve().parents[2] / "syncscope"
 MAX_FUNCTION_LINES = 80
@@ -39,17 +48,18 @@ def _is_type_checking(test: ast.expr) -> bool:
     )
 
 
-def _import_nodes(node: ast.AST) -> Iterator[ast.Import | ast.ImportFrom]:
-    """Every import under ``node`` that can run (``if TYPE_CHECKING:`` bodies skipped)."""
+def _import_nodes(node: ast.AST, typing: bool = False) -> Iterator[ast.Import | ast.ImportFrom]:
+    """Every import under ``node`` that can run (``if TYPE_CHECKING:`` bodies skipped), or
+    with ``typing`` every import, those for the type checker included."""
     if isinstance(node, ast.Import | ast.ImportFrom):
         yield node
         return
-    if isinstance(node, ast.If) and _is_type_checking(node.test):
+    if not typing and isinstance(node, ast.If) and _is_type_checking(node.test):
         for child in node.orelse:
             yield from _import_nodes(child)
         return
     for child in ast.iter_child_nodes(node):
-        yield from _import_nodes(child)
+        yield from _import_nodes(child, typing)
 
 
 def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -> Iterator[str]:
@@ -68,12 +78,14 @@ def _targets(node: ast.Import | ast.ImportFrom, module: str, is_package: bool) -
         yield base
 
 
-def _import_graph() -> dict[str, set[str]]:
+def _import_graph(typing: bool = False) -> dict[str, set[str]]:
+    """Module -> the syncscope modules it imports; with ``typing`` also the imports made only
+    for the type checker (a layer rule holds for types too)."""
     modules = _modules()
     graph: dict[str, set[str]] = {name: set() for name in modules}
     for name, path in modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"), str(path))
-        for node in _import_nodes(tree):
+        for node in _import_nodes(tree, typing):
             found = list(_targets(node, name, path.name == "__init__.py"))
             if isinstance(node, ast.ImportFrom):
                 # ``from a.b import c``: the module a.b.c if it is one, else a.b itself
@@ -148,7 +160,7 @@ def test_the_checks_see_what_they_check() -> None:
     assert "syncscope.model" in graph["syncscope.analysis.build"]
     assert "syncscope.trace.load" in graph["syncscope.analysis.inputs"]  # inside a function
     assert "syncscope.fixes.codemod" in graph["syncscope.fixes"]  # a package's __init__
-    assert "syncscope.tracking" not in graph["syncscope"]  # only under TYPE_CHECKING there
+    assert "syncscope.testing.track" not in graph["syncscope"]  # only under TYPE_CHECKING there
     # ...and a cycle, of any length, is found as one component
     ring = {"a": {"b"}, "b": {"c"}, "c": {"a"}, "d": {"a"}, "e": set()}
     assert _cycles(ring) == [["a", "b", "c"]]
@@ -164,3 +176,79 @@ def test_relative_imports_resolve() -> None:
     assert isinstance(node, ast.ImportFrom)
     found = list(_targets(node, "syncscope.trace", is_package=True))
     assert found == ["syncscope.model", "syncscope"]
+
+
+# The layers (issue 32): what each part of the package may import. A module belongs to the
+# part named by its first name under syncscope/ (syncscope.model.figures: "model").
+FOUNDATION: dict[str, set[str]] = {  # these import nothing above them: only what is listed
+    "errors": set(),
+    "files": {"errors"},
+    "validate": {"errors"},
+    "model": {"errors", "model"},
+}
+FORBIDDEN: dict[str, set[str]] = {  # part -> the parts it never imports
+    "rundir": {"capture"},  # the on-disk format is read by everything, written by capture
+    "render": {"analysis"},  # renderers show the model and its findings; they diagnose nothing
+    "capture": {"analysis", "render", "trace"},  # the ranks' hot path records, never reports
+}
+MAX_ROOT_MODULES = 8
+
+
+def _part(module: str) -> str:
+    parts = module.split(".")
+    return parts[1] if len(parts) > 1 else ""  # "" is the package itself
+
+
+def _layer_violations(graph: dict[str, set[str]]) -> list[str]:
+    bad: list[str] = []
+    for module, targets in sorted(graph.items()):
+        part = _part(module)
+        for target in sorted(targets):
+            other = _part(target)
+            if part in FOUNDATION and other not in FOUNDATION[part] | {part}:
+                bad.append(f"{module} imports {target} ({part} imports nothing above it)")
+            if other in FORBIDDEN.get(part, set()):
+                bad.append(f"{module} imports {target} ({part} never imports {other})")
+    return bad
+
+
+def test_the_layers_hold_at_run_time_and_for_the_type_checker() -> None:
+    bad = _layer_violations(_import_graph(typing=True))
+    assert not bad, "imports across the layers:\n" + "\n".join(bad)
+
+
+def test_the_layer_check_sees_a_violation() -> None:
+    graph = {
+        "syncscope.model.figures": {"syncscope.model", "syncscope.render.units"},
+        "syncscope.render.summary": {"syncscope.model.figures", "syncscope.analysis.advice"},
+        "syncscope.rundir": {"syncscope.files", "syncscope.capture.records"},
+        "syncscope.capture.session": {"syncscope.rundir", "syncscope.trace.read"},
+        "syncscope.files": {"syncscope.errors"},
+    }
+    assert _layer_violations(graph) == [
+        "syncscope.capture.session imports syncscope.trace.read (capture never imports trace)",
+        "syncscope.model.figures imports syncscope.render.units (model imports nothing above it)",
+        "syncscope.render.summary imports syncscope.analysis.advice (render never imports analysis)",
+        "syncscope.rundir imports syncscope.capture.records (rundir never imports capture)",
+    ]
+    # the graph the rules read holds imports inside functions and those for the type checker
+    graph = _import_graph(typing=True)
+    assert "syncscope.trace.load" in graph["syncscope.analysis.inputs"]  # inside a function
+    assert "syncscope.testing.track" in graph["syncscope"]  # only under TYPE_CHECKING
+
+
+def test_the_package_root_holds_at_most_8_modules() -> None:
+    root = sorted(p.name for p in PACKAGE.glob("*.py"))
+    assert len(root) <= MAX_ROOT_MODULES, f"{len(root)} modules at syncscope/: {root}"
+
+
+def test_every_folder_is_on_the_map() -> None:
+    """docs/concepts.md's map of the stages is the list of syncscope's folders, one line each."""
+    concepts = PACKAGE.parent / "docs" / "concepts.md"
+    if not concepts.is_file():  # an installed package without its docs
+        pytest.skip(f"{concepts} is not beside the package")
+    text = concepts.read_text(encoding="utf-8")
+    mapped = re.findall(r"^\| `syncscope/(\w+)/` \| \S", text, flags=re.M)
+    folders = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
+    assert sorted(mapped) == folders
+    assert len(mapped) == len(set(mapped))

@@ -7,7 +7,7 @@ import pytest
 
 from syncscope.model import Run
 from syncscope.testing import assert_syncs
-from syncscope.tracking import Stats
+from syncscope.testing.track import Stats
 from tests.unit import runs
 
 

@@ -34,3 +34,45 @@ def test_the_page_carries_the_scale_figures_as_written() -> None:
     page = (ROOT / "docs" / "benchmarks.md").read_text()
     assert notes in page  # bench_scale.py --doc's figures, as run_all.py would put them
     assert page.index("## 3. Analysis speed") < page.index(notes) < page.index("## 4. ")
+
+
+def test_the_page_shows_small_steps_on_both_shapes_as_generated() -> None:
+    # GIVEN the raw figures docs/benchmarks.md was rendered from
+    import json
+
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        report = importlib.import_module("_report")
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    results = json.loads((ROOT / "docs" / "benchmarks" / "results.json").read_text())
+    # THEN both shapes were measured, eager and compiled, with the training thread's CPU time
+    shapes = results["small_steps"]["shapes"]
+    assert set(shapes) == {"transformer", "mlp"}
+    for figures in shapes.values():
+        for mode in ("eager", "compiled"):
+            assert {"paired", "paired_cpu", "paired_thread"} <= set(figures[mode])
+    # AND the page's small-step section is the generator's rendering of them
+    section = "\n".join(report._small_steps(results)).rstrip("\n")
+    page = (ROOT / "docs" / "benchmarks.md").read_text()
+    assert section.startswith("### Small steps") and section in page
+    assert "| mlp | profile compiled |" in section and "- mlp, compiled:" in section
+
+
+def test_small_steps_of_an_earlier_run_render_as_the_transformer_alone() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        report = importlib.import_module("_report")
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    spread = {"median": 0.02, "low": 0.01, "high": 0.03, "n": 3}
+    ratio = {"median": 1.01, "low": 1.0, "high": 1.02, "n": 3}
+    old = {
+        "backend": "aot_eager",
+        "configs": {"plain eager": {"window": spread, "cpu": spread}},
+        "eager": {"ratio": 1.01, "cpu_ratio": 1.0, "paired": ratio},
+        "compiled": {"ratio": 1.02, "cpu_ratio": 1.0, "paired": ratio},
+    }
+    lines = report._small_steps({"small_steps": old})
+    assert "| transformer | plain eager | 20.00 (10.00-30.00) | 20.00 | - |" in lines
+    assert any(line.startswith("- transformer, compiled: wall x1.020") for line in lines)

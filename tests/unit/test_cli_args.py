@@ -153,7 +153,7 @@ def _a_value(action: argparse.Action) -> str:
 
 
 def test_every_torchrun_option_passes_through_unchanged() -> None:
-    from syncscope.launch import REFUSED
+    from syncscope.launch.torchrun import REFUSED
 
     torchrun = __import__("torch.distributed.run", fromlist=["get_args_parser"]).get_args_parser()
     checked = 0

@@ -12,7 +12,7 @@ from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
 from syncscope.capture.fingerprint import fingerprint
-from syncscope.tracking import track
+from syncscope.testing.track import track
 
 ACCUM = 4
 STEPS = 2

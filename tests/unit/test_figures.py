@@ -1,4 +1,4 @@
-"""One definition per figure (syncscope.figures), the same in every output (issue 14)."""
+"""One definition per figure (syncscope.model.figures), the same in every output (issue 14)."""
 
 from __future__ import annotations
 
@@ -6,17 +6,16 @@ import dataclasses
 import json
 import re
 
-from syncscope import figures
 from syncscope.analysis.advice import SNIPPETS
 from syncscope.analysis.diagnose import diagnose
-from syncscope.model import Collective, Finding, Run, Window
+from syncscope.model import Collective, Finding, Run, Window, figures
 from syncscope.render.diff import compare, render_diff_text
 from syncscope.render.html import render_html
 from syncscope.render.json_report import report_dict
 from syncscope.render.summary import headline, label_of
 from syncscope.render.terminal import render_text
 from syncscope.render.units import escape_html, human_ns
-from syncscope.tracking import Stats
+from syncscope.testing.track import Stats
 from tests.unit import runs
 
 
@@ -245,7 +244,7 @@ def test_an_omitted_projection_is_omitted_on_the_card_too() -> None:
 
 
 def test_exposed_communication_never_exceeds_communication_one_definition() -> None:
-    from syncscope.trace.findings import exposed_communication
+    from syncscope.analysis.exposed import exposed_communication
 
     # GIVEN a traced run where one window's measured exposure exceeds its communication
     def inflate(w: Window) -> Window:

@@ -93,7 +93,7 @@ def test_an_exception_ends_tracking_as_failed_and_a_stale_run_is_closed_on_begin
 def test_an_error_finding_fails_the_callback_unless_allowed() -> None:
     import contextlib
 
-    from syncscope.tracking import Stats
+    from syncscope.testing.track import Stats
     from tests.unit import runs
 
     def ended(**kwargs: object) -> SyncTracker:

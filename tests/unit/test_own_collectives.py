@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from syncscope import track
 from syncscope.capture import collectives
-from syncscope.tracking import Stats
+from syncscope.testing.track import Stats
 
 
 def _ops(stats: Stats) -> list[str]:

@@ -8,7 +8,7 @@ import sys
 import pytest
 
 from syncscope.model import Collective, MicroBatch, SourceLocation, Window
-from syncscope.packed import Packed, Rows
+from syncscope.trace.packed import Packed, Rows
 
 
 def _collective(i: int) -> Collective:

@@ -7,7 +7,8 @@ from pathlib import Path
 from syncscope.capture.fingerprint import PendingFingerprint
 from syncscope.capture.recorder import MemorySink, Recorder
 from syncscope.capture.records import FIELDS, event_of
-from syncscope.rundir import EventWriter, read_events
+from syncscope.capture.writer import EventWriter
+from syncscope.rundir import read_events
 
 SITE = {"file": "/job/train.py", "line": 12, "function": "main"}
 

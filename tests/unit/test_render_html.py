@@ -17,7 +17,8 @@ import plotly.offline
 import pytest
 from plotly.subplots import make_subplots
 
-from syncscope import cli, reporting
+from syncscope import cli
+from syncscope.analysis import inputs
 from syncscope.model import Finding, Run, RunMeta
 from syncscope.render import charts
 from syncscope.render.diff import compare, render_diff_html
@@ -262,7 +263,7 @@ def test_rendering_imports_no_plotly_python_code() -> None:
 def saved_runs(monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[Run, list[Finding]]]:
     """Run directories resolved to hand-built runs (the loader is tested elsewhere)."""
     table = {"before": (runs.redundant(), [runs.finding()]), "after": (runs.clean_ddp(), [])}
-    monkeypatch.setattr(reporting, "load_and_diagnose", lambda path: table[Path(path).name])
+    monkeypatch.setattr(inputs, "load_and_diagnose", lambda path: table[Path(path).name])
     return table
 
 
@@ -346,7 +347,7 @@ def test_escape_html_is_the_standard_librarys(text: str) -> None:
 def test_mean_and_median_are_the_standard_librarys(values: list[float]) -> None:
     import statistics
 
-    from syncscope.figures import mean, median
+    from syncscope.model.figures import mean, median
 
     assert mean(iter(values)) == statistics.fmean(values)
     assert median(iter(values)) == statistics.median(values)
@@ -387,7 +388,7 @@ def test_header_title_axes_and_legend_say_what_the_run_was() -> None:
 
 
 def test_trace_note_says_every_window_was_traced_when_it_was() -> None:
-    from syncscope.trace.combine import with_trace_overlap
+    from syncscope.analysis.combine import with_trace_overlap
 
     live = runs.make_run(windows=4)
     traced = runs.traced()  # the same 4 windows on 2 ranks, measured

@@ -7,9 +7,10 @@ from pathlib import Path
 
 import pytest
 
-from syncscope.analysis.build import load_run
+from syncscope.analysis.assemble import load_run
+from syncscope.capture.writer import EventWriter
 from syncscope.errors import BadRunDirectory
-from syncscope.rundir import EventWriter, rank_events_path, read_events, write_meta
+from syncscope.rundir import rank_events_path, read_events, write_meta
 from tests.unit.events import Rank
 
 
@@ -193,9 +194,9 @@ def test_a_writer_that_cannot_write_or_is_closed_holds_nothing(
     """After a failed write (a full disk) capture stops for good on the rank: what the hooks
     hand the writer afterwards is dropped, not held in memory for the rest of an hours-long
     job; the same after close()."""
-    from syncscope import rundir
+    from syncscope.capture import writer as writer_module
 
-    monkeypatch.setenv(rundir.FAULT_ENV, "2")  # the second write fails (ENOSPC)
+    monkeypatch.setenv(writer_module.FAULT_ENV, "2")  # the second write fails (ENOSPC)
     path = tmp_path / "rank.jsonl"
     writer = EventWriter(path, flush_interval=60.0)
     writer.write({"type": "header"})
@@ -208,7 +209,7 @@ def test_a_writer_that_cannot_write_or_is_closed_holds_nothing(
     writer.close()
     assert [e["type"] for e in read_events(path)] == ["header"]
 
-    monkeypatch.delenv(rundir.FAULT_ENV)
+    monkeypatch.delenv(writer_module.FAULT_ENV)
     closed = EventWriter(tmp_path / "closed.jsonl", flush_interval=60.0)
     closed.buffer({"type": "fwd"})
     closed.close()
@@ -263,3 +264,24 @@ def test_prepare_run_dir_creates_missing_parents(tmp_path: Path) -> None:
     (tmp_path / "file").write_text("")
     with pytest.raises(BadRunDirectory, match=r"cannot create \(.*file is not a directory\)"):
         prepare_run_dir(tmp_path / "file" / "sub" / "r")
+
+
+def test_pid_alive_the_one_check_sees_running_ended_and_zombie_processes() -> None:
+    """``pid_alive`` is the package's one liveness check (lock holders, the launcher's ranks,
+    a rank's ``syncscope profile``): a zombie has ended, an id nobody holds is gone."""
+    import os
+
+    from syncscope.rundir import pid_alive
+
+    assert pid_alive(os.getpid())
+    child = os.fork()
+    if child == 0:
+        os._exit(0)
+    import time
+
+    deadline = time.monotonic() + 10
+    while pid_alive(child) and time.monotonic() < deadline:  # exited, not yet reaped: a zombie
+        time.sleep(0.01)
+    assert not pid_alive(child)
+    os.waitpid(child, 0)
+    assert not pid_alive(child)  # reaped: no such process

@@ -10,8 +10,8 @@ import torch
 
 from syncscope.analysis.crossrank import collective_mismatch
 from syncscope.capture.recorder import _op_tensors
-from syncscope.figures import mean, median
 from syncscope.model import SEVERITIES, Finding, input_argument, severity_rank
+from syncscope.model.figures import mean, median
 from syncscope.render import terminal
 from syncscope.render.units import human_bytes, human_ns
 from syncscope.trace.events import RankEvents

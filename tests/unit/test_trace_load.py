@@ -12,10 +12,10 @@ from pathlib import Path
 import orjson
 import pytest
 
-from syncscope import figures
 from syncscope.analysis.crossrank import collective_mismatch
+from syncscope.analysis.exposed import exposed_communication
 from syncscope.errors import BadTrace
-from syncscope.trace.findings import exposed_communication
+from syncscope.model import figures
 from syncscope.trace.load import load_traces
 from syncscope.trace.overlap import merge, merge_pairs, subtract, total
 from syncscope.trace.synth import Shape, write_job

@@ -14,7 +14,7 @@ from torch import nn
 
 from syncscope.capture import collectives
 from syncscope.render.json_report import window_dict
-from syncscope.tracking import Stats, track
+from syncscope.testing.track import Stats, track
 from tests.helpers.ranks import ACCUM, STEPS, make_ddp, train
 
 
@@ -122,9 +122,9 @@ def test_track_does_not_record_after_exit() -> None:
 
 
 def test_syncscope_track_is_callable_after_the_submodule_is_imported() -> None:
-    # the module is syncscope.tracking, so importing it never shadows syncscope.track
+    # the module is syncscope.testing.track, so importing it never shadows syncscope.track
     import syncscope
-    import syncscope.tracking
+    import syncscope.testing.track
 
     with syncscope.track() as stats:
         pass

@@ -28,60 +28,16 @@ os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import torch
 import torch.distributed as dist
+from _truth import count_collectives
 
 GAS = 4
 # mode "buckets": overlapped, contiguous reduction in small buckets (more collectives per
 # reduction, some issued from gradient hooks inside loss.backward())
 BUCKETS = {"overlap_comm": True, "contiguous_gradients": True, "reduce_bucket_size": 300}
 WINDOWS = 3
-_OPS = (
-    "all_reduce",
-    "reduce_scatter_tensor",
-    "reduce_scatter",
-    "all_gather_into_tensor",
-    "all_gather",
-    "broadcast",
-    "reduce",
-)
 _state: dict[str, object] = {"micro": 0, "window": 0, "counting": False, "phase": "other"}
 _log: list[dict[str, object]] = []
-
-
-def _nbytes(value: object) -> int:
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, (list, tuple)):
-        return sum(_nbytes(v) for v in value)
-    return 0
-
-
-# The counting wrapper is compiled under a file name in angle brackets: syncscope takes such
-# code for library code, so a collective DeepSpeed issues through it is still DeepSpeed's and
-# the user's own all-reduce is still the user's (a wrapper in this file would be the user's).
-_COUNTER = """
-def make(name, original, state, log, nbytes):
-    def counted(*args, **kwargs):
-        if state["counting"]:
-            second = name in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_gather",
-                              "reduce_scatter")
-            payload = kwargs.get("input_tensor", kwargs.get("input", kwargs.get("tensor")))
-            if payload is None and args:
-                payload = args[1] if second and len(args) > 1 else args[0]
-            log.append({"op": name, "bytes": nbytes(payload), "window": state["window"],
-                        "micro": state["micro"], "phase": state["phase"]})
-        return original(*args, **kwargs)
-    return counted
-"""
-_ns: dict[str, object] = {}
-exec(compile(_COUNTER, "<ground-truth>", "exec"), _ns)
-
-
-def _count(name: str, original: object) -> object:
-    return _ns["make"](name, original, _state, _log, _nbytes)  # type: ignore[operator]
-
-
-for _name in _OPS:  # the ground-truth wrapper, installed before DeepSpeed binds the API
-    setattr(dist, _name, _count(_name, getattr(dist, _name)))
+count_collectives(_state, _log)  # installed before DeepSpeed binds the API
 
 import deepspeed  # noqa: E402
 

@@ -32,72 +32,15 @@ os.environ.setdefault("ACCELERATE_USE_DEEPSPEED", "true")  # what `accelerate la
 
 import torch
 import torch.distributed as dist
+from _truth import count_collectives, phase
 
 GAS = 4
 STEPS = 3
 BATCH = 2
-_OPS = (
-    "all_reduce",
-    "reduce_scatter_tensor",
-    "reduce_scatter",
-    "all_gather_into_tensor",
-    "all_gather",
-    "broadcast",
-    "reduce",
-)
 _state: dict[str, object] = {"micro": 0, "window": 0, "counting": False, "phase": "other"}
 _log: list[dict[str, object]] = []
 _boundaries: list[int] = []
-
-
-def _nbytes(value: object) -> int:
-    if isinstance(value, torch.Tensor):
-        return value.numel() * value.element_size()
-    if isinstance(value, (list, tuple)):
-        return sum(_nbytes(v) for v in value)
-    return 0
-
-
-# Compiled under a file name in angle brackets: syncscope takes such code for library code,
-# so a collective DeepSpeed issues through these wrappers is still DeepSpeed's.
-_COUNTER = """
-def make(name, original, state, log, nbytes):
-    def counted(*args, **kwargs):
-        if state["counting"]:
-            second = name in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_gather",
-                              "reduce_scatter")
-            payload = kwargs.get("input_tensor", kwargs.get("input", kwargs.get("tensor")))
-            if payload is None and args:
-                payload = args[1] if second and len(args) > 1 else args[0]
-            log.append({"op": name, "bytes": nbytes(payload), "window": state["window"],
-                        "micro": state["micro"], "phase": state["phase"]})
-        return original(*args, **kwargs)
-    return counted
-
-def phase(name, original, state, boundaries):
-    def wrapped(self, *args, **kwargs):
-        outer = state["phase"]
-        boundary = name == "step" and self.is_gradient_accumulation_boundary()
-        state["phase"] = name
-        try:
-            return original(self, *args, **kwargs)
-        finally:
-            state["phase"] = outer
-            if name == "backward":
-                state["total"] = state.get("total", 0) + 1
-            if boundary:
-                boundaries.append(state["total"] - 1)
-                state["window"] += 1
-                state["micro"] = 0
-            elif name == "backward" and not self.is_gradient_accumulation_boundary():
-                state["micro"] += 1
-    return wrapped
-"""
-_ns: dict[str, object] = {}
-exec(compile(_COUNTER, "<ground-truth>", "exec"), _ns)
-
-for _name in _OPS:  # installed before DeepSpeed binds the API
-    setattr(dist, _name, _ns["make"](_name, getattr(dist, _name), _state, _log, _nbytes))  # type: ignore[operator]
+count_collectives(_state, _log)  # installed before DeepSpeed binds the API
 
 from accelerate import PartialState  # noqa: E402
 from deepspeed.runtime.engine import DeepSpeedEngine  # noqa: E402
@@ -113,7 +56,7 @@ for _name in ("forward", "backward", "step"):
     setattr(
         DeepSpeedEngine,
         _name,
-        _ns["phase"](_name, getattr(DeepSpeedEngine, _name), _state, _boundaries),  # type: ignore[operator]
+        phase(_name, getattr(DeepSpeedEngine, _name), _state, _boundaries),
     )
 
 

@@ -19,7 +19,7 @@ import datetime
 from collections.abc import Iterator
 from typing import Any
 
-from syncscope.analysis.build import build_run
+from syncscope.analysis.assemble import build_run
 from syncscope.analysis.diagnose import diagnose
 from syncscope.capture.recorder import MemorySink
 from syncscope.capture.session import CaptureSession
@@ -50,7 +50,7 @@ class Stats:
 
     @classmethod
     def from_run(cls, run: Run, rank: int = 0) -> Stats:
-        """Stats of a finished run (``syncscope.analysis.build.load_run(run_dir)``, or a
+        """Stats of a finished run (``syncscope.analysis.assemble.load_run(run_dir)``, or a
         hand-built one), seen from ``rank``: assert on a ``syncscope profile`` run too."""
         stats = cls(None, rank, run.world_size)
         stats._finish(run)
@@ -78,7 +78,7 @@ class Stats:
     @property
     def figures(self) -> dict[str, Any]:
         """Window time, communication time, bytes, memory and the projected gain, as
-        report.json's ``figures`` (one definition everywhere: ``syncscope.figures``)."""
+        report.json's ``figures`` (one definition everywhere: ``syncscope.model.figures``)."""
         return figures_dict(self.run, self.findings)
 
     @property

@@ -183,7 +183,7 @@ class Window:
     complete: bool
     start_ns: int
     end_ns: int
-    # a tuple (live captures) or a packed ``Rows`` view (traces, see syncscope.packed)
+    # a tuple (live captures) or a packed ``Rows`` view (traces, see syncscope.trace.packed)
     micro_batches: Sequence[MicroBatch]
     collectives: Sequence[Collective]
     grad_resets: tuple[GradReset, ...] = ()

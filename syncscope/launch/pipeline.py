@@ -2,7 +2,7 @@
 
 Check the request before any process starts (the script compiles, the world fits this
 machine, the window bounds make sense), prepare the run directory and its ``meta.json``,
-launch the ranks through torch's launcher (syncscope/launch.py) with a live progress line,
+launch the ranks through torch's launcher (syncscope/launch/torchrun.py) with a live progress line,
 then report: the report files, the terminal summary and the exit status. A bounded capture
 that runs on (``--windows N --then run``) is reported as soon as every rank has captured its
 windows, while the job goes on without syncscope's hooks.
@@ -24,7 +24,7 @@ from syncscope.errors import SyncscopeError
 from syncscope.render.safe import visible
 
 if TYPE_CHECKING:
-    from syncscope.launch import LaunchOptions, LaunchResult
+    from syncscope.launch.torchrun import LaunchOptions, LaunchResult
     from syncscope.model import Run
 
 
@@ -91,14 +91,31 @@ def _profile(request: Request, plan: _Plan) -> int:
         # the launcher failed or was stopped: say so in one line, and report what was captured
         print(f"syncscope: error: the launcher stopped: {visible(result.error)}", file=sys.stderr)
     if result.hung:
-        write_meta(plan.run_dir, {**meta, "hung": True})
+        try:
+            write_meta(plan.run_dir, {**meta, "hung": True})
+        except SyncscopeError as exc:  # a full disk: the report below still says what it can
+            print(visible(f"syncscope: warning: {exc}"), file=sys.stderr)
         print(
             f"syncscope: no rank made progress for {request.hang_timeout:g} s; the job was "
             "stopped (see the hang finding)",
             file=sys.stderr,
         )
-    return report_run(
+    code = report_run(
         plan.run_dir, result.status, result.first_failed, request.fail_on, request.quiet
+    )
+    if result.lingering:
+        _note_lingering(result.lingering, request.hang_timeout)
+    return code
+
+
+def _note_lingering(ranks: tuple[int, ...], hang_timeout: float) -> None:
+    which = ", ".join(str(r) for r in ranks)
+    print(
+        f"syncscope: warning: rank(s) {which} finished the script (every window is captured: "
+        f"the report is complete) but the process did not end for {hang_timeout:g} s: "
+        "a non-daemon thread the script started keeps Python alive after the script's end "
+        "(join it, or start it with daemon=True); syncscope stopped the process(es)",
+        file=sys.stderr,
     )
 
 
@@ -115,7 +132,7 @@ def _check(request: Request) -> _Plan:
             "--hang-timeout must be a number of seconds >= 0 (0: never), "
             f"not {request.hang_timeout!r}"
         )
-    from syncscope.attach import check_bounds
+    from syncscope.validate import check_bounds
 
     try:
         max_windows, first_window, then = check_bounds(
@@ -270,7 +287,7 @@ def _meta(request: Request, plan: _Plan) -> dict[str, Any]:
 
 def _launch(request: Request, plan: _Plan, early: _EarlyReport) -> LaunchResult:
     """The job under torch's launcher, with the live progress line."""
-    from syncscope.launch import launch
+    from syncscope.launch.torchrun import launch
 
     attach_options = []
     if plan.bounded:
@@ -314,16 +331,20 @@ def report_run(run_dir: Path, status: int, failed: int | None, fail_on: str, qui
     """Diagnose the run in ``run_dir``, write its reports, show the summary; the exit status
     (the job's own when it failed, else by ``fail_on``)."""
     from syncscope.analysis.inputs import findings_for, load
-    from syncscope.render.outputs import exit_status, write_reports
-    from syncscope.render.terminal import print_summary
+    from syncscope.render.outputs import finish, show_summary
 
     run, _ = load([run_dir], skip_bad=True, progress=False)  # with --trace: both sources
     findings = findings_for(run)
-    paths = write_reports(run, findings, run_dir)
-    if not quiet:
-        print_summary(run, findings)
-    names = ", ".join(p.name for p in paths)
-    print(visible(f"syncscope: run directory {run_dir} ({names})"), file=sys.stderr)
+    try:
+        code = finish(
+            run, findings, run_dir, fail_on, quiet, summary="terminal", where="run directory"
+        )
+    except SyncscopeError as exc:  # a full disk: the summary is all there is, then the error
+        show_summary(run, findings, "terminal")
+        _note_attempts(run_dir)
+        _note_nothing_captured(run)
+        print(visible(f"syncscope: error: {exc}; {_kept(run, run_dir)}"), file=sys.stderr)
+        return status or 2
     _note_attempts(run_dir)
     _note_nothing_captured(run)
     if failed is not None and _finished_everywhere(run):
@@ -334,16 +355,24 @@ def report_run(run_dir: Path, status: int, failed: int | None, fail_on: str, qui
             "Python shut down; the measurements above are complete",
             file=sys.stderr,
         )
-        return exit_status(findings, fail_on)
+        return code
     if failed is not None:
         print(
             f"syncscope: the script failed on rank {failed} with exit status {status} "
             "(its output is above); the other ranks were stopped by the launcher",
             file=sys.stderr,
         )
-    if status:
-        return status
-    return exit_status(findings, fail_on)
+    return status or code
+
+
+def _kept(run: Run, run_dir: Path) -> str:
+    """What a failed report write leaves: the capture, and how to report it later."""
+    windows = max((len(rank.windows) for rank in run.ranks), default=0)
+    return (
+        f"the summary above covers what was captured ({windows} window(s) on "
+        f"{len(run.ranks)} rank(s)); the rank files in {run_dir / 'ranks'} are kept: "
+        f"'syncscope report {run_dir}' writes report.html once there is room"
+    )
 
 
 def _note_nothing_captured(run: Run) -> None:

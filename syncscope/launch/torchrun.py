@@ -6,7 +6,9 @@ user gave it, multi-node rendezvous included), with ``-m syncscope.attach`` as t
 each rank runs the user's script instrumented, and calls ``torch.distributed.run.run`` in
 this process. A monitor thread reads the rank event files as they grow: it shows progress
 and, when no rank has written anything for ``hang_timeout`` seconds, stops the workers so
-the run can be reported instead of hanging forever.
+the run can be reported instead of hanging forever. When every rank has recorded the
+script's end but a process lives on that long (a non-daemon thread of the script's keeps
+Python alive), it stops those processes too and says which (``LaunchResult.lingering``).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from typing import Any
 
 import orjson
 
-from syncscope.rundir import rank_files
+from syncscope.rundir import pid_alive, rank_files
 
 # torchrun's options that make no sense under syncscope: option -> why (the one-line error)
 REFUSED = {
@@ -154,6 +156,9 @@ class LaunchResult:
     first_failed: int | None
     hung: bool
     error: str = ""  # the launcher itself failed or was stopped (one line)
+    # ranks that finished the script but whose process lived on (a non-daemon thread of the
+    # script's) for the hang timeout: syncscope stopped them; every window is captured
+    lingering: tuple[int, ...] = ()
 
 
 @contextlib.contextmanager
@@ -178,6 +183,7 @@ class Monitor(threading.Thread):
         poll_s: float = 0.25,
         on_captured: Callable[[], None] | None = None,
         expected_ranks: int = 1,
+        on_waiting: Callable[[float], None] | None = None,
     ) -> None:
         super().__init__(name="syncscope-monitor", daemon=True)
         self.run_dir = run_dir
@@ -185,15 +191,23 @@ class Monitor(threading.Thread):
         self.on_progress = on_progress
         self.poll_s = poll_s
         self.hung = False
+        self.lingering: tuple[int, ...] = ()
         self.steps = 0
         self._stop_event = threading.Event()
         self._sizes: dict[Path, int] = {}
         self._pids: dict[Path, int] = {}
+        self._ranks: dict[Path, int] = {}
         self._exited: set[Path] = set()
         # bounded capture: called once every rank has written its record (the job runs on)
         self.on_captured = on_captured
         self.expected_ranks = expected_ranks
         self._captured: set[Path] = set()
+        self.on_waiting = on_waiting  # no rank file yet: called with the seconds waited
+        # start-up: a rank whose file holds only its header is still importing and setting
+        # up; it makes progress while its process uses CPU (a rank blocked in a rendezvous
+        # or a collective does not), so the hang clock does not run on a loaded machine
+        self._header_bytes: dict[Path, int] = {}
+        self._cpu_ticks: dict[int, int] = {}
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -212,8 +226,13 @@ class Monitor(threading.Thread):
                 chunk = fh.read(size - old)
             if path not in self._pids:
                 first = chunk.split(b"\n", 1)[0]
-                with contextlib.suppress(orjson.JSONDecodeError):
-                    self._pids[path] = int(orjson.loads(first).get("pid", 0))
+                with contextlib.suppress(
+                    orjson.JSONDecodeError, AttributeError, TypeError, ValueError
+                ):
+                    header = orjson.loads(first)
+                    self._pids[path] = int(header.get("pid", 0))
+                    self._ranks[path] = int(header.get("rank", -1))
+                    self._header_bytes[path] = len(first) + 1
             if b'"type":"exit"' in chunk:
                 self._exited.add(path)
                 if b'"reason":"capture complete' in chunk:
@@ -226,7 +245,7 @@ class Monitor(threading.Thread):
         start = last_change = time.monotonic()
         while not self._stop_event.wait(self.poll_s):
             try:
-                if self._read_new():
+                if self._read_new() or self._starting_up():
                     last_change = time.monotonic()
             except OSError:
                 continue
@@ -240,11 +259,45 @@ class Monitor(threading.Thread):
                 callback()
             if self.on_progress is not None:
                 self.on_progress(self.steps, len(self._sizes), now - start)
+            if self.on_waiting is not None and not self._sizes:
+                self.on_waiting(now - start)
             running = [p for p in self._pids if p not in self._exited]
-            if self.hang_timeout > 0 and running and now - last_change > self.hang_timeout:
+            if self.hang_timeout <= 0 or now - last_change <= self.hang_timeout:
+                continue
+            if running:
                 self.hung = True
                 self._stop_workers(running)
                 return
+            if self._stop_lingering():
+                return
+
+    def _starting_up(self) -> bool:
+        """True when a rank that has written nothing beyond its header used CPU since the
+        last poll: it is importing or building its model, not hung."""
+        busy = False
+        for path, header in self._header_bytes.items():
+            if self._sizes.get(path, 0) > header or path in self._exited:
+                continue
+            pid = self._pids.get(path, 0)
+            ticks = _cpu_ticks(pid)
+            if ticks is not None and ticks > self._cpu_ticks.get(pid, ticks):
+                busy = True
+            if ticks is not None:
+                self._cpu_ticks[pid] = ticks
+        return busy
+
+    def _stop_lingering(self) -> bool:
+        """Every rank recorded the script's end, yet a process lives on: Python waits for a
+        non-daemon thread the script started. Stop those processes (the record is complete);
+        True when there were any. A rank that ran on after a bounded capture is left alone
+        (it is still training, without hooks)."""
+        ended = [p for p in self._pids if p in self._exited and p not in self._captured]
+        alive = [p for p in ended if pid_alive(self._pids[p])]  # a zombie has ended
+        if not alive:
+            return False
+        self.lingering = tuple(sorted(self._ranks.get(p, -1) for p in alive))
+        self._stop_workers(alive)
+        return True
 
     def _stop_workers(self, paths: list[Path]) -> None:
         pids = [self._pids[p] for p in paths if self._pids.get(p)]
@@ -253,18 +306,22 @@ class Monitor(threading.Thread):
                 with contextlib.suppress(ProcessLookupError, PermissionError):
                     os.kill(pid, sig)
             deadline = time.monotonic() + 3.0
-            while time.monotonic() < deadline and any(_alive(pid) for pid in pids):
+            while time.monotonic() < deadline and any(pid_alive(pid) for pid in pids):
                 time.sleep(0.05)
 
 
-def _alive(pid: int) -> bool:
+def _cpu_ticks(pid: int) -> int | None:
+    """The process's user and system CPU time in clock ticks (Linux; None where /proc
+    cannot say)."""
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
+        stat = Path(f"/proc/{pid}/stat").read_bytes()
+    except OSError:
+        return None
+    fields = stat.rpartition(b")")[2].split()
+    try:
+        return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
+    except (IndexError, ValueError):
+        return None
 
 
 def launch(
@@ -294,19 +351,31 @@ def launch(
     os.environ["SYNCSCOPE_PROFILE_PID"] = str(os.getpid())  # ranks end when this process does
     if trace_windows is not None:
         os.environ["SYNCSCOPE_TRACE_WINDOWS"] = trace_windows
+    from syncscope.launch.rendezvous import RendezvousWatch
+
+    watch = RendezvousWatch(options.values)
     monitor = Monitor(
-        run_dir, hang_timeout, on_progress, on_captured=on_captured, expected_ranks=expected_ranks
+        run_dir,
+        hang_timeout,
+        on_progress,
+        on_captured=on_captured,
+        expected_ranks=expected_ranks,
+        on_waiting=watch,
     )
     monitor.start()
     try:
-        status, first_failed, error = _run_torchrun(args)
+        with watch.hooked():
+            status, first_failed, error = _run_torchrun(args)
     finally:
         monitor.stop()
         monitor.join(timeout=5)
+    error = watch.explain(error)
     if monitor.hung:
         status, first_failed = 1, None  # syncscope stopped the job itself
+    if monitor.lingering:
+        status, first_failed = 0, None  # the script ended everywhere; syncscope stopped it
     sys.stdout.flush()
-    return LaunchResult(status, first_failed, monitor.hung, error)
+    return LaunchResult(status, first_failed, monitor.hung, error, monitor.lingering)
 
 
 def _run_torchrun(args: Any) -> tuple[int, int | None, str]:
@@ -330,5 +399,6 @@ def _run_torchrun(args: Any) -> tuple[int, int | None, str]:
     except Exception as exc:  # rendezvous failures, a signal to the agent (SignalException)
         sigval = getattr(exc, "sigval", None)
         status = 128 + int(sigval) if sigval is not None else 1
-        return status, None, f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
+        text = f"{type(exc).__name__}: {exc}".strip().rstrip(":")  # a timeout's is empty
+        return status, None, text.splitlines()[0][:300]
     return 0, None, ""

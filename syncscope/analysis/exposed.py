@@ -9,8 +9,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from syncscope import figures
-from syncscope.model import Finding, Run, Severity
+from syncscope.model import Finding, Run, Severity, figures
 from syncscope.render.units import human_ns
 
 EXPOSED_WARNING_SHARE = 0.10  # exposed communication above this share of a window warns
@@ -21,7 +20,7 @@ def _ms(ns: int) -> float:
 
 
 def exposed_communication(run: Run, hta: dict[str, Any] | None = None) -> list[Finding]:
-    """Exposed communication over the steady traced windows (syncscope.figures): medians of
+    """Exposed communication over the steady traced windows (syncscope.model.figures): medians of
     exposed, communication and window time, exposed <= communication in every window, and the
     share computed from the figures shown."""
     steady = figures.steady_windows(run)

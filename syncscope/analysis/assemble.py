@@ -1,0 +1,210 @@
+"""Assemble ranks into a run: ``load_run(RUN_DIR)`` reads a run directory (one per node, merged
+into one job), keeps each rank file's last attempt and its records in order, builds each rank
+(``analysis.build.rank_from_events``) and ``assemble(meta, ranks)`` compares the ranks'
+gradient fingerprints and notes what is missing. ``build_run`` does the same from in-memory
+events (the ``track()`` API). Pure apart from reading the files.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from syncscope.analysis.build import rank_from_events
+from syncscope.errors import BadRunDirectory
+from syncscope.files import NotRegularFile
+from syncscope.model import RankRun, Run, RunMeta, compress_ranks
+from syncscope.rundir import (
+    EVENTS_FORMAT_VERSION,
+    is_run_dir,
+    rank_files,
+    read_events,
+    read_meta,
+    stopped_reason,
+)
+from syncscope.validate import (
+    check_event,
+    check_sequence,
+    field_float,
+    field_int,
+    field_of,
+    field_str,
+    missing_ranks,
+)
+
+
+def _fingerprints_match(values: list[tuple[float, ...]]) -> bool:
+    first = values[0]
+    return all(
+        len(v) == len(first)
+        and all(
+            math.isclose(a, b, rel_tol=1e-6, abs_tol=1e-12) for a, b in zip(v, first, strict=True)
+        )
+        for v in values[1:]
+    )
+
+
+def compare_fingerprints(ranks: Sequence[RankRun]) -> tuple[RankRun, ...]:
+    """Fill ``Window.fingerprint_match``: do all ranks hold the same gradients at step i?"""
+    if len(ranks) < 2:
+        return tuple(ranks)
+    count = max((len(r.windows) for r in ranks), default=0)
+    verdicts: dict[int, bool | None] = {}
+    for i in range(count):
+        values = [
+            r.windows[i].fingerprint
+            for r in ranks
+            if i < len(r.windows) and r.windows[i].complete and not r.windows[i].fingerprint_sharded
+        ]
+        present = [v for v in values if v is not None]
+        verdicts[i] = _fingerprints_match(present) if len(present) >= 2 else None
+    return tuple(
+        dataclasses.replace(
+            r,
+            windows=tuple(
+                dataclasses.replace(w, fingerprint_match=verdicts.get(i))
+                for i, w in enumerate(r.windows)
+            ),
+        )
+        for r in ranks
+    )
+
+
+def assemble(meta: RunMeta, ranks: Iterable[RankRun]) -> Run:
+    ordered = sorted(ranks, key=lambda r: r.rank)
+    notes = list(meta.notes)
+    if ordered and not any(r.dist_initialized for r in ordered):
+        notes.append("torch.distributed was never initialised: the script ran as world size 1")
+    missing, absent = missing_ranks((r.rank for r in ordered), meta.world_size)
+    if missing:
+        listed = compress_ranks(missing) + (", ..." if absent > len(missing) else "")
+        count = f" ({absent} ranks)" if absent > len(missing) else ""
+        notes.append(
+            f"no events from rank(s) {listed}{count} of {meta.world_size}; "
+            "if they ran on other nodes, merge their directories: syncscope analyze DIR DIR ..."
+        )
+    unfinished = [r.rank for r in ordered if not r.finished]
+    if unfinished:
+        notes.append(
+            f"rank(s) {compress_ranks(unfinished)} stopped without an exit record "
+            "(killed, crashed hard or hung, or capture could not write, e.g. a full disk): "
+            "their events up to then are reported"
+        )
+    return Run(
+        meta=dataclasses.replace(meta, notes=tuple(notes)), ranks=compare_fingerprints(ordered)
+    )
+
+
+def _meta_from(
+    data: dict[str, Any], headers: list[dict[str, Any]], file: object = "meta.json"
+) -> RunMeta:
+    world = field_int(data, "world_size", file, min=0, default=0)
+    world = max([world] + [int(h.get("world_size", 1) or 1) for h in headers] or [1])
+    first = headers[0] if headers else {}
+    command = field_of(data, "command", file, (list, str))
+    if isinstance(command, str):
+        command = [command]  # one string: shown as given, not split into characters
+    command = command or [first.get("target", ""), *first.get("argv", [])]
+    launcher = field_of(data, "launcher", file, dict, default={})
+    return RunMeta(
+        command=tuple(str(c) for c in command if c != ""),
+        script=field_str(data, "script", file, default=""),
+        script_sha256=field_str(data, "script_sha256", file, default=""),
+        world_size=max(world, 1),
+        created=field_str(data, "created", file, default=""),
+        syncscope_version=str(data.get("syncscope_version", first.get("syncscope", ""))),
+        torch_version=str(data.get("torch_version", first.get("torch", ""))),
+        launcher={str(k): str(v) for k, v in launcher.items()},
+        nodes=tuple(sorted({str(h.get("host", "")) for h in headers})),
+        source="live",
+        hang_timeout_s=field_float(data, "hang_timeout_s", file, min=0, default=None),
+        hung=bool(field_of(data, "hung", file, bool, default=False)),
+        notes=tuple(str(n) for n in field_of(data, "notes", file, list, default=[])),
+    )
+
+
+def load_run(path: Path | Sequence[Path]) -> Run:
+    """Read one run directory, or several (one per node) merged into one job."""
+    paths = [path] if isinstance(path, Path) else list(path)
+    ranks: dict[int, RankRun] = {}
+    headers: list[dict[str, Any]] = []
+    meta_data: dict[str, Any] = {}
+    meta_file: Path | None = None
+    stops: list[str] = []  # notes: stopped captures, skipped files, records set right
+    for run_dir in paths:
+        if not run_dir.is_dir():
+            raise BadRunDirectory(f"{run_dir}: no such run directory")
+        if not is_run_dir(run_dir):
+            raise BadRunDirectory(
+                f"{run_dir}: not a syncscope run directory (no meta.json or ranks/)"
+            )
+        data = read_meta(run_dir)
+        meta_data = {**data, **meta_data} if meta_data else data
+        meta_file = meta_file or run_dir / "meta.json"
+        for file in rank_files(run_dir):
+            try:
+                events = list(read_events(file))
+            except NotRegularFile as exc:
+                stops.append(f"{exc}: skipped (a rank file is a regular file)")
+                continue
+            if not events:
+                continue
+            for number, event in enumerate(events, 1):
+                check_event(event, file, number)
+            events = _last_attempt(events, file, stops)
+            events, notes = check_sequence(events, file.name)
+            stops.extend(notes)
+            if events[0].get("type") == "header":
+                version = events[0].get("version", 1)
+                if not isinstance(version, int) or version > EVENTS_FORMAT_VERSION:
+                    raise BadRunDirectory(
+                        f"{file}: event format version {version!r} is newer than this "
+                        f"syncscope reads ({EVENTS_FORMAT_VERSION}); upgrade syncscope"
+                    )
+                headers.append(events[0])
+            rank_run = rank_from_events(events)
+            stopped = stopped_reason(file)
+            if stopped:
+                rank_run = dataclasses.replace(rank_run, exit_reason=f"capture stopped: {stopped}")
+                stops.append(
+                    f"capture stopped early on rank {rank_run.rank} ({stopped}): its events "
+                    "after that point are missing; the script went on"
+                )
+            if rank_run.rank in ranks:
+                raise BadRunDirectory(f"{file}: rank {rank_run.rank} appears twice")
+            ranks[rank_run.rank] = rank_run
+    if not ranks:  # nothing captured is not a clean run: there is nothing to report
+        raise BadRunDirectory(
+            f"{paths[0]}: the run holds no rank events (no ranks/rank-*.jsonl with events): "
+            "nothing to report"
+        )
+    meta = _meta_from(meta_data, headers, meta_file or paths[0])
+    meta = dataclasses.replace(meta, notes=(*meta.notes, *stops))
+    return assemble(meta, ranks.values())
+
+
+def _last_attempt(
+    events: list[dict[str, Any]], file: Path, notes: list[str]
+) -> list[dict[str, Any]]:
+    """A file with several headers holds several runs of the rank's script, one after the
+    other (torchrun's ``--max-restarts``: every attempt appends to the same file): the last
+    attempt is the job's outcome and is reported alone, with a note; windows of attempts
+    that failed would otherwise read as extra, mismatched windows."""
+    starts = [i for i, e in enumerate(events) if e.get("type") == "header"]
+    if len(starts) < 2:
+        return events
+    notes.append(
+        f"{file.name}: {len(starts)} attempts of the script (the launcher restarted it); "
+        f"the last is reported, the {len(starts) - 1} before it are left out"
+    )
+    return events[starts[-1] :]
+
+
+def build_run(meta: RunMeta, events_by_rank: dict[int, list[dict[str, Any]]]) -> Run:
+    """Build a run from in-memory events (the ``track()`` API)."""
+    return assemble(
+        meta, (rank_from_events(events, rank) for rank, events in events_by_rank.items())
+    )
