@@ -314,9 +314,10 @@ def test_a_script_beyond_the_size_bound_is_not_read_whole(
 ) -> None:
     """The script is read up to MAX_SCRIPT_BYTES (64 MiB), no further: beyond, one line,
     exit 2, the file untouched."""
-    from syncscope import cli, fixing
+    from syncscope import cli
+    from syncscope.fixes import pipeline
 
-    monkeypatch.setattr(fixing, "MAX_SCRIPT_BYTES", 1 << 20)
+    monkeypatch.setattr(pipeline, "MAX_SCRIPT_BYTES", 1 << 20)
     script = tmp_path / "big.py"
     script.write_text(PLAIN * 250)  # about 2.6 MB
     monkeypatch.chdir(tmp_path)
