@@ -111,6 +111,7 @@ def _interleaved(source: str) -> str:
     return "".join(out)
 
 
+@pytest.mark.slow  # every fixture, ~3 s each: the whole sweep runs in .ci/run
 @pytest.mark.parametrize(
     "name", sorted(p.name.removesuffix(".in.py") for p in FIXTURES.glob("*.in.py"))
 )
