@@ -20,7 +20,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -154,6 +154,8 @@ class LaunchResult:
     first_failed: int | None
     hung: bool
     error: str = ""  # the launcher itself failed or was stopped (one line)
+    # global rank -> the signal that killed it, as torch's launcher saw it (SIGSEGV, ...)
+    signals: dict[int, str] = field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -299,19 +301,19 @@ def launch(
     )
     monitor.start()
     try:
-        status, first_failed, error = _run_torchrun(args)
+        status, first_failed, error, signals = _run_torchrun(args)
     finally:
         monitor.stop()
         monitor.join(timeout=5)
     if monitor.hung:
         status, first_failed = 1, None  # syncscope stopped the job itself
     sys.stdout.flush()
-    return LaunchResult(status, first_failed, monitor.hung, error)
+    return LaunchResult(status, first_failed, monitor.hung, error, signals)
 
 
-def _run_torchrun(args: Any) -> tuple[int, int | None, str]:
+def _run_torchrun(args: Any) -> tuple[int, int | None, str, dict[int, str]]:
     """torchrun's ``run(args)``: (exit status, the first rank that failed, the launcher's
-    own error in one line)."""
+    own error in one line, the signal that killed each rank killed by one)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import run
 
@@ -322,13 +324,14 @@ def _run_torchrun(args: Any) -> tuple[int, int | None, str]:
         # the root cause is the first rank to fail; the launcher then stops the others
         first_failed, failure = exc.get_first_failure()
         code = failure.exitcode
-        return (128 - code if code < 0 else code) or 1, first_failed, ""
+        signals = {rank: f.signal_name() for rank, f in exc.failures.items() if f.exitcode < 0}
+        return (128 - code if code < 0 else code) or 1, first_failed, "", signals
     except SystemExit as exc:  # the launcher's own argument or rendezvous errors
-        return exc.code if isinstance(exc.code, int) else 1, None, ""
+        return exc.code if isinstance(exc.code, int) else 1, None, "", {}
     except KeyboardInterrupt:
-        return 130, None, "interrupted"
+        return 130, None, "interrupted", {}
     except Exception as exc:  # rendezvous failures, a signal to the agent (SignalException)
         sigval = getattr(exc, "sigval", None)
         status = 128 + int(sigval) if sigval is not None else 1
-        return status, None, f"{type(exc).__name__}: {exc}".splitlines()[0][:300]
-    return 0, None, ""
+        return status, None, f"{type(exc).__name__}: {exc}".splitlines()[0][:300], {}
+    return 0, None, "", {}
