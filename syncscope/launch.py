@@ -192,6 +192,7 @@ class Monitor(threading.Thread):
         self._sizes: dict[Path, int] = {}
         self._pids: dict[Path, int] = {}
         self._exited: set[Path] = set()
+        self._inodes: dict[Path, int] = {}
         # bounded capture: called once every rank has written its record (the job runs on)
         self.on_captured = on_captured
         self.expected_ranks = expected_ranks
@@ -203,7 +204,10 @@ class Monitor(threading.Thread):
     def _read_new(self) -> bool:
         changed = False
         for path in rank_files(self.run_dir):
-            size = path.stat().st_size
+            stat = path.stat()
+            if self._inodes.setdefault(path, stat.st_ino) != stat.st_ino:
+                self._new_attempt(path, stat.st_ino)
+            size = stat.st_size
             if size == self._sizes.get(path, 0):
                 continue
             changed = True
@@ -223,6 +227,17 @@ class Monitor(threading.Thread):
             if path.name.endswith("00000.jsonl"):
                 self.steps += chunk.count(b'"type":"step_end"')
         return changed
+
+    def _new_attempt(self, path: Path, inode: int) -> None:
+        """torchrun restarted the job (``--max-restarts``): attach moved the attempt before
+        aside and this rank file is the new attempt's, read from its start, with its pid."""
+        self._inodes[path] = inode
+        self._sizes.pop(path, None)
+        self._pids.pop(path, None)
+        self._exited.discard(path)
+        self._captured.discard(path)
+        if path.name.endswith("00000.jsonl"):
+            self.steps = 0
 
     def run(self) -> None:
         start = last_change = time.monotonic()
