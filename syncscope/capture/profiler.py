@@ -95,6 +95,15 @@ class ProfilerTrace:
         return self.windows is None or self.windows[0] <= index < self.windows[1]
 
     def _start(self) -> None:
+        if torch.autograd.profiler._is_profiler_enabled:
+            # a second profiler under the script's own crashes the process (SIGSEGV, torch
+            # 2.13): the script's profiler wins, and the counting capture goes on
+            self._skip(
+                "the script runs its own torch.profiler, and syncscope does not start a "
+                "second one under it (the script's trace is its own; the counting report "
+                "is complete)"
+            )
+            return
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -109,6 +118,8 @@ class ProfilerTrace:
                 return
             if self._profiler is None:
                 self._start()
+                if self._profiler is None:
+                    return
             self._close_range("_micro_batch")
             self._close_range("_window")
             self._window = self._open_range(f"{WINDOW_PREFIX}{index}")
@@ -156,6 +167,17 @@ class ProfilerTrace:
             self._done = True
 
     # -- internals ---------------------------------------------------------------------
+
+    def _skip(self, reason: str) -> None:
+        """No trace from this rank: why, next to where the trace would be (report and
+        analyze show it as a note), and said once on the job's terminal (rank 0)."""
+        self._done = True
+        self.error = None
+        with contextlib.suppress(OSError):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.with_name(f"rank-{self.rank}.not-traced").write_text(reason + "\n")
+        if self.rank == 0:
+            print(f"syncscope: note: --trace: {reason}", file=sys.stderr, flush=True)
 
     @staticmethod
     def _open_range(name: str) -> Any:
