@@ -47,11 +47,11 @@ def load(
     return run, files
 
 
-NOT_TRACED = ".not-traced"  # traces/rank-R.not-traced: why that rank wrote no trace (one line)
+NOT_TRACED = ".not-traced"  # traces/rank-R.not-traced: why its trace is missing or short
 
 
 def _has_traces(traces: Path) -> bool:
-    from syncscope.trace.load import is_trace_file
+    from syncscope.trace.read import is_trace_file
 
     return traces.is_dir() and any(p.is_file() and is_trace_file(p) for p in traces.iterdir())
 
@@ -73,7 +73,7 @@ def _trace_notes(run_dirs: Sequence[Path]) -> list[str]:
                         reason = fh.read(1000).decode().strip().splitlines()[0]
                     by_reason.setdefault(reason, []).append(int(rank))
         for reason, ranks in by_reason.items():
-            notes.append(f"--trace: no trace from rank(s) {compress_ranks(ranks)}: {reason}")
+            notes.append(f"--trace on rank(s) {compress_ranks(ranks)}: {reason}")
         if not _has_traces(traces):
             notes.append(
                 f"--trace: {traces} holds no trace file; the report is syncscope's own count "
