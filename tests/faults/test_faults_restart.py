@@ -41,20 +41,13 @@ def test_the_last_attempt_of_a_rank_file_is_read_alone(tmp_path: Path) -> None:
 RESTARTED = textwrap.dedent(
     """
     import os, sys
-    from datetime import timedelta
     import torch, torch.distributed as dist
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
     attempt = os.environ["TORCHELASTIC_RESTART_COUNT"]
-    # torch keeps the agent's store across restarts with no prefix per attempt: a restarted
-    # rank can read the previous attempt's gloo addresses (connection refused, or a hang),
-    # with plain torchrun too; a prefix of its own per attempt avoids that
-    store = dist.PrefixStore(f"attempt-{attempt}", dist.TCPStore(
-        os.environ["MASTER_ADDR"], int(os.environ["MASTER_PORT"]), is_master=False,
-        timeout=timedelta(seconds=60)))
-    rank = int(os.environ["RANK"])
-    dist.init_process_group("gloo", store=store, rank=rank, world_size=2)
+    dist.init_process_group("gloo")
+    rank = dist.get_rank()
     model = DDP(nn.Linear(4, 4))
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     for step in range(3):
