@@ -205,6 +205,7 @@ def main(argv: list[str] | None = None) -> int:
             set_aside_attempt(run_dir, rank, int(restart))
         except OSError as exc:
             _die(f"cannot set aside the last attempt's rank file in {run_dir}: {exc.strerror}")
+        _store_per_attempt(int(restart))
 
     from syncscope.capture.session import CaptureSession
 
@@ -229,6 +230,27 @@ def main(argv: list[str] | None = None) -> int:
     _watch_profile(session, rank)
     sys.argv = [target, *script_args]
     return _run(session, is_module, target)
+
+
+def _store_per_attempt(restart: int) -> None:
+    """A restarted attempt's ranks meet in torch's agent store, which keeps the attempt
+    before's keys (torch 2.13 adds no prefix per attempt): a rank could read a dead rank's
+    gloo address and fail to connect or hang, with plain torchrun too. Each attempt gets a
+    prefix of its own in the store ``env://`` hands to ``init_process_group``."""
+    if os.environ.get("TORCHELASTIC_USE_AGENT_STORE") != "True":
+        return
+    import importlib
+
+    from torch.distributed.distributed_c10d import PrefixStore
+
+    # the module (torch.distributed.rendezvous is also the name of a function there)
+    rendezvous = importlib.import_module("torch.distributed.rendezvous")
+    create = rendezvous._create_c10d_store  # type: ignore[attr-defined]
+
+    def per_attempt(*args: Any, **kwargs: Any) -> Any:
+        return PrefixStore(f"syncscope/attempt-{restart}", create(*args, **kwargs))
+
+    rendezvous._create_c10d_store = per_attempt  # type: ignore[attr-defined]
 
 
 def _close_on_signals(session: CaptureSession) -> None:

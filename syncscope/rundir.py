@@ -155,6 +155,40 @@ def set_aside_attempt(run_dir: Path, rank: int, restart: int) -> None:
             atomic_write(attempt / META_FILE, meta.read_bytes())
 
 
+def record_launcher_exit(run_dir: Path, rank: int, signal_name: str, status: int) -> bool:
+    """A rank killed by a signal it could not record (SIGSEGV, SIGKILL, SIGABRT): append the
+    exit the launcher saw to its file, unless the rank recorded its own. True if written."""
+    path = rank_events_path(run_dir, rank)
+    try:
+        if not path.is_file() or path.stat().st_size > 1 << 30:
+            return False
+        with path.open("rb") as fh:
+            data = fh.read()
+        if b'"type":"exit"' in data:
+            return False
+        record = {
+            "type": "exit",
+            "t": _last_time(data),  # when it was last seen: the order of failures holds
+            "status": status,
+            "reason": f"killed by signal {signal_name} (seen by the launcher)",
+            "by": "launcher",
+        }
+        with path.open("ab") as fh:
+            fh.write(
+                (b"" if data.endswith(b"\n") or not data else b"\n") + orjson.dumps(record) + b"\n"
+            )
+    except OSError:
+        return False
+    return True
+
+
+def _last_time(data: bytes) -> int:
+    for line in reversed(data.splitlines()[-50:]):
+        with contextlib.suppress(orjson.JSONDecodeError, LookupError, TypeError, ValueError):
+            return int(orjson.loads(line)["t"])
+    return 0
+
+
 def earlier_attempts(run_dir: Path) -> list[Path]:
     """The earlier attempts of a restarted job set aside by ``set_aside_attempt``."""
     root = run_dir / ATTEMPTS_DIR

@@ -6,12 +6,14 @@ shows the same windows and the same findings.
 
 from __future__ import annotations
 
+import contextlib
+import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from syncscope.errors import BadRunDirectory, SyncscopeError
-from syncscope.model import Finding, Run, severity_rank
+from syncscope.model import Finding, Run, compress_ranks, severity_rank
 from syncscope.rundir import is_run_dir
 
 
@@ -30,7 +32,12 @@ def load(
         from syncscope.analysis.combine import with_trace_overlap
 
         run = load_run(run_dirs)
-        traced = [d / "traces" for d in run_dirs if (d / "traces").is_dir()]
+        traced = [d / "traces" for d in run_dirs if _has_traces(d / "traces")]
+        notes = _trace_notes(run_dirs)
+        if notes:
+            run = dataclasses.replace(
+                run, meta=dataclasses.replace(run.meta, notes=(*run.meta.notes, *notes))
+            )
         if traced:
             trace_run = load_traces(traced, skip_bad, progress, scheduler=scheduler)
             run = with_trace_overlap(run, trace_run)
@@ -38,6 +45,41 @@ def load(
     files: dict[int, Path] = {}  # each rank's file, as the reader matched them (one pass)
     run = load_traces(paths, skip_bad, progress, files_out=files, scheduler=scheduler)
     return run, files
+
+
+NOT_TRACED = ".not-traced"  # traces/rank-R.not-traced: why its trace is missing or short
+
+
+def _has_traces(traces: Path) -> bool:
+    from syncscope.trace.read import is_trace_file
+
+    return traces.is_dir() and any(p.is_file() and is_trace_file(p) for p in traces.iterdir())
+
+
+def _trace_notes(run_dirs: Sequence[Path]) -> list[str]:
+    """Why ``--trace`` left no trace (a rank's own reason, or an empty traces/): the counting
+    report stands without one."""
+    notes: list[str] = []
+    for run_dir in run_dirs:
+        traces = run_dir / "traces"
+        if not traces.is_dir():
+            continue
+        by_reason: dict[str, list[int]] = {}
+        for path in sorted(traces.glob(f"rank-*{NOT_TRACED}")):
+            rank = path.name[len("rank-") : -len(NOT_TRACED)]
+            with contextlib.suppress(OSError, UnicodeDecodeError, IndexError):
+                if path.is_file() and rank.isdigit():
+                    with path.open("rb") as fh:
+                        reason = fh.read(1000).decode().strip().splitlines()[0]
+                    by_reason.setdefault(reason, []).append(int(rank))
+        for reason, ranks in by_reason.items():
+            notes.append(f"--trace on rank(s) {compress_ranks(ranks)}: {reason}")
+        if not _has_traces(traces):
+            notes.append(
+                f"--trace: {traces} holds no trace file; the report is syncscope's own count "
+                "of the run (no exposed-communication figures)"
+            )
+    return notes
 
 
 def findings_for(run: Run, hta: dict[str, Any] | None = None) -> list[Finding]:

@@ -22,7 +22,7 @@ import re
 import sys
 import tempfile
 import threading
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
@@ -86,6 +86,7 @@ class ProfilerTrace:
         self._micro_batch: Any = None
         self._micro_label = ""
         self._lock = threading.Lock()
+        self._restore: Callable[[], None] | None = None
 
     @property
     def active(self) -> bool:
@@ -95,6 +96,15 @@ class ProfilerTrace:
         return self.windows is None or self.windows[0] <= index < self.windows[1]
 
     def _start(self) -> None:
+        if torch.autograd.profiler._is_profiler_enabled:
+            # a second profiler under the script's own crashes the process (SIGSEGV, torch
+            # 2.13): the script's profiler wins, and the counting capture goes on
+            self._skip(
+                "no trace: the script runs its own torch.profiler, and syncscope does not start a "
+                "second one under it (the script's trace is its own; the counting report "
+                "is complete)"
+            )
+            return
         activities = [torch.profiler.ProfilerActivity.CPU]
         if torch.cuda.is_available():
             activities.append(torch.profiler.ProfilerActivity.CUDA)
@@ -102,6 +112,35 @@ class ProfilerTrace:
         with without_usdt_lines():
             profiler.__enter__()
         self._profiler = profiler
+        self._yield_to_the_scripts(profiler)
+
+    def _yield_to_the_scripts(self, ours: torch.profiler.profile) -> None:
+        """The script starts its own profiler while syncscope's runs: syncscope's trace ends
+        there (exported as it is), then the script's starts, alone."""
+        cls = torch.profiler.profile
+        real_start = cls.start
+
+        def start(profiler: torch.profiler.profile) -> None:
+            if profiler is not ours and cls.start is start:
+                cls.start = real_start  # type: ignore[method-assign]
+                with self._lock:
+                    if self._profiler is ours:
+                        self._close_range("_micro_batch")
+                        self._close_range("_window")
+                        self._finish()
+                        self._say(
+                            "the script started its own torch.profiler: syncscope's trace "
+                            "stops there (a second profiler under the script's crashes it)"
+                        )
+            real_start(profiler)
+
+        cls.start = start  # type: ignore[method-assign,assignment]
+
+        def restore() -> None:
+            if cls.start is start:
+                cls.start = real_start  # type: ignore[method-assign]
+
+        self._restore = restore
 
     def window_begin(self, index: int) -> None:
         with self._lock:
@@ -109,6 +148,8 @@ class ProfilerTrace:
                 return
             if self._profiler is None:
                 self._start()
+                if self._profiler is None:
+                    return
             self._close_range("_micro_batch")
             self._close_range("_window")
             self._window = self._open_range(f"{WINDOW_PREFIX}{index}")
@@ -157,6 +198,22 @@ class ProfilerTrace:
 
     # -- internals ---------------------------------------------------------------------
 
+    def _skip(self, reason: str) -> None:
+        """No trace from this rank: why, next to where the trace would be (report and
+        analyze show it as a note), and said once on the job's terminal (rank 0)."""
+        self._done = True
+        self.error = None
+        self._say(reason)
+
+    def _say(self, reason: str) -> None:
+        """Why the trace is missing or short: next to where the trace is (report and analyze
+        show it as a note), and once on the job's terminal (rank 0)."""
+        with contextlib.suppress(OSError):
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+            self.path.with_name(f"rank-{self.rank}.not-traced").write_text(reason + "\n")
+        if self.rank == 0:
+            print(f"syncscope: note: --trace: {reason}", file=sys.stderr, flush=True)
+
     @staticmethod
     def _open_range(name: str) -> Any:
         rf = record_function(name)
@@ -173,6 +230,9 @@ class ProfilerTrace:
     def _finish(self) -> None:
         profiler, self._profiler = self._profiler, None
         self._done = True
+        restore, self._restore = self._restore, None
+        if restore is not None:
+            restore()
         if profiler is None:
             return
         try:

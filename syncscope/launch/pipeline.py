@@ -90,6 +90,8 @@ def _profile(request: Request, plan: _Plan) -> int:
     if result.error:
         # the launcher failed or was stopped: say so in one line, and report what was captured
         print(f"syncscope: error: the launcher stopped: {visible(result.error)}", file=sys.stderr)
+    if not result.hung:
+        _record_signals(plan.run_dir, result.signals)
     if result.hung:
         try:
             write_meta(plan.run_dir, {**meta, "hung": True})
@@ -117,6 +119,19 @@ def _note_lingering(ranks: tuple[int, ...], hang_timeout: float) -> None:
         "(join it, or start it with daemon=True); syncscope stopped the process(es)",
         file=sys.stderr,
     )
+
+
+def _record_signals(run_dir: Path, signals: dict[int, str]) -> None:
+    """A rank killed by a signal it could not record (SIGSEGV, SIGKILL): its exit as the
+    launcher saw it goes into its file, so every report names the real signal."""
+    import signal
+
+    from syncscope.rundir import record_launcher_exit
+
+    for rank, name in signals.items():
+        number = getattr(signal, name, None) if name.startswith("SIG") else None
+        if number is not None:
+            record_launcher_exit(run_dir, rank, name, 128 + int(number))
 
 
 def _check(request: Request) -> _Plan:

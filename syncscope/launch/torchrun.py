@@ -22,7 +22,7 @@ import sys
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -159,6 +159,8 @@ class LaunchResult:
     # ranks that finished the script but whose process lived on (a non-daemon thread of the
     # script's) for the hang timeout: syncscope stopped them; every window is captured
     lingering: tuple[int, ...] = ()
+    # global rank -> the signal that killed it, as torch's launcher saw it (SIGSEGV, ...)
+    signals: dict[int, str] = field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -198,6 +200,7 @@ class Monitor(threading.Thread):
         self._pids: dict[Path, int] = {}
         self._ranks: dict[Path, int] = {}
         self._exited: set[Path] = set()
+        self._inodes: dict[Path, int] = {}
         # bounded capture: called once every rank has written its record (the job runs on)
         self.on_captured = on_captured
         self.expected_ranks = expected_ranks
@@ -215,7 +218,10 @@ class Monitor(threading.Thread):
     def _read_new(self) -> bool:
         changed = False
         for path in rank_files(self.run_dir):
-            size = path.stat().st_size
+            stat = path.stat()
+            if self._inodes.setdefault(path, stat.st_ino) != stat.st_ino:
+                self._new_attempt(path, stat.st_ino)
+            size = stat.st_size
             if size == self._sizes.get(path, 0):
                 continue
             changed = True
@@ -240,6 +246,19 @@ class Monitor(threading.Thread):
             if path.name.endswith("00000.jsonl"):
                 self.steps += chunk.count(b'"type":"step_end"')
         return changed
+
+    def _new_attempt(self, path: Path, inode: int) -> None:
+        """torchrun restarted the job (``--max-restarts``): attach moved the attempt before
+        aside and this rank file is the new attempt's, read from its start, with its pid."""
+        self._inodes[path] = inode
+        self._sizes.pop(path, None)
+        self._pids.pop(path, None)
+        self._ranks.pop(path, None)
+        self._header_bytes.pop(path, None)
+        self._exited.discard(path)
+        self._captured.discard(path)
+        if path.name.endswith("00000.jsonl"):
+            self.steps = 0
 
     def run(self) -> None:
         start = last_change = time.monotonic()
@@ -365,7 +384,7 @@ def launch(
     monitor.start()
     try:
         with watch.hooked():
-            status, first_failed, error = _run_torchrun(args)
+            status, first_failed, error, signals = _run_torchrun(args)
     finally:
         monitor.stop()
         monitor.join(timeout=5)
@@ -375,12 +394,12 @@ def launch(
     if monitor.lingering:
         status, first_failed = 0, None  # the script ended everywhere; syncscope stopped it
     sys.stdout.flush()
-    return LaunchResult(status, first_failed, monitor.hung, error, monitor.lingering)
+    return LaunchResult(status, first_failed, monitor.hung, error, monitor.lingering, signals)
 
 
-def _run_torchrun(args: Any) -> tuple[int, int | None, str]:
+def _run_torchrun(args: Any) -> tuple[int, int | None, str, dict[int, str]]:
     """torchrun's ``run(args)``: (exit status, the first rank that failed, the launcher's
-    own error in one line)."""
+    own error in one line, the signal that killed each rank killed by one)."""
     from torch.distributed.elastic.multiprocessing.errors import ChildFailedError
     from torch.distributed.run import run
 
@@ -391,14 +410,15 @@ def _run_torchrun(args: Any) -> tuple[int, int | None, str]:
         # the root cause is the first rank to fail; the launcher then stops the others
         first_failed, failure = exc.get_first_failure()
         code = failure.exitcode
-        return (128 - code if code < 0 else code) or 1, first_failed, ""
+        signals = {rank: f.signal_name() for rank, f in exc.failures.items() if f.exitcode < 0}
+        return (128 - code if code < 0 else code) or 1, first_failed, "", signals
     except SystemExit as exc:  # the launcher's own argument or rendezvous errors
-        return exc.code if isinstance(exc.code, int) else 1, None, ""
+        return exc.code if isinstance(exc.code, int) else 1, None, "", {}
     except KeyboardInterrupt:
-        return 130, None, "interrupted"
+        return 130, None, "interrupted", {}
     except Exception as exc:  # rendezvous failures, a signal to the agent (SignalException)
         sigval = getattr(exc, "sigval", None)
         status = 128 + int(sigval) if sigval is not None else 1
         text = f"{type(exc).__name__}: {exc}".strip().rstrip(":")  # a timeout's is empty
-        return status, None, text.splitlines()[0][:300]
-    return 0, None, ""
+        return status, None, text.splitlines()[0][:300], {}
+    return 0, None, "", {}
