@@ -63,7 +63,7 @@ RESTARTED = textwrap.dedent(
 def test_the_monitor_follows_a_restarted_attempts_rank_file(tmp_path: Path) -> None:
     """attach moves the attempt before aside; the monitor reads the new file from its start
     (its pid, not yet exited), so the hang timeout still holds after a restart."""
-    from syncscope.launch import Monitor
+    from syncscope.launch.torchrun import Monitor
 
     ranks = tmp_path / "ranks"
     ranks.mkdir()
