@@ -28,7 +28,7 @@ from syncscope.capture.fingerprint import (
 )
 from syncscope.capture.gradients import GradientIndex, _op_tensors
 from syncscope.capture.pending import PendingWork
-from syncscope.capture.records import Item, Record, event_of
+from syncscope.capture.records import MEM_AT_WRITE, Item, Record, event_of, needs_mem
 from syncscope.capture.wrappers import WrapperRegistry
 from syncscope.model import normalize_op
 from syncscope.rundir import EVENTS_FORMAT, EVENTS_FORMAT_VERSION
@@ -62,9 +62,10 @@ class MemorySink:
     def events(self) -> list[dict[str, Any]]:
         with self._lock:
             items = self._items
+            mem = rss_bytes() if needs_mem(items) else 0
             for i, item in enumerate(items):
                 if type(item) is not dict:
-                    items[i] = event_of(item)
+                    items[i] = event_of(item, mem)
             return items  # type: ignore[return-value]  # every item is an event now
 
     def flush(self) -> None:
@@ -394,7 +395,7 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
             self.now(),
             type(optimizer).__name__,
             sites.user_site(2, "step"),
-            rss_bytes(),
+            MEM_AT_WRITE,  # read off the training thread
             cuda_peak_and_reset(),
         )
         if callable(closure):
@@ -428,7 +429,7 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
         if self._pending_fp:
             self._resolve_fingerprints(wait=False)
         site = sites.user_site(2, "step")
-        self.hold(("step", self.now(), name, site, rss_bytes(), cuda_peak_and_reset(), None))
+        self.hold(("step", self.now(), name, site, MEM_AT_WRITE, cuda_peak_and_reset(), None))
 
     def fingerprint_window(self, take: Any) -> None:
         """Once per window, at its first forward: ``take(window)`` fingerprints what every rank
