@@ -112,7 +112,9 @@ _AT_ONCE = frozenset(
     ("header", "exit", "wrapper", "dist", "framework", "warning", "skipped", "bwd_error")
 )
 
-_perf_ns = time.perf_counter_ns  # the recorder's clock (see Recorder.now)
+# the recorder's clock (see Recorder.now): the hot hooks read it as
+# ``_perf_ns() + self._clock_offset`` themselves (a call of ``now`` is a Python frame each)
+_perf_ns = time.perf_counter_ns
 
 
 _dtype_names: dict[torch.dtype, str] = {}  # torch.float32 -> "float32"
@@ -295,7 +297,9 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
             within = sites.within_outside_forward(2)
             if within:
                 extra = {**(extra or {}), "within": within}
-        self.hold(("fwd", self.now(), wrapper, label, sync, depth, site, extra))
+        self.hold(
+            ("fwd", _perf_ns() + self._clock_offset, wrapper, label, sync, depth, site, extra)
+        )
 
     def on_forward_end(self) -> None:
         """A wrapper forward returned: only the phase changes. No event is written (earlier
@@ -325,7 +329,9 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
         if self._bucket_ptrs:
             self._bucket_ptrs = set()
         self._window_activity = True
-        self.hold(("bwd", self.now(), self.sync_state(), sites.user_site(2, "bwd")))
+        self.hold(
+            ("bwd", _perf_ns() + self._clock_offset, self.sync_state(), sites.user_site(2, "bwd"))
+        )
         if self.fwd_depth == 0 and self.trace is not None:
             self.trace.micro_batch_begin(self.window, self.micro_batch)
         return True
@@ -334,7 +340,7 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
         self.bwd_depth = max(0, self.bwd_depth - 1)
         if not outermost:
             return
-        self.hold(("bwd_end", self.now()))
+        self.hold(("bwd_end", _perf_ns() + self._clock_offset))
         if self.trace is not None:
             self.trace.micro_batch_end(self.window, self.micro_batch)
         if self.micro_batch == 0:
@@ -351,7 +357,15 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
         if self.micro_batch or self.bwd_depth:
             self._window_activity = True
         self._grad_ptrs = None
-        self.hold(("reset", self.now(), how, set_to_none, sites.user_site(2, "reset")))
+        self.hold(
+            (
+                "reset",
+                _perf_ns() + self._clock_offset,
+                how,
+                set_to_none,
+                sites.user_site(2, "reset"),
+            )
+        )
 
     def on_toggle(self, how: str | None, value: bool, label: str) -> None:
         """A sync flag was set. ``how`` None: DDP's ``require_backward_grad_sync``, set by
@@ -361,7 +375,7 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
             how = "no_sync" if in_no_sync else "require_backward_grad_sync"
         else:
             site = sites.user_site(1)
-        self.hold(("toggle", self.now(), how, bool(value), label, site))
+        self.hold(("toggle", _perf_ns() + self._clock_offset, how, bool(value), label, site))
 
     # -- optimizer --------------------------------------------------------------------------
     def on_step_begin(
@@ -392,7 +406,7 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
             closure = args[at] if len(args) > at else None
         step = (
             "step",
-            self.now(),
+            _perf_ns() + self._clock_offset,
             type(optimizer).__name__,
             sites.user_site(2, "step"),
             MEM_AT_WRITE,  # read off the training thread
@@ -429,7 +443,17 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
         if self._pending_fp:
             self._resolve_fingerprints(wait=False)
         site = sites.user_site(2, "step")
-        self.hold(("step", self.now(), name, site, MEM_AT_WRITE, cuda_peak_and_reset(), None))
+        self.hold(
+            (
+                "step",
+                _perf_ns() + self._clock_offset,
+                name,
+                site,
+                MEM_AT_WRITE,
+                cuda_peak_and_reset(),
+                None,
+            )
+        )
 
     def fingerprint_window(self, take: Any) -> None:
         """Once per window, at its first forward: ``take(window)`` fingerprints what every rank
@@ -477,7 +501,7 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
         self.step_depth = max(0, self.step_depth - 1)
         if self.step_depth:
             return
-        self.hold(("step_end", self.now()))
+        self.hold(("step_end", _perf_ns() + self._clock_offset))
         if self.window > 0 and not self._window_activity:
             return  # a second optimizer's step closes the same window (as the builder merges)
         if self.trace is not None and self._window_open:
