@@ -129,6 +129,20 @@ def _dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
+def _payload(tensors: list[torch.Tensor]) -> tuple[int, str, bool]:
+    """A collective's (bytes, dtype name, all floating point)."""
+    if len(tensors) == 1:  # the common case, without a generator's frame per figure
+        first = tensors[0]
+        return (
+            first.numel() * first.element_size(),
+            _dtype_name(first.dtype),
+            first.is_floating_point(),
+        )
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    dtype = _dtype_name(tensors[0].dtype) if tensors else ""
+    return nbytes, dtype, bool(tensors) and all(t.is_floating_point() for t in tensors)
+
+
 class Recorder(WrapperRegistry, GradientIndex, PendingWork):
     """Receives callbacks from the instrumentation and writes events for one rank.
 
@@ -555,9 +569,7 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
             tensors = _op_tensors(opname, args)
         if op == "barrier":
             tensors = []
-        nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        dtype = _dtype_name(tensors[0].dtype) if tensors else ""
-        floating = bool(tensors) and all(t.is_floating_point() for t in tensors)
+        nbytes, dtype, floating = _payload(tensors)
         issuer, site, detail = sites.issuer_of_collective(2)
         phase = self.phase()
         bucket: int | None = None
@@ -576,7 +588,8 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
                     grad_content = any(
                         t.untyped_storage().data_ptr() in self._content_hits for t in tensors
                     )
-        self._content_hits = set()
+        if self._content_hits:
+            self._content_hits = set()
         group_name = self._group_ranks(pg)[0] if pg is not None else ""
         with self._lock:
             seq = self.seq
