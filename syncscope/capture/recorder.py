@@ -302,7 +302,8 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
         if not torch.is_grad_enabled():
             return
         if depth == 0:
-            self._window_begin()
+            if not self._window_open:  # a call only at a window's first forward
+                self._window_begin()
             if self.trace is not None:
                 self.trace.micro_batch_begin(self.window, self.micro_batch)
         site = sites.user_site(2, "fwd")
@@ -326,7 +327,8 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
         self.bwd_depth += 1
         if self.bwd_depth > 1:
             return False
-        self._window_begin()
+        if not self._window_open:
+            self._window_begin()
         if self.micro_batch > 0 and not self._reset_since_backward and not self._grads_freed:
             present = self._count_grads()
             if 0 <= present < self._grads_after_backward:
