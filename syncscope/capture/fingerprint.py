@@ -18,6 +18,7 @@ blocking, read once its event has completed, so taking it never stalls the train
 from __future__ import annotations
 
 import contextlib
+import functools
 import os
 import weakref
 from typing import Any
@@ -133,12 +134,15 @@ def _weights_for(flat: torch.Tensor) -> torch.Tensor:
     """Positions 1/k .. k/k for a sample of k elements (cached per size, dtype and device;
     a CPU sample's key names no device: building and hashing a ``torch.device`` each step
     cost more than the lookup)."""
-    key = (flat.numel(), flat.dtype, "cpu" if flat.is_cpu else flat.device)
+    return _weights_of(flat.numel(), flat.dtype, "cpu" if flat.is_cpu else flat.device)
+
+
+def _weights_of(k: int, dtype: torch.dtype, device: str | torch.device) -> torch.Tensor:
+    key = (k, dtype, device)
     weights = _weights.get(key)
     if weights is None:
-        k = flat.numel()
-        weights = torch.arange(1, k + 1, dtype=torch.float64, device=flat.device) / k
-        weights = _weights[key] = weights.to(flat.dtype)
+        weights = torch.arange(1, k + 1, dtype=torch.float64, device=device) / k
+        weights = _weights[key] = weights.to(dtype)
         if len(_weights) > 64:  # a few sizes per model; never grows without bound
             _weights.pop(next(iter(_weights)))
     return weights
@@ -158,9 +162,11 @@ class _Plan:
     of its gradient's sample (stride 0 where the gradient is its own sample: a 1-D tensor
     of under ``2 * SAMPLE`` elements, such as a bias, needs no view). Reading every
     parameter's ``.grad`` each step, to pick a few, cost more than the fingerprint; so did
-    working the share and the samples out again."""
+    working the share and the samples out again. ``weights``: per share, its samples'
+    position weights where they are summed on the CPU in float32/64 (the parameters' dtype
+    and device are their gradients'), else None (``_start`` works them out)."""
 
-    __slots__ = ("count", "cycle", "shape", "shares", "trainable")
+    __slots__ = ("count", "cycle", "parts", "shape", "shares", "trainable", "weights")
 
     def __init__(self, shape: tuple[int, ...], trainable: list[torch.Tensor]) -> None:
         self.shape = shape
@@ -176,21 +182,48 @@ class _Plan:
                 whole = p.dim() == 1 and step == 1
                 share.append((p, -(-n // step), 0 if whole else step))
             self.shares.append(share)
+        self.parts = [(offset, self.cycle) for offset in range(self.cycle)]
+        self.weights = [_plain_weights(share) for share in self.shares]
 
 
-_plans: weakref.WeakKeyDictionary[Any, _Plan] = weakref.WeakKeyDictionary()
+def _plain_weights(share: list[tuple[torch.Tensor, int, int]]) -> torch.Tensor | None:
+    """A share's samples' weights, where its gradients are summed as they are (on the CPU,
+    float32 or float64, all of one dtype), else None."""
+    dtypes = {p.dtype for p, _, _ in share}
+    if not share or len(dtypes) != 1 or not all(p.is_cpu for p, _, _ in share):
+        return None
+    dtype = share[0][0].dtype
+    if dtype not in (torch.float32, torch.float64):
+        return None
+    return _weights_of(sum(size for _, size, _ in share), dtype, "cpu")
+
+
+# id(optimizer) -> (a weak reference to it, its plan): a plain dict read (a WeakKeyDictionary's
+# lookup is a Python call of its own, on every step)
+_plans: dict[int, tuple[weakref.ref[Any], _Plan]] = {}
 
 
 def _plan(optimizer: torch.optim.Optimizer) -> _Plan:
     """``optimizer``'s plan, made again when its param groups change."""
     groups = optimizer.param_groups
-    shape = tuple([len(g["params"]) for g in groups])
-    plan = _plans.get(optimizer)
-    if plan is None or plan.shape != shape:
-        plan = _Plan(shape, [p for g in groups for p in g["params"] if p.requires_grad])
-        with contextlib.suppress(TypeError):  # an optimizer-like object without weak refs
-            _plans[optimizer] = plan
+    if len(groups) == 1:
+        shape: tuple[int, ...] = (len(groups[0]["params"]),)
+    else:
+        shape = tuple([len(g["params"]) for g in groups])
+    entry = _plans.get(id(optimizer))
+    if entry is not None and entry[0]() is optimizer and entry[1].shape == shape:
+        return entry[1]
+    plan = _Plan(shape, [p for g in groups for p in g["params"] if p.requires_grad])
+    key = id(optimizer)
+    with contextlib.suppress(TypeError):  # an optimizer-like object without weak refs
+        _plans[key] = (weakref.ref(optimizer, functools.partial(_forget_plan, key)), plan)
     return plan
+
+
+def _forget_plan(key: int, _: Any = None) -> None:
+    entry = _plans.get(key)
+    if entry is not None and entry[0]() is None:
+        del _plans[key]
 
 
 def _share(items: list[torch.Tensor], window: int) -> tuple[list[torch.Tensor], tuple[int, int]]:
@@ -226,7 +259,16 @@ def fingerprint(optimizer: torch.optim.Optimizer, window: int = 0) -> PendingFin
         flat = torch.cat(parts)  # a copy, even of one part: read after the step
     except RuntimeError:  # gradients on several devices
         return _general(plan, window)
-    return _start(flat, False, plan.count, (offset, plan.cycle))
+    weights = plan.weights[offset]
+    # summed as it is, on the CPU (the parameters may have moved or changed dtype since)
+    if (
+        weights is not None
+        and flat.is_cpu
+        and flat.dtype is weights.dtype
+        and not flat.requires_grad
+    ):
+        return PendingFingerprint(flat, None, False, plan.count, plan.parts[offset], weights)
+    return _start(flat, False, plan.count, plan.parts[offset])
 
 
 def fingerprint_tensors(

@@ -27,15 +27,23 @@ def _tensors(value: Any) -> list[torch.Tensor]:
         return [value]
     if isinstance(value, (list, tuple)):
         out: list[torch.Tensor] = []
-        for item in value:
-            out.extend(_tensors(item))
+        for item in value:  # a list of tensors (the c10d ops' own): no call per tensor
+            if isinstance(item, torch.Tensor):
+                out.append(item)
+            else:
+                out.extend(_tensors(item))
         return out
     return []
 
 
+_input_at: dict[str, int] = {}  # op name -> input_argument(op name), per op seen
+
+
 def _op_tensors(opname: str, args: tuple[Any, ...]) -> list[torch.Tensor]:
     """The tensors a c10d op reads (its input: the second argument for gathers/scatters)."""
-    index = input_argument(opname)
+    index = _input_at.get(opname)
+    if index is None:
+        index = _input_at[opname] = input_argument(opname)
     return _tensors(args[index]) if len(args) > index else []
 
 
@@ -154,7 +162,8 @@ class GradientIndex:
         """Called before a collective runs (its input is still the rank's own): notes whether
         a user all-reduce/reduce-scatter outside backward holds the gradients' values, such
         as a flattened copy of them (``_flatten_dense_tensors``), which shares no storage."""
-        self._content_hits = set()
+        if self._content_hits:
+            self._content_hits = set()
         if self.bwd_depth or normalize_op(opname) not in ("all_reduce", "reduce_scatter"):
             return
         tensors = [t for t in _op_tensors(opname, args) if t.is_floating_point()]

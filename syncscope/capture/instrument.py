@@ -142,10 +142,13 @@ def _install_optimizer(rec: Recorder, undo: list[Undo]) -> None:
     _patch(torch.nn.Module, "zero_grad", zero_grad_module, undo)
 
 
+_ACCELERATE_STATE = "accelerate.state"
+
+
 def _accelerate_state() -> dict[str, Any] | None:
     """Accelerate's gradient state, where the job uses Accelerate (read at every forward:
     an ``import`` statement here cost more than the rest of the function)."""
-    state_module = sys.modules.get("accelerate.state")
+    state_module = sys.modules.get(_ACCELERATE_STATE)
     if state_module is None:
         return None
     shared = getattr(getattr(state_module, "GradientState", None), "_shared_state", None) or {}
@@ -213,14 +216,19 @@ def _patch_ddp_forward(rec: Recorder, undo: list[Undo], ddp: Any) -> None:
         if rec.detaching:
             rec.detach_now()
             return forward(self, *args, **kwargs)
-        label = rec.ddp_modules.get(self) or rec.on_wrapper("ddp", self, {})
+        known = rec.ddp_labels.get(id(self))  # a plain dict: no weak-dict call per forward
+        if known is not None and known[0]() is self:
+            label = known[1]
+        else:
+            label = rec.ddp_modules.get(self) or rec.on_wrapper("ddp", self, {})
         armed = is_grad_enabled() and bool(self.require_backward_grad_sync)
-        extra = {"accelerate": acc} if (acc := _accelerate_state()) else None
-        rec.on_forward_begin("ddp", label, armed, extra)
+        acc = _accelerate_state() if _ACCELERATE_STATE in sys.modules else None
+        rec.on_forward_begin("ddp", label, armed, {"accelerate": acc} if acc else None)
         try:
             return forward(self, *args, **kwargs)
         finally:
-            rec.on_forward_end()
+            depth = rec.fwd_depth  # rec.on_forward_end(), without a call per forward
+            rec.fwd_depth = depth - 1 if depth > 0 else 0
 
     _patch(ddp, "forward", ddp_forward, undo)
 
@@ -257,7 +265,9 @@ def _patch_ddp_sync_flag(rec: Recorder, undo: list[Undo], ddp: Any) -> None:
         self.__dict__["require_backward_grad_sync"] = value
         if "_syncscope_init" in self.__dict__:
             return
-        rec.on_toggle(None, bool(value), rec.ddp_modules.get(self, "ddp:?"))
+        known = rec.ddp_labels.get(id(self))
+        label = known[1] if known is not None and known[0]() is self else None
+        rec.on_toggle(None, bool(value), label or rec.ddp_modules.get(self, "ddp:?"))
 
     # Dynamo inlines the getter where it traces DDP's forward (as it reads the plain
     # attribute) but never compiles it as a frame of its own where DDP's eager code reads it

@@ -8,6 +8,7 @@ attributes, set by ``_init_pending``, so the hot hooks read it with no indirecti
 
 from __future__ import annotations
 
+import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from syncscope.capture.fingerprint import PendingFingerprint
@@ -24,6 +25,7 @@ class PendingWork:
     if TYPE_CHECKING:  # the recorder's, used here
         sink: _Buffer
         _lock: Any
+        _clock_offset: int
 
         def now(self) -> int: ...
         def emit(self, event: dict[str, Any]) -> None: ...
@@ -58,7 +60,7 @@ class PendingWork:
                     completed = True
                 if completed:
                     if at is None:
-                        at = self.now()
+                        at = time.perf_counter_ns() + self._clock_offset  # self.now()
                     self.sink.buffer(("done", item[0], at))
                 elif still is None:
                     still = [item]

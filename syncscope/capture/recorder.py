@@ -28,7 +28,7 @@ from syncscope.capture.fingerprint import (
 )
 from syncscope.capture.gradients import GradientIndex, _op_tensors
 from syncscope.capture.pending import PendingWork
-from syncscope.capture.records import Item, Record, event_of
+from syncscope.capture.records import MEM_AT_WRITE, Item, Record, event_of, needs_mem
 from syncscope.capture.wrappers import WrapperRegistry
 from syncscope.model import normalize_op
 from syncscope.rundir import EVENTS_FORMAT, EVENTS_FORMAT_VERSION
@@ -62,9 +62,10 @@ class MemorySink:
     def events(self) -> list[dict[str, Any]]:
         with self._lock:
             items = self._items
+            mem = rss_bytes() if needs_mem(items) else 0
             for i, item in enumerate(items):
                 if type(item) is not dict:
-                    items[i] = event_of(item)
+                    items[i] = event_of(item, mem)
             return items  # type: ignore[return-value]  # every item is an event now
 
     def flush(self) -> None:
@@ -111,7 +112,9 @@ _AT_ONCE = frozenset(
     ("header", "exit", "wrapper", "dist", "framework", "warning", "skipped", "bwd_error")
 )
 
-_perf_ns = time.perf_counter_ns  # the recorder's clock (see Recorder.now)
+# the recorder's clock (see Recorder.now): the hot hooks read it as
+# ``_perf_ns() + self._clock_offset`` themselves (a call of ``now`` is a Python frame each)
+_perf_ns = time.perf_counter_ns
 
 
 _dtype_names: dict[torch.dtype, str] = {}  # torch.float32 -> "float32"
@@ -124,6 +127,20 @@ def _dtype_name(dtype: torch.dtype) -> str:
     if name is None:
         name = _dtype_names[dtype] = str(dtype).replace("torch.", "")
     return name
+
+
+def _payload(tensors: list[torch.Tensor]) -> tuple[int, str, bool]:
+    """A collective's (bytes, dtype name, all floating point)."""
+    if len(tensors) == 1:  # the common case, without a generator's frame per figure
+        first = tensors[0]
+        return (
+            first.numel() * first.element_size(),
+            _dtype_name(first.dtype),
+            first.is_floating_point(),
+        )
+    nbytes = sum(t.numel() * t.element_size() for t in tensors)
+    dtype = _dtype_name(tensors[0].dtype) if tensors else ""
+    return nbytes, dtype, bool(tensors) and all(t.is_floating_point() for t in tensors)
 
 
 class Recorder(WrapperRegistry, GradientIndex, PendingWork):
@@ -285,7 +302,8 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
         if not torch.is_grad_enabled():
             return
         if depth == 0:
-            self._window_begin()
+            if not self._window_open:  # a call only at a window's first forward
+                self._window_begin()
             if self.trace is not None:
                 self.trace.micro_batch_begin(self.window, self.micro_batch)
         site = sites.user_site(2, "fwd")
@@ -294,7 +312,9 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
             within = sites.within_outside_forward(2)
             if within:
                 extra = {**(extra or {}), "within": within}
-        self.hold(("fwd", self.now(), wrapper, label, sync, depth, site, extra))
+        self.hold(
+            ("fwd", _perf_ns() + self._clock_offset, wrapper, label, sync, depth, site, extra)
+        )
 
     def on_forward_end(self) -> None:
         """A wrapper forward returned: only the phase changes. No event is written (earlier
@@ -307,7 +327,8 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
         self.bwd_depth += 1
         if self.bwd_depth > 1:
             return False
-        self._window_begin()
+        if not self._window_open:
+            self._window_begin()
         if self.micro_batch > 0 and not self._reset_since_backward and not self._grads_freed:
             present = self._count_grads()
             if 0 <= present < self._grads_after_backward:
@@ -324,7 +345,9 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
         if self._bucket_ptrs:
             self._bucket_ptrs = set()
         self._window_activity = True
-        self.hold(("bwd", self.now(), self.sync_state(), sites.user_site(2, "bwd")))
+        self.hold(
+            ("bwd", _perf_ns() + self._clock_offset, self.sync_state(), sites.user_site(2, "bwd"))
+        )
         if self.fwd_depth == 0 and self.trace is not None:
             self.trace.micro_batch_begin(self.window, self.micro_batch)
         return True
@@ -333,7 +356,7 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
         self.bwd_depth = max(0, self.bwd_depth - 1)
         if not outermost:
             return
-        self.hold(("bwd_end", self.now()))
+        self.hold(("bwd_end", _perf_ns() + self._clock_offset))
         if self.trace is not None:
             self.trace.micro_batch_end(self.window, self.micro_batch)
         if self.micro_batch == 0:
@@ -350,7 +373,15 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
         if self.micro_batch or self.bwd_depth:
             self._window_activity = True
         self._grad_ptrs = None
-        self.hold(("reset", self.now(), how, set_to_none, sites.user_site(2, "reset")))
+        self.hold(
+            (
+                "reset",
+                _perf_ns() + self._clock_offset,
+                how,
+                set_to_none,
+                sites.user_site(2, "reset"),
+            )
+        )
 
     def on_toggle(self, how: str | None, value: bool, label: str) -> None:
         """A sync flag was set. ``how`` None: DDP's ``require_backward_grad_sync``, set by
@@ -360,7 +391,7 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
             how = "no_sync" if in_no_sync else "require_backward_grad_sync"
         else:
             site = sites.user_site(1)
-        self.hold(("toggle", self.now(), how, bool(value), label, site))
+        self.hold(("toggle", _perf_ns() + self._clock_offset, how, bool(value), label, site))
 
     # -- optimizer --------------------------------------------------------------------------
     def on_step_begin(
@@ -391,10 +422,10 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
             closure = args[at] if len(args) > at else None
         step = (
             "step",
-            self.now(),
+            _perf_ns() + self._clock_offset,
             type(optimizer).__name__,
             sites.user_site(2, "step"),
-            rss_bytes(),
+            MEM_AT_WRITE,  # read off the training thread
             cuda_peak_and_reset(),
         )
         if callable(closure):
@@ -428,7 +459,17 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
         if self._pending_fp:
             self._resolve_fingerprints(wait=False)
         site = sites.user_site(2, "step")
-        self.hold(("step", self.now(), name, site, rss_bytes(), cuda_peak_and_reset(), None))
+        self.hold(
+            (
+                "step",
+                _perf_ns() + self._clock_offset,
+                name,
+                site,
+                MEM_AT_WRITE,
+                cuda_peak_and_reset(),
+                None,
+            )
+        )
 
     def fingerprint_window(self, take: Any) -> None:
         """Once per window, at its first forward: ``take(window)`` fingerprints what every rank
@@ -476,7 +517,7 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
         self.step_depth = max(0, self.step_depth - 1)
         if self.step_depth:
             return
-        self.hold(("step_end", self.now()))
+        self.hold(("step_end", _perf_ns() + self._clock_offset))
         if self.window > 0 and not self._window_activity:
             return  # a second optimizer's step closes the same window (as the builder merges)
         if self.trace is not None and self._window_open:
@@ -530,9 +571,7 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
             tensors = _op_tensors(opname, args)
         if op == "barrier":
             tensors = []
-        nbytes = sum(t.numel() * t.element_size() for t in tensors)
-        dtype = _dtype_name(tensors[0].dtype) if tensors else ""
-        floating = bool(tensors) and all(t.is_floating_point() for t in tensors)
+        nbytes, dtype, floating = _payload(tensors)
         issuer, site, detail = sites.issuer_of_collective(2)
         phase = self.phase()
         bucket: int | None = None
@@ -551,7 +590,8 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
                     grad_content = any(
                         t.untyped_storage().data_ptr() in self._content_hits for t in tensors
                     )
-        self._content_hits = set()
+        if self._content_hits:
+            self._content_hits = set()
         group_name = self._group_ranks(pg)[0] if pg is not None else ""
         with self._lock:
             seq = self.seq

@@ -21,6 +21,19 @@ Event = dict[str, Any]
 Record = tuple[Any, ...]
 Item = Event | Record
 
+
+class _MemAtWrite:
+    """A ``step`` record's ``mem`` when the hook did not read it: the rank process's
+    resident set size is read where the record becomes its event (the writer's flusher, once
+    per drain), not on the training thread (a read of /proc cost ~25 us per step there)."""
+
+    def __repr__(self) -> str:
+        return "MEM_AT_WRITE"
+
+
+MEM_AT_WRITE = _MemAtWrite()
+_MEM = 4  # the index of ``mem`` in a step record
+
 FIELDS: dict[str, tuple[str, ...]] = {
     "fwd": ("type", "t", "wrapper", "module", "sync", "depth", "site"),
     "bwd": ("type", "t", "sync", "site"),
@@ -52,12 +65,20 @@ FIELDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def event_of(item: Item) -> Event:
-    """The event an item stands for (an event is itself)."""
+def needs_mem(items: list[Item]) -> bool:
+    """Whether some of ``items`` is a step record whose ``mem`` is read when written."""
+    return any(type(i) is tuple and i[0] == "step" and i[_MEM] is MEM_AT_WRITE for i in items)
+
+
+def event_of(item: Item, mem: int = 0) -> Event:
+    """The event an item stands for (an event is itself); ``mem``: the resident set size
+    read for a step record that holds ``MEM_AT_WRITE``."""
     if isinstance(item, dict):
         return item
     names = FIELDS[item[0]]
     event = dict(zip(names, item, strict=False))  # a further item follows, or none
+    if event.get("mem") is MEM_AT_WRITE:
+        event["mem"] = mem
     if len(item) > len(names):
         more = item[len(names)]
         if more is not None:

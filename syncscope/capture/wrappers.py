@@ -38,6 +38,9 @@ class WrapperRegistry:
         self.engines: weakref.WeakKeyDictionary[Any, str] = weakref.WeakKeyDictionary()
         # (kind, weak reference, label) of every wrapper: what sync_state reads per backward
         self._wrappers: list[tuple[str, weakref.ref[Any], str]] = []
+        # id(DDP module) -> (weak reference, label): what the hot wrappers read (a plain
+        # dict's lookup; ``ddp_modules.get`` is a Python call and a weak reference each)
+        self.ddp_labels: dict[int, tuple[weakref.ref[Any], str]] = {}
         self._sync_dicts: dict[bool, dict[str, bool]] = {}  # sync_state's, one DDP module
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
         self._labels = 0
@@ -78,6 +81,7 @@ class WrapperRegistry:
         if kind == "ddp":
             self.ddp_modules[module] = label
             self._wrappers.append(("ddp", weakref.ref(module), label))
+            self.ddp_labels[id(module)] = (self._wrappers[-1][1], label)
         elif key is None:
             self.fsdp1_modules[module] = label  # FSDP1: the module holds the sync flag
             self._wrappers.append(("fsdp1", weakref.ref(module), label))

@@ -132,10 +132,13 @@ class EventWriter:
     def _drain(self) -> None:
         """Write every held event in one system call (the lock is held)."""
         held = self._held
-        from syncscope.capture.records import event_of  # only capture drains: analyze never
+        # only capture drains: analyze never imports these
+        from syncscope.capture.fingerprint import rss_bytes
+        from syncscope.capture.records import event_of, needs_mem
 
         items = [held.popleft() for _ in range(len(held))]  # appends meanwhile stay held
-        self._put(b"".join([orjson.dumps(event_of(e), option=_LINE) for e in items]))
+        mem = rss_bytes() if needs_mem(items) else 0  # one read per drain, not per step
+        self._put(b"".join([orjson.dumps(event_of(e, mem), option=_LINE) for e in items]))
 
     def _put(self, data: bytes) -> None:
         """Write ``data`` (the lock is held)."""

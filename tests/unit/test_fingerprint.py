@@ -95,3 +95,24 @@ def test_value_is_of_the_gradients_when_taken_not_when_read() -> None:
             assert taken.result() == value
             for p, grad in zip(a.param_groups[0]["params"], saved, strict=True):
                 p.grad.copy_(grad)
+
+
+def test_the_planned_path_sums_what_the_general_path_sums() -> None:
+    """The common case (CPU float gradients) takes its weights from the plan: the same value
+    as the general path's, also once the parameters changed dtype after the plan was made."""
+    from syncscope.capture.fingerprint import _plan, _start
+
+    opt = _optimizer(SHAPES, 3)
+    for window in range(6):
+        fp = fingerprint(opt, window)
+        plan = _plan(opt)
+        offset = window % plan.cycle
+        samples = [_sample(p.grad) for p in opt.param_groups[0]["params"][offset :: plan.cycle]]
+        general = _start(torch.cat(samples), False, plan.count, (offset, plan.cycle))
+        assert fp is not None and fp.result() == general.result()
+        assert (fp.part, fp.count) == (general.part, general.count)
+    for p in opt.param_groups[0]["params"]:  # model.double() after the optimizer was made
+        p.data = p.data.double()
+        p.grad = p.grad.double()
+    fp = fingerprint(opt, 0)
+    assert fp is not None and all(math.isfinite(v) for v in fp.result())

@@ -67,3 +67,31 @@ def test_the_memory_sink_reads_records_as_events() -> None:
     assert [e["type"] for e in sink.events] == ["reset", "warning"]
     assert sink.events[0]["how"] == "optimizer.zero_grad"
     assert sink.events[0]["set_to_none"] is True
+
+
+def test_a_steps_memory_is_read_off_the_training_thread(tmp_path: Path) -> None:
+    """The step hook holds no RSS reading: the writer reads it once per drain (the memory
+    sink, once per read), and every step event carries it."""
+    import torch
+
+    from syncscope.capture.records import MEM_AT_WRITE
+
+    param = torch.nn.Parameter(torch.zeros(4))
+    param.grad = torch.ones(4)
+    opt = torch.optim.SGD([param], lr=0.1)
+    path = tmp_path / "rank.jsonl"
+    writer = EventWriter(path, flush_interval=60.0)
+    sink = MemorySink()
+    for target in (writer, sink):
+        rec = Recorder(target, rank=0, world_size=1)
+        for _ in range(2):
+            rec.on_step_begin(opt)
+            rec.on_step_end()
+        if target is writer:
+            held = [item for item in writer._held if item[0] == "step"]
+            assert [item[4] for item in held] == [MEM_AT_WRITE, MEM_AT_WRITE]
+            rec.footer(0, "finished")
+            writer.close()
+    for events in (list(read_events(path)), sink.events):
+        steps = [e for e in events if e["type"] == "step"]
+        assert len(steps) == 2 and all(type(e["mem"]) is int and e["mem"] > 0 for e in steps)
