@@ -197,6 +197,12 @@ def main(argv: list[str] | None = None) -> int:
     # absolute before the script runs: whatever it does with its working directory
     run_dir = Path(os.path.abspath(run_dir or default_out(target)))
     rank, world_size, local_rank = _ranks_from_env()
+    from syncscope.capture.session import CaptureSession
+
+    if os.environ.get(ENV_PROFILE_PID) and not (run_dir / "ranks").is_dir():
+        # profile prepared RUN/ranks before starting this rank; gone now, it was removed
+        # (an interrupted `fix --verify` cleaning up): never recreate it behind its back
+        _die(f"the run directory {run_dir} was removed before this rank started; not run")
     from syncscope.rundir import set_aside_attempt
 
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")
@@ -206,8 +212,6 @@ def main(argv: list[str] | None = None) -> int:
         except OSError as exc:
             _die(f"cannot set aside the last attempt's rank file in {run_dir}: {exc.strerror}")
         _store_per_attempt(int(restart))
-
-    from syncscope.capture.session import CaptureSession
 
     if local_rank == 0:
         _write_meta(run_dir, target, is_module, script_args, world_size)
