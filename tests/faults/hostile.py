@@ -6,6 +6,9 @@ import copy
 import functools
 import gzip
 import json
+import os
+import subprocess
+import sys
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -16,6 +19,30 @@ ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "sample_traces" / "syncscope-gloo-ddp-no_sync"
 
 Doc = dict[str, Any]
+
+
+def tree_env() -> dict[str, str]:
+    """The environment with this checkout first on PYTHONPATH: ranks import the tree's code."""
+    return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+
+
+def profile_script(
+    tmp_path: Path, name: str, source: str, *options: str
+) -> tuple[subprocess.CompletedProcess[str], Path]:
+    """``syncscope profile -q --nproc-per-node 2 OPTIONS --out TMP/run TMP/NAME`` on
+    ``source``: the finished process and the run directory."""
+    script = tmp_path / name
+    script.write_text(source)
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "syncscope", "profile", "-q", "--nproc-per-node", "2"]
+    done = subprocess.run(
+        [*command, *options, "--out", str(out), str(script)],
+        env=tree_env(),
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    return done, out
 
 
 @functools.cache

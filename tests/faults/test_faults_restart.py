@@ -8,17 +8,13 @@ first attempt's, so a hang after a restart was never stopped)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
+from tests.faults.hostile import profile_script
 from tests.unit.events import Rank, run_of
-
-ROOT = Path(__file__).resolve().parents[2]
 
 
 def test_the_last_attempt_of_a_rank_file_is_read_alone(tmp_path: Path) -> None:
@@ -80,17 +76,8 @@ def test_the_monitor_follows_a_restarted_attempts_rank_file(tmp_path: Path) -> N
 
 @pytest.mark.slow
 def test_a_restarted_job_finishes_and_reports_its_last_attempt(tmp_path: Path) -> None:
-    script = tmp_path / "restarted.py"
-    script.write_text(RESTARTED)
-    out = tmp_path / "run"
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    command = [sys.executable, "-m", "syncscope", "profile", "-q", "--nproc-per-node", "2"]
-    done = subprocess.run(
-        [*command, "--max-restarts", "1", "--hang-timeout", "60", "--out", str(out), str(script)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
+    done, out = profile_script(
+        tmp_path, "restarted.py", RESTARTED, "--max-restarts", "1", "--hang-timeout", "60"
     )
     assert done.returncode == 0, done.stderr[-3000:]  # as plain torchrun: the restart succeeded
     assert "restarted 1 time(s)" in done.stderr and str(out / "attempts" / "attempt-0") in (

@@ -5,17 +5,13 @@ rank's file as its exit."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 
 import pytest
 
 from syncscope.rundir import read_events, record_launcher_exit
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.faults.hostile import profile_script
 
 SEGV = textwrap.dedent(
     """
@@ -62,18 +58,7 @@ def test_a_rank_that_recorded_its_own_exit_keeps_it(tmp_path: Path) -> None:
 
 @pytest.mark.slow
 def test_a_segfaulted_rank_is_reported_with_sigsegv(tmp_path: Path) -> None:
-    script = tmp_path / "segv.py"
-    script.write_text(SEGV)
-    out = tmp_path / "run"
-    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    command = [sys.executable, "-m", "syncscope", "profile", "-q", "--nproc-per-node", "2"]
-    done = subprocess.run(
-        [*command, "--out", str(out), str(script)],
-        env=env,
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    done, out = profile_script(tmp_path, "segv.py", SEGV)
     assert done.returncode == 128 + 11, done.stderr[-2000:]  # the rank's own status, as a shell
     report = json.loads((out / "report.json").read_text())
     failed = [f for f in report["findings"] if f["kind"] == "run-failed"]

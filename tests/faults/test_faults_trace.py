@@ -7,7 +7,6 @@ with a note."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
@@ -16,9 +15,7 @@ from pathlib import Path
 import pytest
 
 from syncscope.analysis.inputs import load
-from tests.faults.hostile import write_run
-
-ROOT = Path(__file__).resolve().parents[2]
+from tests.faults.hostile import profile_script, tree_env, write_run
 
 OWN_PROFILER = textwrap.dedent(
     """
@@ -39,10 +36,6 @@ OWN_PROFILER = textwrap.dedent(
 )
 
 
-def _env() -> dict[str, str]:
-    return dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
-
-
 def test_a_run_with_an_empty_traces_dir_reads_with_a_note(tmp_path: Path) -> None:
     run_dir = write_run(tmp_path)
     (run_dir / "traces").mkdir()
@@ -55,17 +48,7 @@ def test_a_run_with_an_empty_traces_dir_reads_with_a_note(tmp_path: Path) -> Non
 
 @pytest.mark.slow
 def test_profile_trace_under_the_scripts_own_profiler(tmp_path: Path) -> None:
-    script = tmp_path / "own.py"
-    script.write_text(OWN_PROFILER)
-    out = tmp_path / "run"
-    command = [sys.executable, "-m", "syncscope", "profile", "-q", "--trace"]
-    done = subprocess.run(
-        [*command, "--nproc-per-node", "2", "--out", str(out), str(script)],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    done, out = profile_script(tmp_path, "own.py", OWN_PROFILER, "--trace")
     assert done.returncode == 0, done.stderr[-3000:]  # no rank crashed
     assert done.stdout.count("own profiler events:") == 2  # the script's profiler worked
     assert done.stderr.count("does not start a second one") == 1  # said once, by rank 0
@@ -75,7 +58,7 @@ def test_profile_trace_under_the_scripts_own_profiler(tmp_path: Path) -> None:
     for sub in (["report", "-f", "text"], ["analyze"]):
         again = subprocess.run(
             [sys.executable, "-m", "syncscope", *sub, str(out)],
-            env=_env(),
+            env=tree_env(),
             capture_output=True,
             text=True,
             timeout=120,
@@ -116,17 +99,7 @@ def test_the_scripts_profiler_started_after_syncscopes_ends_its_trace(tmp_path: 
     is exported there (windows 0-1) and the script's profiler runs alone."""
     from syncscope.trace.load import load_traces
 
-    script = tmp_path / "late.py"
-    script.write_text(LATE_PROFILER)
-    out = tmp_path / "run"
-    command = [sys.executable, "-m", "syncscope", "profile", "-q", "--trace"]
-    done = subprocess.run(
-        [*command, "--nproc-per-node", "2", "--out", str(out), str(script)],
-        env=_env(),
-        capture_output=True,
-        text=True,
-        timeout=240,
-    )
+    done, out = profile_script(tmp_path, "late.py", LATE_PROFILER, "--trace")
     assert done.returncode == 0, done.stderr[-3000:]
     assert done.stdout.count("own profiler events:") == 2
     assert done.stderr.count("syncscope's trace stops there") == 1
