@@ -235,11 +235,13 @@ def _ddp_buckets(count: int, bucket_cap: int):  # type: ignore[no-untyped-def]
     assert "fragmented-sync" in {f.kind for f in both(_reduced_by_hand(12, 400_000, 100_000))}
 
 
-def test_fragmented_card_figures_agree_across_windows() -> None:
-    # GIVEN windows with different call times and lengths, the card's medians agree
+def _user_rounds(windows: list[tuple[int, int]]):  # type: ignore[no-untyped-def]
+    """One window per ``(call_ns, compute_ns)``: 4 backwards of ``compute_ns`` each, then the
+    user's 6 small all-reduces of ``call_ns`` each."""
+
     def make(r: Rank) -> Rank:
         r = Rank(r.rank, wrappers=())
-        for call_ns, compute_ns in ((100_000, 1_000_000), (300_000, 3_000_000), (50_000, 500_000)):
+        for call_ns, compute_ns in windows:
             for _ in range(4):
                 r.add("bwd", sync={})
                 r.t += compute_ns
@@ -255,7 +257,12 @@ def test_fragmented_card_figures_agree_across_windows() -> None:
             r.step()
         return r.finish()
 
-    (f,) = both(make)
+    return make
+
+
+def test_fragmented_card_figures_agree_across_windows() -> None:
+    # GIVEN windows with different call times and lengths, the card's medians agree
+    (f,) = both(_user_rounds([(100_000, 1_000_000), (300_000, 3_000_000), (50_000, 500_000)]))
     call, extra, window = (
         f.cost["collective_call_ns"],
         f.cost["extra_collectives_per_window"],
@@ -268,25 +275,7 @@ def test_fragmented_card_figures_agree_across_windows() -> None:
 
 def test_fragmented_card_severity_follows_the_share_it_shows() -> None:
     # GIVEN three windows of 6 calls: one slow (share > 10%), two fast (share ~ 3%)
-    def make(r: Rank) -> Rank:
-        r = Rank(r.rank, wrappers=())
-        for call_ns in (400_000, 60_000, 60_000):
-            for _ in range(4):
-                r.add("bwd", sync={})
-                r.t += 2_500_000
-                r.add("bwd_end")
-            for _ in range(6):
-                r.coll(
-                    nbytes=544,
-                    phase="after-backward",
-                    issuer="user",
-                    call_ns=call_ns,
-                    grad_storage=True,
-                )
-            r.step()
-        return r.finish()
-
-    (f,) = both(make)
+    (f,) = both(_user_rounds([(400_000, 2_500_000), (60_000, 2_500_000), (60_000, 2_500_000)]))
     share = f.cost["share_of_window_time"]
     # THEN the card shows the medians' share, under 10%, and is info, not its worst window's
     assert isinstance(share, float) and 0.01 <= share < 0.10

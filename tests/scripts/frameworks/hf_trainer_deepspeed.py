@@ -44,6 +44,7 @@ count_collectives(_state, _log)  # installed before DeepSpeed binds the API
 
 from accelerate import PartialState  # noqa: E402
 from deepspeed.runtime.engine import DeepSpeedEngine  # noqa: E402
+from hf_trainer import Tokens  # noqa: E402  (the same synthetic tokens)
 from transformers import (  # noqa: E402
     GPT2Config,
     GPT2LMHeadModel,
@@ -58,18 +59,6 @@ for _name in ("forward", "backward", "step"):
         _name,
         phase(_name, getattr(DeepSpeedEngine, _name), _state, _boundaries),
     )
-
-
-class Tokens(torch.utils.data.Dataset):  # type: ignore[type-arg]
-    def __init__(self, n: int) -> None:
-        g = torch.Generator().manual_seed(0)
-        self.ids = torch.randint(0, 64, (n, 16), generator=g)
-
-    def __len__(self) -> int:
-        return len(self.ids)
-
-    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
-        return {"input_ids": self.ids[i], "labels": self.ids[i]}
 
 
 class Count(TrainerCallback):  # type: ignore[misc]
