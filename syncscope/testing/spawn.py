@@ -108,7 +108,7 @@ def _rank_error(rank: int, world_size: int, data: bytes | None, text: str) -> Ba
             exc = pickle.loads(data)
         except Exception:
             exc = None
-    if isinstance(exc, (_Exit, SystemExit)):  # sys.exit(9) in the function: its code is the news
+    if isinstance(exc, _Exit):  # sys.exit(9) in the function: its code is the news
         code = exc.code
         status = code if isinstance(code, int) else (0 if code is None else 1)
         exc = RuntimeError(
