@@ -29,12 +29,15 @@ def _block(text: str) -> tuple[int, int]:
 
 # what depends on how fast the machine ran the job: the table's rows (windows set apart as
 # warm-up or outliers group differently), the window-time lines, the projection's words
+# (its paragraph whole: _flat)
 _TIMING = re.compile(r"warm-up|apart|project|window time|median|window N ms|-> ~|N ms")
 
 
 def _flat(text: str) -> list[str]:
     """Words with box drawing, line breaks, numbers and timing-dependent lines taken out:
-    what stays (column names, labels, card titles, causes, sources and fixes) must match."""
+    what stays (column names, labels, card titles, causes, sources and fixes) must match.
+    The projection paragraph goes whole, its wrapped lines too: made or omitted by speed."""
+    text = re.sub(r"^projected speed-up.*?(?=^╭)", "", text, flags=re.S | re.M)
     text = re.sub(r"[─━│┃┏┓┗┛┡┩└┘┳┻╇┼╭╮╰╯┬┴├┤]", " ", text)
     text = re.sub(r"\d+(\.\d+)?", "N", text)
     lines = [" ".join(line.split()) for line in text.splitlines()]
