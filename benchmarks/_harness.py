@@ -15,6 +15,7 @@ import socket
 import statistics
 import subprocess
 import sys
+import time
 import uuid
 from collections.abc import Sequence
 from dataclasses import dataclass, field
@@ -99,6 +100,16 @@ class Launch:
         raise AssertionError("unreachable")
 
     def _run_once(self, script: Path, args: Sequence[str], workdir: Path) -> dict[str, Any]:
+        return self.collect(self.start(script, args, workdir))
+
+    def start(
+        self,
+        script: Path,
+        args: Sequence[str],
+        workdir: Path,
+        env: dict[str, str] | None = None,
+    ) -> Started:
+        """Start the job (``env``: more environment variables) without waiting for it."""
         run_id = f"bench-{uuid.uuid4().hex[:10]}"
         out = workdir / run_id
         port = free_port()
@@ -108,7 +119,7 @@ class Launch:
             subprocess.Popen(
                 self.argv(script, args, out, node, run_id, port),
                 cwd=workdir,
-                env=_env(),
+                env={**_env(), **(env or {})},
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,
@@ -116,6 +127,11 @@ class Launch:
             )
             for node in range(self.nodes)
         ]
+        return Started(self, script, out, procs)
+
+    def collect(self, started: Started) -> dict[str, Any]:
+        """Wait for a started job; rank 0's measurement (raises LaunchFailed)."""
+        script, out, procs = started.script, started.out, started.procs
         outputs = [_wait(p) for p in procs]
         measured = any(line.startswith(MARK) for t in outputs for line in t.splitlines())
         for proc, text in zip(procs, outputs, strict=True):
@@ -137,6 +153,57 @@ class Launch:
         if self.launcher == "torchrun":
             return "torchrun"
         return "syncscope profile --trace" if self.trace else "syncscope profile"
+
+
+@dataclass
+class Started:
+    """A job started by ``Launch.start``, for ``Launch.collect``."""
+
+    launch: Launch
+    script: Path
+    out: Path
+    procs: list[subprocess.Popen[str]]
+
+    def stop(self) -> None:
+        for proc in self.procs:
+            if proc.poll() is None:
+                os.killpg(proc.pid, signal.SIGKILL)  # our own launcher's process group only
+                proc.communicate()
+
+
+GATE_ENV, TAG_ENV = "SYNCSCOPE_BENCH_GATE", "SYNCSCOPE_BENCH_TAG"  # as workloads/_bench.py
+
+
+def side_by_side(
+    jobs: Sequence[tuple[Launch, Path, Sequence[str]]], workdir: Path
+) -> list[dict[str, Any]]:
+    """Run the jobs at once, their timed windows over the same seconds: each job's rank 0
+    says when its warm-up windows are done, and every job starts timing when all have (the
+    workloads' ``Clock`` waits at the gate). Machine noise that comes and goes over seconds
+    (another tenant of the host) then hits every job alike, where runs one after another
+    meet it apart: ratios between jobs run side by side are paired in time. Each job's
+    measurement, in the order given (raises LaunchFailed; a job that failed stops the rest).
+    """
+    gate = workdir / f"gate-{uuid.uuid4().hex[:10]}"
+    started: list[Started] = []
+    try:
+        for i, (launch, script, args) in enumerate(jobs):
+            env = {GATE_ENV: str(gate), TAG_ENV: str(i)}
+            started.append(launch.start(script, args, workdir, env))
+        ready = [Path(f"{gate}.ready-{i}") for i in range(len(jobs))]
+        deadline = time.monotonic() + TIMEOUT_S
+        while not all(r.exists() for r in ready):
+            failed = [s for s in started if any(p.poll() is not None for p in s.procs)]
+            if failed:
+                failed[0].launch.collect(failed[0])  # raises: it ended before its gate
+            if failed or time.monotonic() > deadline:
+                raise LaunchFailed(f"side by side: not every job reached its gate ({gate.name})")
+            time.sleep(0.01)
+        gate.touch()
+        return [s.launch.collect(s) for s in started]
+    finally:
+        for s in started:
+            s.stop()
 
 
 def _wait(proc: subprocess.Popen[str]) -> str:

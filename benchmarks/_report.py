@@ -213,30 +213,48 @@ _SHAPE_TEXT = {
 
 
 def _small_steps(results: dict[str, Any]) -> list[str]:
+    """The small-step section: one ``small_steps.py`` result, or a list of them (one per
+    method: one after another, side by side), each with its own table."""
     small = results.get("small_steps")
     if not small:
         return []
-    # results written before the MLP shape was added hold the transformer's figures alone
-    shapes = small.get("shapes") or {"transformer": small}
+    runs = small if isinstance(small, list) else [small]
+    first = runs[0]
+    shapes_seen = [s for s in (first.get("shapes") or {"transformer": first}) if s in _SHAPE_TEXT]
     lines = [
         "### Small steps",
         "",
         "`benchmarks/small_steps.py`: two shapes of small optimizer step, each with 4 "
         "micro-batches under `no_sync()` on 2 gloo ranks of one thread, eager and "
-        f"`torch.compile`d (backend {small['backend']}), plain torchrun against `syncscope "
-        "profile`, interleaved: "
-        + "; ".join(_SHAPE_TEXT[s] for s in shapes if s in _SHAPE_TEXT)
+        f"`torch.compile`d (backend {first['backend']}), plain torchrun against `syncscope "
+        "profile`: "
+        + "; ".join(_SHAPE_TEXT[s] for s in shapes_seen)
         + ". Medians over repetitions, min-max in parentheses; *paired*: each profiled run "
         "over the plain run of its repetition; *thread*: CPU time of the training thread "
-        "alone. `benchmarks/hook_time.py` gives the time inside the recorder per window, "
-        "which noise does not blur."
-        + (
-            f" Measured {small['measured']} (load average at the end "
-            f"{', '.join(str(x) for x in small['load'])}), apart from the other sections."
-            if small.get("measured")
-            else ""
-        ),
+        "alone. *One after another*: the runs in a rotated order, as a user would compare "
+        "them; *side by side*: each plain job and its profiled twin at once, their windows "
+        "timed over the same seconds (the cores shared: read the CPU-time ratios). "
+        "`benchmarks/hook_time.py` gives the time inside the recorder per window, which "
+        "noise does not blur.",
         "",
+    ]
+    for run in runs:
+        lines += _small_steps_run(run, len(runs) > 1)
+    return lines
+
+
+def _small_steps_run(small: dict[str, Any], titled: bool) -> list[str]:
+    # results written before the MLP shape was added hold the transformer's figures alone
+    shapes = small.get("shapes") or {"transformer": small}
+    method = small.get("method", "one after another")
+    lines = [f"#### {method.capitalize()}", ""] if titled else []
+    if small.get("measured"):
+        lines += [
+            f"Measured {small['measured']}, {method} (load average at the end "
+            f"{', '.join(str(x) for x in small['load'])}), apart from the other sections.",
+            "",
+        ]
+    lines += [
         "| shape | launch | window ms | CPU ms | thread CPU ms |",
         "|---|---|---:|---:|---:|",
     ]

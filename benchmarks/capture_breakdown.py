@@ -85,7 +85,7 @@ class IdleRecorder(Recorder):
     def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
         return None
 
-    def on_step_end(self) -> None:
+    def on_step_end(self, *args: Any) -> None:
         pass
 
     def on_toggle(self, *args: Any, **kwargs: Any) -> None:
@@ -247,13 +247,15 @@ def main() -> None:
             paired = [t / p for t, p in zip(times[name], times["plain"], strict=True)]
             paired_cpu = [c / p for c, p in zip(cpu[name], cpu["plain"], strict=True)]
             paired_thread = [c / p for c, p in zip(thread[name], thread["plain"], strict=True)]
+            d_thread = [c - p for c, p in zip(thread[name], thread["plain"], strict=True)]
             q = statistics.quantiles(paired, n=4) if len(paired) > 1 else [1.0, 1.0, 1.0]
             print(
                 f"{name:20s} wall {med * 1e3:7.2f} ms x{med / base:5.3f} "
                 f"(min {min(times[name]) * 1e3:6.1f}) paired x{statistics.median(paired):5.3f} "
                 f"(IQR {q[0]:.3f}-{q[2]:.3f}) | CPU {med_cpu * 1e3:7.2f} ms "
                 f"x{med_cpu / base_cpu:5.3f} paired x{statistics.median(paired_cpu):5.3f} | "
-                f"thread CPU paired x{statistics.median(paired_thread):5.3f}"
+                f"thread CPU paired x{statistics.median(paired_thread):5.3f} "
+                f"({statistics.median(d_thread) * 1e6:+.0f} us/window)"
             )
         if profiler is not None:
             pstats.Stats(profiler).sort_stats(os.environ.get("SORT", "tottime")).print_stats(

@@ -66,7 +66,7 @@ class TupleRecorder(IdleRecorder):
     def on_step_begin(self, *args: Any, **kwargs: Any) -> None:
         self.log.append((4, _now()))
 
-    def on_step_end(self) -> None:
+    def on_step_end(self, *args: Any) -> None:
         self.log.append((5, _now()))
 
     def on_toggle(self, how: Any, value: bool, label: str) -> None:

@@ -257,12 +257,14 @@ def _respread(value: Any) -> Any:
     return value
 
 
-def rerender_small_steps(small_json: Path, out: Path) -> Path:
+def rerender_small_steps(small_json: list[Path], out: Path) -> Path:
     """The page again from ``out``'s results.json, its small-step figures from
-    ``small_json`` (a ``small_steps.py --json`` file, with when and how loaded it ran)."""
+    ``small_json`` (``small_steps.py --json`` files, with when, how and how loaded each ran;
+    several: one table each, say one per method)."""
     raw = json.loads((out / "benchmarks" / "results.json").read_text())
     results = {k: v if k == "small_steps" else _respread(v) for k, v in raw.items()}
-    results["small_steps"] = json.loads(small_json.read_text())
+    small = [json.loads(path.read_text()) for path in small_json]
+    results["small_steps"] = small[0] if len(small) == 1 else small
     return render(results, out)
 
 
@@ -283,9 +285,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--small-steps-from",
         type=Path,
+        nargs="+",
         metavar="JSON",
-        help="measure nothing: put this small_steps.py --json result in the page's small-step "
-        "figures, the rest from the output folder's benchmarks/results.json, and render again",
+        help="measure nothing: put these small_steps.py --json results (one table each) in the "
+        "page's small-step figures, the rest from the output folder's "
+        "benchmarks/results.json, and render again",
     )
     opts = parser.parse_args(argv)
     if opts.small_steps_from:

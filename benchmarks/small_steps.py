@@ -1,6 +1,7 @@
 """Capture cost on small optimizer steps, two model shapes, eager and torch.compile'd.
 
     python benchmarks/small_steps.py [--reps 8] [--shapes transformer,mlp] [--windows N]
+                                     [--side-by-side]
 
 Where each hook's fixed cost weighs most, on two shapes of small step (2 gloo ranks, one
 thread each, 4 micro-batches under ``no_sync()``):
@@ -18,6 +19,16 @@ rank process (every thread) and CPU time of the training thread alone (``thread_
 Printed: per configuration the medians over repetitions, and for the profiled runs the
 ratio to plain torchrun, as the ratio of the medians and as the median of the ratios
 paired within a repetition (the limit: 1.03). ``--json FILE`` keeps every run.
+
+Two methods. By default the runs go one after another, as a user would compare them. On a
+shared host whose speed comes and goes over seconds (another tenant), that pairs runs that
+met different machines: on this 2-core machine (2026-11-25) two plain runs one after another
+differed by up to 20% in training-thread CPU per window, more than the effect measured.
+``--side-by-side`` starts each plain job and its profiled twin at once and times their
+windows over the same seconds (``_harness.side_by_side``: both warm up, then both start
+their clocks): two plain jobs run so differed by 0.2-1.4% (4 pairs). The jobs then share
+the cores (4 ranks on 2 here), so wall time includes each other's; the CPU-time ratios are
+the figures to read, and they include what sharing the caches costs each.
 """
 
 from __future__ import annotations
@@ -34,7 +45,15 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import WORKLOADS, Launch, Spread, rotated
+from _harness import (
+    TEARDOWN_ABORT,
+    WORKLOADS,
+    Launch,
+    LaunchFailed,
+    Spread,
+    rotated,
+    side_by_side,
+)
 
 LIMIT = 1.03
 # shape -> (workload, timed windows, warm-up windows)
@@ -56,10 +75,15 @@ def measure(
     backend: str,
     work: Path,
     shapes: tuple[str, ...] = tuple(SHAPES),
+    together: bool = False,
 ) -> dict[str, Any]:
-    """Every shape's figures (``windows``: timed windows per run, None: each shape's own)."""
-    results = {shape: _measure_shape(shape, reps, windows, backend, work) for shape in shapes}
+    """Every shape's figures (``windows``: timed windows per run, None: each shape's own;
+    ``together``: plain and profiled jobs side by side, else one after another)."""
+    results = {
+        shape: _measure_shape(shape, reps, windows, backend, work, together) for shape in shapes
+    }
     return {
+        "method": "side by side" if together else "one after another",
         "backend": backend,
         "limit": LIMIT,
         "shapes": results,
@@ -69,34 +93,58 @@ def measure(
 
 
 def _measure_shape(
-    shape: str, reps: int, windows: int | None, backend: str, work: Path
+    shape: str, reps: int, windows: int | None, backend: str, work: Path, together: bool
 ) -> dict[str, Any]:
     workload, timed, warmup = SHAPES[shape]
     script = WORKLOADS / workload
     runs: list[dict[str, Any]] = []
+
+    def args_of(name: str) -> list[str]:
+        args = ["--windows", str(windows or timed), "--warmup", str(warmup)]
+        if CONFIGS[name][1]:
+            args += ["--compile", "--backend", backend]
+        return args
+
+    def note(rep: int, name: str, record: dict[str, Any]) -> None:
+        run = {
+            "config": name,
+            "rep": rep,
+            "window_s": statistics.median(record["window_s"]),
+            "cpu_s": statistics.median(record["window_cpu_s"]),
+            "thread_s": statistics.median(record["window_thread_cpu_s"]),
+        }
+        runs.append(run)
+        print(
+            f"[{time.strftime('%H:%M:%S')}] {shape} rep {rep} {name}: "
+            f"{run['window_s'] * 1e3:.2f} ms/window, {run['cpu_s'] * 1e3:.2f} ms CPU, "
+            f"{run['thread_s'] * 1e3:.2f} ms training thread",
+            file=sys.stderr,
+            flush=True,
+        )
+
     for rep in range(reps):
-        for name in rotated(list(CONFIGS), rep):
-            launch, compiled = CONFIGS[name]
-            args = ["--windows", str(windows or timed), "--warmup", str(warmup)]
-            if compiled:
-                args += ["--compile", "--backend", backend]
-            record = launch.run(script, args, work)
-            run = {
-                "config": name,
-                "rep": rep,
-                "window_s": statistics.median(record["window_s"]),
-                "cpu_s": statistics.median(record["window_cpu_s"]),
-                "thread_s": statistics.median(record["window_thread_cpu_s"]),
-            }
-            runs.append(run)
-            print(
-                f"[{time.strftime('%H:%M:%S')}] {shape} rep {rep} {name}: "
-                f"{run['window_s'] * 1e3:.2f} ms/window, {run['cpu_s'] * 1e3:.2f} ms CPU, "
-                f"{run['thread_s'] * 1e3:.2f} ms training thread",
-                file=sys.stderr,
-                flush=True,
-            )
+        if not together:
+            for name in rotated(list(CONFIGS), rep):
+                note(rep, name, CONFIGS[name][0].run(script, args_of(name), work))
+            continue
+        for mode in rotated(["eager", "compiled"], rep):
+            pair = rotated([f"plain {mode}", f"profile {mode}"], rep)  # who starts first
+            records = _side_by_side([(CONFIGS[n][0], script, args_of(n)) for n in pair], work)
+            for name, record in zip(pair, records, strict=True):
+                note(rep, name, record)
     return summarize(runs, workload)
+
+
+def _side_by_side(jobs: list[tuple[Launch, Path, list[str]]], work: Path) -> list[dict[str, Any]]:
+    """``side_by_side``, again (up to 3 times in all) where torch's gloo teardown aborted a
+    job before it printed its measurement (see ``Launch.run``)."""
+    for attempt in range(3):
+        try:
+            return side_by_side(jobs, work)
+        except LaunchFailed as exc:
+            if TEARDOWN_ABORT not in str(exc) or attempt == 2:
+                raise
+    raise AssertionError("unreachable")
 
 
 def summarize(runs: list[dict[str, Any]], workload: str) -> dict[str, Any]:
@@ -129,7 +177,7 @@ def summarize(runs: list[dict[str, Any]], workload: str) -> dict[str, Any]:
 
 
 def report(result: dict[str, Any]) -> str:
-    lines: list[str] = []
+    lines: list[str] = [f"method: {result.get('method', 'one after another')}"]
     for shape, figures in result["shapes"].items():
         lines += _report_shape(shape, figures, result["backend"], result["limit"])
     return "\n".join(lines)
@@ -166,6 +214,12 @@ def main(argv: list[str] | None = None) -> int:
         "--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}"
     )
     parser.add_argument("--backend", default="aot_eager", help="torch.compile backend")
+    parser.add_argument(
+        "--side-by-side",
+        action="store_true",
+        help="run each plain job and its profiled twin at once, timed over the same seconds "
+        "(see the module's docstring), instead of one after another",
+    )
     parser.add_argument("--json", type=Path, help="write every run here")
     opts = parser.parse_args(argv)
     shapes = tuple(s.strip() for s in opts.shapes.split(",") if s.strip())
@@ -173,7 +227,9 @@ def main(argv: list[str] | None = None) -> int:
     if unknown or not shapes:
         parser.error(f"--shapes: unknown {', '.join(unknown) or 'none given'}")
     with tempfile.TemporaryDirectory(prefix="syncscope-small-") as tmp:
-        result = measure(opts.reps, opts.windows, opts.backend, Path(tmp), shapes)
+        result = measure(
+            opts.reps, opts.windows, opts.backend, Path(tmp), shapes, opts.side_by_side
+        )
     print(report(result))
     if opts.json:
         opts.json.write_text(json.dumps(result, indent=1))

@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
+import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -39,6 +40,7 @@ from syncscope.capture.opaque import opaque
 from syncscope.capture.recorder import Recorder
 
 _ACTIVE: list[Recorder] = []
+_perf_ns = time.perf_counter_ns  # the recorders' clock, less each one's offset (Recorder.now)
 _lock = threading.Lock()
 _library: Any = None
 _functional_library: Any = None
@@ -52,16 +54,28 @@ def unrecorded() -> Iterator[None]:
     it, ``syncscope profile`` or an outer ``track()``, would otherwise count as the user's)."""
     was = getattr(_unrecorded, "active", False)
     _unrecorded.active = True
+    with _lock:
+        _unrecorded_blocks[0] += 1
     try:
         yield
     finally:
         _unrecorded.active = was
+        with _lock:
+            _unrecorded_blocks[0] -= 1
+
+
+# how many ``unrecorded()`` blocks are open, in any thread: while none is, a collective does
+# not look at the thread-local (an attribute lookup on it each collective)
+_unrecorded_blocks = [0]
 
 
 def _listening() -> list[Recorder]:
     """The recorders a collective issued now goes to."""
-    if not _ACTIVE or getattr(_unrecorded, "active", False):
+    if not _ACTIVE or (_unrecorded_blocks[0] and getattr(_unrecorded, "active", False)):
         return []
+    if len(_ACTIVE) == 1:  # the common case, without a list comprehension's frame
+        rec = _ACTIVE[0]
+        return [] if rec.muted or rec._closed else [rec]
     return [r for r in _ACTIVE if r.listening]
 
 
@@ -142,11 +156,14 @@ def _kernel(name: str, op: Any) -> Callable[..., Any]:
     # a Work among several returns comes back as a tuple (a lone Work is not)
     work_at = _typed_at(returns, "c10d.Work") if len(returns) > 1 else None
 
+    below_autograd = torch._C._AutoDispatchBelowAutograd
+    below = _BELOW_AUTOGRAD
+
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         recorders = _listening()
         if not recorders:
-            with torch._C._AutoDispatchBelowAutograd():
-                return redispatch(keyset & _BELOW_AUTOGRAD, *args, **kwargs)
+            with below_autograd():
+                return redispatch(keyset & below, *args, **kwargs)
         # Held events go to disk before a collective that might hang in its call. One that
         # is asynchronous (DDP's bucket all-reduces, which leave ``async_op`` to its default;
         # torch.distributed's Python calls pass it) returns at once: its record is held with
@@ -161,21 +178,26 @@ def _kernel(name: str, op: Any) -> Callable[..., Any]:
         for rec in recorders:
             if blocking:
                 rec.flush()
-            with contextlib.suppress(Exception):
+            try:  # noqa: SIM105 (contextlib.suppress: an object made per collective)
                 rec.before_collective(name, args)  # the input is still the rank's own
-        starts = [r.now() for r in recorders]
-        with torch._C._AutoDispatchBelowAutograd():
-            out = redispatch(keyset & _BELOW_AUTOGRAD, *args, **kwargs)
+            except Exception:
+                pass
+        start = _perf_ns()  # every recorder's clock: this counter plus its offset
+        with below_autograd():
+            out = redispatch(keyset & below, *args, **kwargs)
         try:
             pg, work = _unbox(args, out, pg_at, work_at)
         except Exception:
             pg = work = None
-        for rec, t0 in zip(recorders, starts, strict=True):
-            t1 = rec.now()
+        end = _perf_ns()
+        for rec in recorders:
+            offset = rec._clock_offset
             try:
-                rec.on_collective(name, args, pg, work, t0, t1)
+                rec.on_collective(name, args, pg, work, start + offset, end + offset)
             except Exception as exc:  # a record must never break the user's job
-                rec.emit({"type": "warning", "t": t1, "message": f"{name} not recorded: {exc}"})
+                rec.emit(
+                    {"type": "warning", "t": end + offset, "message": f"{name} not recorded: {exc}"}
+                )
         return out
 
     return opaque(kernel)  # never traced by Dynamo

@@ -102,8 +102,9 @@ def _install_optimizer(rec: Recorder, undo: list[Undo]) -> None:
     )
 
     # the pre-hook may return new (args, kwargs): how a closure gets wrapped
-    pre = register_optimizer_step_pre_hook(_opaque(lambda opt, a, k: rec.on_step_begin(opt, a, k)))
-    post = register_optimizer_step_post_hook(_opaque(lambda opt, a, k: rec.on_step_end()))
+    # the recorder's methods themselves, with no frame between torch's hook loop and them
+    pre = register_optimizer_step_pre_hook(_opaque(rec.on_step_begin))
+    post = register_optimizer_step_post_hook(_opaque(rec.on_step_end))
     undo.append(pre.remove)
     undo.append(post.remove)
 

@@ -513,7 +513,9 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
         else:
             self._pending_fp.append((self.window, fp))
 
-    def on_step_end(self) -> None:
+    def on_step_end(self, *_hook_args: Any) -> None:
+        """An optimizer step returned (``_hook_args``: a step post-hook's (optimizer, args,
+        kwargs), unused)."""
         self.step_depth = max(0, self.step_depth - 1)
         if self.step_depth:
             return
@@ -563,7 +565,8 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
     ) -> None:
         """``tensors``: the payload, where it is not found in ``args`` by the c10d layout
         (the functional collectives take their input first)."""
-        self._note_dist()
+        if not self.dist_info:
+            self._note_dist()
         if self._works:
             self.poll_works(at=t0)  # a synchronous predecessor finished before this issue
         op = normalize_op(opname)

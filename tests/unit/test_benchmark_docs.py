@@ -47,11 +47,13 @@ def test_the_page_shows_small_steps_on_both_shapes_as_generated() -> None:
         sys.path.remove(str(ROOT / "benchmarks"))
     results = json.loads((ROOT / "docs" / "benchmarks" / "results.json").read_text())
     # THEN both shapes were measured, eager and compiled, with the training thread's CPU time
-    shapes = results["small_steps"]["shapes"]
-    assert set(shapes) == {"transformer", "mlp"}
-    for figures in shapes.values():
-        for mode in ("eager", "compiled"):
-            assert {"paired", "paired_cpu", "paired_thread"} <= set(figures[mode])
+    small = results["small_steps"]
+    for run in small if isinstance(small, list) else [small]:
+        shapes = run["shapes"]
+        assert set(shapes) == {"transformer", "mlp"}
+        for figures in shapes.values():
+            for mode in ("eager", "compiled"):
+                assert {"paired", "paired_cpu", "paired_thread"} <= set(figures[mode])
     # AND the page's small-step section is the generator's rendering of them
     section = "\n".join(report._small_steps(results)).rstrip("\n")
     page = (ROOT / "docs" / "benchmarks.md").read_text()
@@ -76,3 +78,34 @@ def test_small_steps_of_an_earlier_run_render_as_the_transformer_alone() -> None
     lines = report._small_steps({"small_steps": old})
     assert "| transformer | plain eager | 20.00 (10.00-30.00) | 20.00 | - |" in lines
     assert any(line.startswith("- transformer, compiled: wall x1.020") for line in lines)
+
+
+def test_small_steps_of_two_methods_render_a_table_each() -> None:
+    sys.path.insert(0, str(ROOT / "benchmarks"))
+    try:
+        report = importlib.import_module("_report")
+    finally:
+        sys.path.remove(str(ROOT / "benchmarks"))
+    spread = {"median": 0.02, "low": 0.01, "high": 0.03, "n": 3}
+    ratio = {"median": 1.01, "low": 1.0, "high": 1.02, "n": 3}
+
+    def run(method: str, thread: float) -> dict[str, object]:
+        paired = {**ratio, "median": thread}
+        mode = {"ratio": 1.01, "cpu_ratio": 1.0, "paired": ratio, "paired_cpu": ratio,
+                "paired_thread": paired}  # fmt: skip
+        figures = {"configs": {"plain eager": {"window": spread, "cpu": spread, "thread": spread}},
+                   "eager": mode, "compiled": mode}  # fmt: skip
+        return {"method": method, "backend": "aot_eager", "measured": "2026-11-25 11:00 UTC",
+                "load": [1.0], "shapes": {"mlp": figures}}  # fmt: skip
+
+    # GIVEN one result measured one after another and one side by side
+    small = [run("one after another", 1.05), run("side by side", 1.02)]
+    # WHEN the section is rendered from both
+    lines = report._small_steps({"small_steps": small})
+    # THEN each method has its own heading, its own measurement note and its own figures
+    assert lines[0] == "### Small steps"
+    one, two = lines.index("#### One after another"), lines.index("#### Side by side")
+    assert one < two
+    assert any("x1.050" in line for line in lines[one:two])
+    assert any("x1.020" in line for line in lines[two:])
+    assert sum("side by side (load average" in line for line in lines) == 1
