@@ -26,9 +26,12 @@ met different machines: on this 2-core machine (2026-11-25) two plain runs one a
 differed by up to 20% in training-thread CPU per window, more than the effect measured.
 ``--side-by-side`` starts each plain job and its profiled twin at once and times their
 windows over the same seconds (``_harness.side_by_side``: both warm up, then both start
-their clocks): two plain jobs run so differed by 0.2-1.4% (4 pairs). The jobs then share
-the cores (4 ranks on 2 here), so wall time includes each other's; the CPU-time ratios are
-the figures to read, and they include what sharing the caches costs each.
+their clocks): two plain jobs run so differed by 0.2-1.4% (4 pairs of the MLP's loop, 300
+windows each); in two runs of 4 repetitions each configuration's paired training-thread
+ratios spanned at most 0.13 (1.008-1.134) side by side, and up to 0.66 (0.688-1.349) one
+after another, the same day. The jobs then share the cores (4 ranks on 2 here), so wall
+time includes each other's; the CPU-time ratios are the figures to read, and they include
+what sharing the caches costs each.
 """
 
 from __future__ import annotations
