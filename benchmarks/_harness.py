@@ -17,10 +17,10 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
@@ -29,6 +29,7 @@ TIMEOUT_S = 240
 
 
 TEARDOWN_ABORT = "terminate called without an active exception"
+_T = TypeVar("_T")
 
 
 class LaunchFailed(RuntimeError):
@@ -90,17 +91,9 @@ class Launch:
         machine, 2026-11-24, more often compiled, syncscope not involved) after it printed
         its measurement keeps that measurement (every window was timed before the teardown);
         one aborted before is run again, up to 3 times in all."""
-        for attempt in range(3):
-            try:
-                return self._run_once(script, args, workdir)
-            except LaunchFailed as exc:
-                if TEARDOWN_ABORT not in str(exc) or attempt == 2:
-                    raise
-                print(f"[{self}] {script.name}: torch's teardown aborted; again", file=sys.stderr)
-        raise AssertionError("unreachable")
-
-    def _run_once(self, script: Path, args: Sequence[str], workdir: Path) -> dict[str, Any]:
-        return self.collect(self.start(script, args, workdir))
+        return _again_after_teardown_abort(
+            lambda: self.start(script, args, workdir).collect(), f"[{self}] {script.name}"
+        )
 
     def start(
         self,
@@ -129,25 +122,6 @@ class Launch:
         ]
         return Started(self, script, out, procs)
 
-    def collect(self, started: Started) -> dict[str, Any]:
-        """Wait for a started job; rank 0's measurement (raises LaunchFailed)."""
-        script, out, procs = started.script, started.out, started.procs
-        outputs = [_wait(p) for p in procs]
-        measured = any(line.startswith(MARK) for t in outputs for line in t.splitlines())
-        for proc, text in zip(procs, outputs, strict=True):
-            if proc.returncode != 0 and not (measured and TEARDOWN_ABORT in text):
-                tail = "\n".join(text.strip().splitlines()[-8:])
-                if TEARDOWN_ABORT in text:
-                    tail += f"\n({TEARDOWN_ABORT})"
-                raise LaunchFailed(f"{self} on {script.name} exited {proc.returncode}:\n{tail}")
-        for text in outputs:
-            for line in text.splitlines():
-                if line.startswith(MARK):
-                    record: dict[str, Any] = json.loads(line[len(MARK) :])
-                    record["run_dir"] = str(out)
-                    return record
-        raise LaunchFailed(f"{self} on {script.name}: no {MARK.strip()} line")
-
     @property
     def label(self) -> str:
         if self.launcher == "torchrun":
@@ -157,12 +131,31 @@ class Launch:
 
 @dataclass
 class Started:
-    """A job started by ``Launch.start``, for ``Launch.collect``."""
+    """A job started by ``Launch.start``: ``collect`` waits for it, ``stop`` ends it."""
 
     launch: Launch
     script: Path
     out: Path
     procs: list[subprocess.Popen[str]]
+
+    def collect(self) -> dict[str, Any]:
+        """Wait for the job; rank 0's measurement (raises LaunchFailed)."""
+        launch, script, out, procs = self.launch, self.script, self.out, self.procs
+        outputs = [_wait(p) for p in procs]
+        measured = any(line.startswith(MARK) for t in outputs for line in t.splitlines())
+        for proc, text in zip(procs, outputs, strict=True):
+            if proc.returncode != 0 and not (measured and TEARDOWN_ABORT in text):
+                tail = "\n".join(text.strip().splitlines()[-8:])
+                if TEARDOWN_ABORT in text:
+                    tail += f"\n({TEARDOWN_ABORT})"
+                raise LaunchFailed(f"{launch} on {script.name} exited {proc.returncode}:\n{tail}")
+        for text in outputs:
+            for line in text.splitlines():
+                if line.startswith(MARK):
+                    record: dict[str, Any] = json.loads(line[len(MARK) :])
+                    record["run_dir"] = str(out)
+                    return record
+        raise LaunchFailed(f"{launch} on {script.name}: no {MARK.strip()} line")
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -182,8 +175,16 @@ def side_by_side(
     workloads' ``Clock`` waits at the gate). Machine noise that comes and goes over seconds
     (another tenant of the host) then hits every job alike, where runs one after another
     meet it apart: ratios between jobs run side by side are paired in time. Each job's
-    measurement, in the order given (raises LaunchFailed; a job that failed stops the rest).
-    """
+    measurement, in the order given (raises LaunchFailed; a job that failed stops the rest;
+    all run again where torch's teardown aborted one, as ``Launch.run``)."""
+    return _again_after_teardown_abort(
+        lambda: _side_by_side_once(jobs, workdir), f"side by side: {jobs[0][1].name}"
+    )
+
+
+def _side_by_side_once(
+    jobs: Sequence[tuple[Launch, Path, Sequence[str]]], workdir: Path
+) -> list[dict[str, Any]]:
     gate = workdir / f"gate-{uuid.uuid4().hex[:10]}"
     started: list[Started] = []
     try:
@@ -195,15 +196,28 @@ def side_by_side(
         while not all(r.exists() for r in ready):
             failed = [s for s in started if any(p.poll() is not None for p in s.procs)]
             if failed:
-                failed[0].launch.collect(failed[0])  # raises: it ended before its gate
+                failed[0].collect()  # raises: it ended before its gate
             if failed or time.monotonic() > deadline:
                 raise LaunchFailed(f"side by side: not every job reached its gate ({gate.name})")
             time.sleep(0.01)
         gate.touch()
-        return [s.launch.collect(s) for s in started]
+        return [s.collect() for s in started]
     finally:
         for s in started:
             s.stop()
+
+
+def _again_after_teardown_abort(call: Callable[[], _T], what: str) -> _T:
+    """``call()``, again (up to 3 times in all) where it raised LaunchFailed because torch's
+    gloo teardown aborted a job before it printed its measurement (see ``Launch.run``)."""
+    for attempt in range(3):
+        try:
+            return call()
+        except LaunchFailed as exc:
+            if TEARDOWN_ABORT not in str(exc) or attempt == 2:
+                raise
+            print(f"{what}: torch's teardown aborted; again", file=sys.stderr)
+    raise AssertionError("unreachable")
 
 
 def _wait(proc: subprocess.Popen[str]) -> str:

@@ -48,15 +48,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import (
-    TEARDOWN_ABORT,
-    WORKLOADS,
-    Launch,
-    LaunchFailed,
-    Spread,
-    rotated,
-    side_by_side,
-)
+from _harness import WORKLOADS, Launch, Spread, rotated, side_by_side
 
 LIMIT = 1.03
 # shape -> (workload, timed windows, warm-up windows)
@@ -132,22 +124,10 @@ def _measure_shape(
             continue
         for mode in rotated(["eager", "compiled"], rep):
             pair = rotated([f"plain {mode}", f"profile {mode}"], rep)  # who starts first
-            records = _side_by_side([(CONFIGS[n][0], script, args_of(n)) for n in pair], work)
+            records = side_by_side([(CONFIGS[n][0], script, args_of(n)) for n in pair], work)
             for name, record in zip(pair, records, strict=True):
                 note(rep, name, record)
     return summarize(runs, workload)
-
-
-def _side_by_side(jobs: list[tuple[Launch, Path, list[str]]], work: Path) -> list[dict[str, Any]]:
-    """``side_by_side``, again (up to 3 times in all) where torch's gloo teardown aborted a
-    job before it printed its measurement (see ``Launch.run``)."""
-    for attempt in range(3):
-        try:
-            return side_by_side(jobs, work)
-        except LaunchFailed as exc:
-            if TEARDOWN_ABORT not in str(exc) or attempt == 2:
-                raise
-    raise AssertionError("unreachable")
 
 
 def summarize(runs: list[dict[str, Any]], workload: str) -> dict[str, Any]:
