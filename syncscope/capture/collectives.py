@@ -74,8 +74,7 @@ def _listening() -> list[Recorder]:
     if not _ACTIVE or (_unrecorded_blocks[0] and getattr(_unrecorded, "active", False)):
         return []
     if len(_ACTIVE) == 1:  # the common case, without a list comprehension's frame
-        rec = _ACTIVE[0]
-        return [] if rec.muted or rec._closed else [rec]
+        return [_ACTIVE[0]] if _ACTIVE[0].listening else []
     return [r for r in _ACTIVE if r.listening]
 
 
