@@ -6,16 +6,22 @@ from __future__ import annotations
 import importlib
 import sys
 from pathlib import Path
+from types import ModuleType
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_the_page_carries_the_generators_method_note() -> None:
+def _report() -> ModuleType:
+    """benchmarks/_report.py, the page's generator (benchmarks/ is no package)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        report = importlib.import_module("_report")
+        return importlib.import_module("_report")
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def test_the_page_carries_the_generators_method_note() -> None:
+    report = _report()
     note = "\n".join(report._method_note()).rstrip("\n")
     page = (ROOT / "docs" / "benchmarks.md").read_text()
     assert note.startswith("### ") and note in page
@@ -23,11 +29,7 @@ def test_the_page_carries_the_generators_method_note() -> None:
 
 
 def test_the_page_carries_the_scale_figures_as_written() -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        report = importlib.import_module("_report")
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    report = _report()
     lines = report._scale_notes()
     assert lines and lines[0].startswith("### Scale")
     notes = "\n".join(lines).rstrip("\n")
@@ -40,11 +42,7 @@ def test_the_page_shows_small_steps_on_both_shapes_as_generated() -> None:
     # GIVEN the raw figures docs/benchmarks.md was rendered from
     import json
 
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        report = importlib.import_module("_report")
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    report = _report()
     results = json.loads((ROOT / "docs" / "benchmarks" / "results.json").read_text())
     # THEN both shapes were measured, eager and compiled, with the training thread's CPU time
     small = results["small_steps"]
@@ -62,11 +60,7 @@ def test_the_page_shows_small_steps_on_both_shapes_as_generated() -> None:
 
 
 def test_small_steps_of_an_earlier_run_render_as_the_transformer_alone() -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        report = importlib.import_module("_report")
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    report = _report()
     spread = {"median": 0.02, "low": 0.01, "high": 0.03, "n": 3}
     ratio = {"median": 1.01, "low": 1.0, "high": 1.02, "n": 3}
     old = {
@@ -81,11 +75,7 @@ def test_small_steps_of_an_earlier_run_render_as_the_transformer_alone() -> None
 
 
 def test_small_steps_of_two_methods_render_a_table_each() -> None:
-    sys.path.insert(0, str(ROOT / "benchmarks"))
-    try:
-        report = importlib.import_module("_report")
-    finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+    report = _report()
     spread = {"median": 0.02, "low": 0.01, "high": 0.03, "n": 3}
     ratio = {"median": 1.01, "low": 1.0, "high": 1.02, "n": 3}
 
