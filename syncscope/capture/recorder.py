@@ -8,7 +8,6 @@ in, the phase, the DDP bucket order); everything else is derived later from the 
 from __future__ import annotations
 
 import contextlib
-import functools
 import os
 import socket
 import sys
@@ -22,13 +21,12 @@ import torch
 import syncscope
 from syncscope.capture import sites
 from syncscope.capture.fingerprint import (
-    cuda_peak_and_reset,
-    fingerprint,
     rss_bytes,
 )
 from syncscope.capture.gradients import GradientIndex, _op_tensors
 from syncscope.capture.pending import PendingWork
-from syncscope.capture.records import MEM_AT_WRITE, Item, Record, event_of, needs_mem
+from syncscope.capture.records import Item, Record, event_of, needs_mem
+from syncscope.capture.steps import StepHooks
 from syncscope.capture.wrappers import WrapperRegistry
 from syncscope.model import normalize_op
 from syncscope.rundir import EVENTS_FORMAT, EVENTS_FORMAT_VERSION
@@ -119,8 +117,6 @@ _perf_ns = time.perf_counter_ns
 
 _dtype_names: dict[torch.dtype, str] = {}  # torch.float32 -> "float32"
 
-_CLOSURE = {"closure": True}  # a step's further field when it runs a closure (never mutated)
-
 
 def _dtype_name(dtype: torch.dtype) -> str:
     name = _dtype_names.get(dtype)
@@ -143,14 +139,15 @@ def _payload(tensors: list[torch.Tensor]) -> tuple[int, str, bool]:
     return nbytes, dtype, bool(tensors) and all(t.is_floating_point() for t in tensors)
 
 
-class Recorder(WrapperRegistry, GradientIndex, PendingWork):
+class Recorder(WrapperRegistry, GradientIndex, PendingWork, StepHooks):
     """Receives callbacks from the instrumentation and writes events for one rank.
 
     In parts, by concern: this class is the window/phase state machine and holds the
     events; ``WrapperRegistry`` (``syncscope.capture.wrappers``) the wrappers and their
     sync state, ``GradientIndex`` (``syncscope.capture.gradients``) the gradient index and
     content probe, ``PendingWork`` (``syncscope.capture.pending``) the collectives in flight
-    and pending fingerprints. The parts are base classes, not objects of their own: the hot
+    and pending fingerprints, ``StepHooks`` (``syncscope.capture.steps``) the optimizer
+    steps that end windows. The parts are base classes, not objects of their own: the hot
     hooks read every part's state as the recorder's attributes, with no indirection."""
 
     sink: Sink
@@ -183,13 +180,12 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
         self.bucket = 0
         self.seq = 0
         self.events = 0
-        self._fp_window = -1  # the window fingerprint_window last fingerprinted
         self._window_open = False
         self._closed = False
         self._init_wrappers()
         self._init_gradients()
         self._init_pending()
-        self._group_counts: dict[int, int] = {}  # id(optimizer) -> its param groups
+        self._init_steps()
         self._window_activity = False  # a backward, collective or reset since the last step
         # bounded capture: skip the first windows, stop after max_windows captured ones
         self.skip_windows = skip_windows
@@ -392,154 +388,6 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork):
         else:
             site = sites.user_site(1)
         self.hold(("toggle", _perf_ns() + self._clock_offset, how, bool(value), label, site))
-
-    # -- optimizer --------------------------------------------------------------------------
-    def on_step_begin(
-        self, optimizer: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
-    ) -> tuple[tuple[Any, ...], dict[str, Any]] | None:
-        """An optimizer step begins. With a closure (``step(closure)``: Lightning, LBFGS) the
-        closure is wrapped: the forward/backward it runs belong to the window this step
-        closes, and the fingerprint is taken after it returns (the gradients the update
-        uses). Returns the step's new (args, kwargs) when the closure was wrapped."""
-        self.step_depth += 1
-        if self.step_depth > 1:
-            return None
-        groups = len(optimizer.param_groups)
-        if self._group_counts.get(id(optimizer)) != groups:  # new, or a param group added
-            self._group_counts[id(optimizer)] = groups
-            self.optimizers.add(optimizer)
-            self._params_dirty = True
-        if not self._framework_final:
-            self.note_framework(2)
-            self._framework_final = True
-        if self._pending_fp:
-            self._resolve_fingerprints(wait=False)
-        # the hook sees step's own arguments: (optimizer, closure) or closure=...
-        at = 1 if args and args[0] is optimizer else 0
-        if kwargs and "closure" in kwargs:
-            closure = kwargs["closure"]
-        else:
-            closure = args[at] if len(args) > at else None
-        step = (
-            "step",
-            _perf_ns() + self._clock_offset,
-            type(optimizer).__name__,
-            sites.user_site(2, "step"),
-            MEM_AT_WRITE,  # read off the training thread
-            cuda_peak_and_reset(),
-        )
-        if callable(closure):
-            self.hold((*step, _CLOSURE))
-            wrapped = self._wrap_closure(optimizer, closure)
-            kwargs = dict(kwargs or {})
-            if "closure" in kwargs:
-                kwargs["closure"] = wrapped
-                return args, kwargs
-            return (*args[:at], wrapped, *args[at + 1 :]), kwargs
-        fp = fingerprint(optimizer, self.window)
-        more: Any = None
-        if fp is None:
-            pass
-        elif fp.on_host:
-            more = fp  # its fields are read off the training thread (pure Python)
-        elif fp.ready():
-            more = fp.fields()
-        else:
-            more = fp.fields(value=False)  # the value follows as an ``fp`` event
-            self._pending_fp.append((self.window, fp))
-        self.hold((*step, more))
-        return None
-
-    def on_engine_step_begin(self, name: str) -> None:
-        """A framework's step at its boundary (DeepSpeed's ``engine.step()``) begins: the
-        window's step, the optimizer steps inside it nested (not windows of their own)."""
-        self.step_depth += 1
-        if self.step_depth > 1:
-            return
-        if self._pending_fp:
-            self._resolve_fingerprints(wait=False)
-        site = sites.user_site(2, "step")
-        self.hold(
-            (
-                "step",
-                _perf_ns() + self._clock_offset,
-                name,
-                site,
-                MEM_AT_WRITE,
-                cuda_peak_and_reset(),
-                None,
-            )
-        )
-
-    def fingerprint_window(self, take: Any) -> None:
-        """Once per window, at its first forward: ``take(window)`` fingerprints what every rank
-        must hold identical then (a DeepSpeed engine's parameters), not the gradients."""
-        if self._fp_window == self.window or self.micro_batch or self.fwd_depth:
-            return
-        self._fp_window = self.window
-        fp = None
-        with contextlib.suppress(Exception):  # a record must never break the user's job
-            fp = take(self.window)
-        if fp is not None:
-            self._pending_fp.append((self.window, fp))
-
-    def on_engine_step_end(self) -> None:
-        """The boundary step returned: the window closes."""
-        self.on_step_end()
-
-    def _wrap_closure(self, optimizer: Any, closure: Any) -> Any:
-        """The closure, run as micro-batch code (phase forward/backward, not "optimizer");
-        each return takes the window's fingerprint (the last one of an LBFGS step wins)."""
-
-        @functools.wraps(closure)
-        def closure_in_window(*args: Any, **kwargs: Any) -> Any:
-            depth, self.step_depth = self.step_depth, 0
-            self.emit({"type": "closure", "t": self.now()})
-            try:
-                return closure(*args, **kwargs)
-            finally:
-                self.step_depth = depth
-                self.emit({"type": "closure_end", "t": self.now()})
-                self._fingerprint_now(optimizer)
-
-        return closure_in_window
-
-    def _fingerprint_now(self, optimizer: Any) -> None:
-        fp = fingerprint(optimizer, self.window)
-        if fp is None:
-            return
-        if fp.ready():
-            self.emit({"type": "fp", "window": self.window, **fp.fields()})
-        else:
-            self._pending_fp.append((self.window, fp))
-
-    def on_step_end(self, *_hook_args: Any) -> None:
-        """An optimizer step returned (``_hook_args``: a step post-hook's (optimizer, args,
-        kwargs), unused)."""
-        self.step_depth = max(0, self.step_depth - 1)
-        if self.step_depth:
-            return
-        self.hold(("step_end", _perf_ns() + self._clock_offset))
-        if self.window > 0 and not self._window_activity:
-            return  # a second optimizer's step closes the same window (as the builder merges)
-        if self.trace is not None and self._window_open:
-            self.trace.window_end(self.window)
-        self._window_open = False
-        self._window_activity = False
-        self.window += 1
-        self.micro_batch = 0
-        self.after_backward = False
-        self._grad_ptrs = None
-        self._grads_after_backward = -1
-        if self.muted and self.window >= self.skip_windows:
-            self.muted = False  # the windows from here on are the job's optimizer steps W, W+1...
-            self.emit({"type": "skipped", "windows": self.window, "t": self.now()})
-        elif (
-            self.max_windows is not None
-            and self.window >= self.skip_windows + self.max_windows
-            and self.on_capture_end is not None
-        ):
-            self.on_capture_end()
 
     # -- collectives --------------------------------------------------------------------------
     def phase(self) -> str:
