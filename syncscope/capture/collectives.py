@@ -30,7 +30,6 @@ from __future__ import annotations
 
 import contextlib
 import threading
-import time
 from collections.abc import Callable, Iterator
 from typing import Any
 
@@ -38,9 +37,9 @@ import torch
 
 from syncscope.capture.opaque import opaque
 from syncscope.capture.recorder import Recorder
+from syncscope.capture.records import perf_ns as _perf_ns
 
 _ACTIVE: list[Recorder] = []
-_perf_ns = time.perf_counter_ns  # the recorders' clock, less each one's offset (Recorder.now)
 _lock = threading.Lock()
 _library: Any = None
 _functional_library: Any = None

@@ -26,6 +26,7 @@ from syncscope.capture.fingerprint import (
 from syncscope.capture.gradients import GradientIndex, _op_tensors
 from syncscope.capture.pending import PendingWork
 from syncscope.capture.records import Item, Record, event_of, needs_mem
+from syncscope.capture.records import perf_ns as _perf_ns
 from syncscope.capture.steps import StepHooks
 from syncscope.capture.wrappers import WrapperRegistry
 from syncscope.model import normalize_op
@@ -109,10 +110,6 @@ _WINDOW_EVENTS = frozenset(
 _AT_ONCE = frozenset(
     ("header", "exit", "wrapper", "dist", "framework", "warning", "skipped", "bwd_error")
 )
-
-# the recorder's clock (see Recorder.now): the hot hooks read it as
-# ``_perf_ns() + self._clock_offset`` themselves (a call of ``now`` is a Python frame each)
-_perf_ns = time.perf_counter_ns
 
 
 _dtype_names: dict[torch.dtype, str] = {}  # torch.float32 -> "float32"

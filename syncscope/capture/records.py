@@ -15,7 +15,12 @@ order, same values): the run-directory format does not know about records.
 
 from __future__ import annotations
 
+import time
 from typing import Any
+
+# The recorders' clock: a record's time is this counter plus the recorder's offset
+# (``Recorder.now``). The hot hooks call it by this name, not through ``now`` (a Python frame).
+perf_ns = time.perf_counter_ns
 
 Event = dict[str, Any]
 Record = tuple[Any, ...]

@@ -12,18 +12,15 @@ from __future__ import annotations
 
 import contextlib
 import functools
-import time
 import weakref
 from typing import TYPE_CHECKING, Any
 
 from syncscope.capture import sites
 from syncscope.capture.fingerprint import PendingFingerprint, cuda_peak_and_reset, fingerprint
 from syncscope.capture.records import MEM_AT_WRITE, Record
+from syncscope.capture.records import perf_ns as _perf_ns
 
 _CLOSURE = {"closure": True}  # a step's further field when it runs a closure (never mutated)
-
-# the recorder's clock (see Recorder.now), read as ``_perf_ns() + self._clock_offset``
-_perf_ns = time.perf_counter_ns
 
 
 class StepHooks:
