@@ -251,29 +251,26 @@ def _patch_ddp_comm_hook(rec: Recorder, undo: list[Undo], ddp: Any) -> None:
 
 
 def _patch_ddp_sync_flag(rec: Recorder, undo: list[Undo], ddp: Any) -> None:
-    """``require_backward_grad_sync`` as a property: each set is a toggle (``no_sync`` or a
-    direct assignment), except DDP's own during ``__init__``."""
+    """``require_backward_grad_sync`` as a data descriptor with ``__set__`` only: each set
+    is a toggle (``no_sync`` or a direct assignment), except DDP's own during ``__init__``.
 
-    def get_flag(self: Any) -> bool:
+    Python reads a data descriptor without ``__get__`` from the instance's ``__dict__``
+    (``inspect.getattr_static``, which Dynamo follows, too), where the setter keeps the flag
+    as DDP does: DDP reads its flag several times per forward and backward, and each read
+    stays a dictionary lookup in C (a property's getter was a Python call per read)."""
+
+    def set_flag(_descriptor: Any, self: Any, value: bool) -> None:
+        # kept where DDP keeps it: the flag outlives the descriptor (bounded capture)
         d = self.__dict__
-        if "_syncscope_rbgs" in d:
-            return bool(d["_syncscope_rbgs"])
-        return bool(d.get("require_backward_grad_sync", True))
-
-    def set_flag(self: Any, value: bool) -> None:
-        # kept where DDP keeps it, so the flag survives the property's removal (bounded capture)
-        self.__dict__.pop("_syncscope_rbgs", None)
-        self.__dict__["require_backward_grad_sync"] = value
-        if "_syncscope_init" in self.__dict__:
+        d["require_backward_grad_sync"] = value
+        if "_syncscope_init" in d:
             return
         known = rec.ddp_labels.get(id(self))
         label = known[1] if known is not None and known[0]() is self else None
         rec.on_toggle(None, bool(value), label or rec.ddp_modules.get(self, "ddp:?"))
 
-    # Dynamo inlines the getter where it traces DDP's forward (as it reads the plain
-    # attribute) but never compiles it as a frame of its own where DDP's eager code reads it
-    _no_frame(get_flag)
-    _patch(ddp, "require_backward_grad_sync", property(get_flag, _opaque(set_flag)), undo)
+    flag = type("SyncFlag", (), {"__slots__": (), "__set__": _opaque(set_flag)})
+    _patch(ddp, "require_backward_grad_sync", flag(), undo)
 
 
 FSDP2_MODULE = "torch.distributed.fsdp._fully_shard._fully_shard"

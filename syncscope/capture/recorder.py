@@ -176,7 +176,6 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork, StepHooks):
         self.after_backward = False
         self.bucket = 0
         self.seq = 0
-        self.events = 0
         self._window_open = False
         self._closed = False
         self._init_wrappers()
@@ -202,7 +201,6 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork, StepHooks):
         kind = event["type"]
         if self._closed or (self.muted and kind in _WINDOW_EVENTS):
             return
-        self.events += 1
         if self._works and kind != "coll":
             self.poll_works()
         if kind in _AT_ONCE:
@@ -215,7 +213,6 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork, StepHooks):
         never written at once, made into its event off the training thread."""
         if self._closed or self.muted:
             return
-        self.events += 1
         if self._works and record[0] != "coll":
             self.poll_works()
         self.sink.buffer(record)

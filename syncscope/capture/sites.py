@@ -172,7 +172,7 @@ def within_outside_forward(skip: int = 1, depth: int = 24) -> list[dict[str, obj
 
 
 # Where the user's frame was found last, per kind of hook: (its depth above the caller, its
-# code, whether the walk passed the function user_site_through looks for). Walking the
+# code, whether the walk passed the function user_site_through looks for, its file). Walking the
 # stack makes Python build a frame object for every frame passed (the hook's own callers:
 # DDP's, contextlib's, torch's wrappers), about 15 us a walk inside a training step. A
 # hook called again from the same place (every micro-batch, every step) finds the same
@@ -180,7 +180,7 @@ def within_outside_forward(skip: int = 1, depth: int = 24) -> list[dict[str, obj
 # builds no frame object for the frames it skips. A different path to the same user code
 # at the same depth would give that outer frame rather than the innermost user one; a
 # path of another depth or through other user code is walked in full.
-_hints: dict[str, tuple[int, CodeType, bool]] = {}
+_hints: dict[str, tuple[int, CodeType, bool, str]] = {}  # (depth, code, through, file)
 
 
 def _walk(
@@ -198,7 +198,7 @@ def _walk(
             name = _user_file(code)
         if name:
             if key is not None:
-                _hints[key] = (depth, code, through)
+                _hints[key] = (depth, code, through, name)
             return _site_of(frame, code, name), through
         frame = frame.f_back
         depth += 1
@@ -211,7 +211,16 @@ def user_site(skip: int = 1, key: str | None = None) -> SiteDict | None:
 
     ``key`` names the hook (one per call path): the frame found is remembered and looked at
     first next time (see ``_hints``)."""
-    return user_site_through(skip + 1, "", 0, key)[0]
+    if key is not None and (hint := _hints.get(key)) is not None:
+        try:
+            frame = sys._getframe(skip + 1 + hint[0])
+        except ValueError:
+            pass
+        else:
+            if frame.f_code is hint[1]:
+                site = _site_dicts.get((hint[1], frame.f_lasti))
+                return site if site is not None else _site_of(frame, hint[1], hint[3])
+    return _walk(sys._getframe(skip + 1), key, "", 0)[0]
 
 
 def user_site_through(
@@ -219,15 +228,17 @@ def user_site_through(
 ) -> tuple[SiteDict | None, bool]:
     """``user_site(skip)``, and whether one of the ``within`` frames above the caller runs a
     function named ``function`` (a sync flag set from inside ``no_sync``): one walk."""
-    if key is not None:
-        hint = _hints.get(key)
-        if hint is not None:
-            try:
-                frame = sys._getframe(skip + 1 + hint[0])
-            except ValueError:
-                frame = None
-            if frame is not None and frame.f_code is hint[1]:
-                return _site_of(frame, hint[1], _user_files[hint[1]]), hint[2]
+    if key is not None and (hint := _hints.get(key)) is not None:
+        try:
+            frame = sys._getframe(skip + 1 + hint[0])
+        except ValueError:
+            pass
+        else:
+            if frame.f_code is hint[1]:
+                site = _site_dicts.get((hint[1], frame.f_lasti))
+                if site is None:
+                    site = _site_of(frame, hint[1], hint[3])
+                return site, hint[2]
     return _walk(sys._getframe(skip + 1), key, function, within)
 
 
