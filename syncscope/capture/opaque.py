@@ -8,7 +8,7 @@ that at a hook point reached right after a backward or a collective, a few hundr
 second. A job that never compiles pays it for nothing.
 
 ``opaque(fn)`` goes through ``torch.compiler.disable(fn)`` only where Dynamo could see the
-call: while it traces (``torch.compiler.is_compiling()``, which Dynamo reads as true and
+call: while it traces (``torch.compiler.is_dynamo_compiling()``, which Dynamo reads as true and
 eager code as false, checked first so that a traced call never reaches the C check) or
 while its callback is set (code running eagerly under a compiled frame: a graph break's
 callee, a kernel the dispatcher calls from a compiled graph). Otherwise, which is every
@@ -51,10 +51,12 @@ def opaque(fn: Callable[..., Any]) -> Callable[..., Any]:
     callback = _callback_getter()
     if callback is None:  # a torch without the check: always the supported wrapper
         return disabled
-    is_compiling = torch.compiler.is_compiling
+    # True only where Dynamo traces (a constant it folds): is_compiling(), also true under
+    # non-strict export, runs two Python calls per hook, and either branch runs ``fn`` there
+    is_tracing = torch.compiler.is_dynamo_compiling
 
     def hook(*args: Any, **kwargs: Any) -> Any:
-        if is_compiling() or callback() is not None:
+        if is_tracing() or callback() is not None:
             return disabled(*args, **kwargs)
         return fn(*args, **kwargs)
 
