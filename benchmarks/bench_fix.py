@@ -28,19 +28,8 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 HEADER = "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
-LOOP = """
-def train_{i}(model, optimizer, batches):
-    for step, group in enumerate(batches):
-        for micro, x in enumerate(group):
-            loss = model(x).sum() / len(group)
-            if micro < len(group) - 1:
-                with model.no_sync():
-                    loss.backward()
-            else:
-                loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-"""
+# one accumulation loop with no_sync() around backward only, as a function: {i} numbers it
+LOOP = (ROOT / "tests" / "fixtures" / "no_sync_backward_only_loop.txt").read_text()
 PADDING = '''
 def helper_{i}(x, scale={i}):
 \t"""Scale ``x``: padding {i}, indented with tabs."""

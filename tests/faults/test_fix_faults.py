@@ -57,19 +57,8 @@ def test_apply_writes_through_a_symlink_and_keeps_every_backup(
     assert not [p for p in os.listdir(tmp_path) if p.startswith(".real.py.")]
 
 
-LOOP = """
-def train_{i}(model, optimizer, batches):
-    for step, group in enumerate(batches):
-        for micro, x in enumerate(group):
-            loss = model(x).sum() / len(group)
-            if micro < len(group) - 1:
-                with model.no_sync():
-                    loss.backward()
-            else:
-                loss.backward()
-        optimizer.step()
-        optimizer.zero_grad()
-"""
+# shared with benchmarks/bench_fix.py: one loop with no_sync() around backward only
+LOOP = (Path(__file__).parent.parent / "fixtures" / "no_sync_backward_only_loop.txt").read_text()
 
 
 def test_every_one_of_many_loops_is_fixed_in_one_run() -> None:

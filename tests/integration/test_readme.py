@@ -31,6 +31,7 @@ def _block(text: str) -> tuple[int, int]:
 # warm-up or outliers group differently), the window-time lines, the projection's words
 # (its paragraph whole: _flat)
 _TIMING = re.compile(r"warm-up|apart|project|window time|median|window N ms|-> ~|N ms")
+_NUMBER = re.compile(r"\d+(\.\d+)?")  # every figure reads "N" where text is compared
 
 
 def _without_wrapped_timing(text: str) -> str:
@@ -43,7 +44,7 @@ def _without_wrapped_timing(text: str) -> str:
     for line in text.splitlines():
         inside = line.strip().strip("│").strip()
         card_line = line.startswith("│") and line.rstrip().endswith("│")
-        timing = bool(_TIMING.search(re.sub(r"\d+(\.\d+)?", "N", inside)))
+        timing = bool(_TIMING.search(_NUMBER.sub("N", inside)))
         if dropping and card_line and inside and not re.match(r"[\w-]+( [\w-]+)*:", inside):
             continue  # the wrapped rest of a timing field
         dropping = card_line and timing
@@ -58,7 +59,7 @@ def _flat(text: str) -> list[str]:
     text = re.sub(r"^projected speed-up.*?(?=^╭)", "", text, flags=re.S | re.M)
     text = _without_wrapped_timing(text)
     text = re.sub(r"[─━│┃┏┓┗┛┡┩└┘┳┻╇┼╭╮╰╯┬┴├┤]", " ", text)
-    text = re.sub(r"\d+(\.\d+)?", "N", text)
+    text = _NUMBER.sub("N", text)
     lines = [" ".join(line.split()) for line in text.splitlines()]
     kept = [
         line
