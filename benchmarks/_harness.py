@@ -24,6 +24,10 @@ from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
+sys.path.insert(0, str(WORKLOADS))  # the gate's two ends are one module (no torch in it)
+
+from _gate import GATE_ENV, TAG_ENV, ready_file  # noqa: E402
+
 MARK = "SYNCSCOPE_BENCH "
 TIMEOUT_S = 240
 
@@ -164,9 +168,6 @@ class Started:
                 proc.communicate()
 
 
-GATE_ENV, TAG_ENV = "SYNCSCOPE_BENCH_GATE", "SYNCSCOPE_BENCH_TAG"  # as workloads/_bench.py
-
-
 def side_by_side(
     jobs: Sequence[tuple[Launch, Path, Sequence[str]]], workdir: Path
 ) -> list[dict[str, Any]]:
@@ -191,7 +192,7 @@ def _side_by_side_once(
         for i, (launch, script, args) in enumerate(jobs):
             env = {GATE_ENV: str(gate), TAG_ENV: str(i)}
             started.append(launch.start(script, args, workdir, env))
-        ready = [Path(f"{gate}.ready-{i}") for i in range(len(jobs))]
+        ready = [ready_file(gate, i) for i in range(len(jobs))]
         deadline = time.monotonic() + TIMEOUT_S
         while not all(r.exists() for r in ready):
             failed = [s for s in started if any(p.poll() is not None for p in s.procs)]

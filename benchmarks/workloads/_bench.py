@@ -23,6 +23,7 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
+from _gate import GATE_ENV, wait_at_gate  # the workload's own folder is on sys.path
 from torch import nn
 
 MARK = "SYNCSCOPE_BENCH"
@@ -82,22 +83,6 @@ def make_data(args: argparse.Namespace, rank: int) -> list[torch.Tensor]:
     return [torch.randn(args.batch, args.hidden, generator=g).to(device) for _ in range(args.accum)]
 
 
-# Side by side (benchmarks/_harness.py ``side_by_side``): jobs started together time their
-# windows over the same seconds. After its warm-up windows rank 0 writes GATE.ready-TAG,
-# and every rank waits for GATE itself, which the harness writes once every job is ready.
-GATE_ENV, TAG_ENV = "SYNCSCOPE_BENCH_GATE", "SYNCSCOPE_BENCH_TAG"
-GATE_TIMEOUT_S = 300
-
-
-def _wait_at_gate(rank: int) -> None:
-    gate = Path(os.environ[GATE_ENV])
-    if rank == 0:
-        Path(f"{gate}.ready-{os.environ.get(TAG_ENV, os.getpid())}").touch()
-    deadline = time.monotonic() + GATE_TIMEOUT_S
-    while not gate.exists() and time.monotonic() < deadline:
-        time.sleep(0.002)
-
-
 class Clock:
     """Marks the end of every window; reports the timed ones from rank 0."""
 
@@ -113,7 +98,7 @@ class Clock:
         if self.args.device == "cuda":
             torch.cuda.synchronize()  # a window ends when its kernels have
         if len(self.marks) == self.args.warmup and os.environ.get(GATE_ENV):
-            _wait_at_gate(self.rank)  # the last warm-up window ends: the timed ones start together
+            wait_at_gate(self.rank)  # the last warm-up window ends: the timed ones start together
         self.marks.append(time.perf_counter())
         self.cpu_marks.append(time.process_time())
         self.thread_marks.append(time.thread_time())
