@@ -17,7 +17,6 @@ from __future__ import annotations
 
 import argparse
 import collections
-import contextlib
 import os
 import sys
 import tempfile
@@ -26,32 +25,14 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.nn.parallel import DistributedDataParallel as DDP
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "workloads"))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-import small_mlp as mlp
-import small_transformer as st
+from hook_time import small_step
 
 from syncscope.capture import instrument
 from syncscope.capture.recorder import Recorder
 from syncscope.capture.writer import EventWriter
-
-ACCUM = 4
-
-
-def _job(model: str) -> tuple[Any, list[tuple[torch.Tensor, ...]], torch.optim.Optimizer]:
-    torch.manual_seed(0)
-    if model == "mlp":
-        ddp = DDP(mlp.Net())
-        data = list(mlp.make_data(0))
-    else:
-        saved, sys.argv[1:] = sys.argv[1:], []
-        targs = st.parse_args()  # the workload's own defaults
-        sys.argv[1:] = saved
-        ddp = DDP(st.TinyGPT(targs))
-        data = [(t[:, :-1], t[:, 1:]) for t in st.make_data(targs, 0)]
-    return ddp, data, torch.optim.AdamW(ddp.parameters(), lr=1e-3)
 
 
 def _count(window: Any, windows: int) -> dict[str, float]:
@@ -93,15 +74,7 @@ def main() -> None:
     os.environ.setdefault("MASTER_PORT", "29547")
     torch.set_num_threads(1)
     dist.init_process_group("gloo", rank=0, world_size=1)
-    ddp, data, optimizer = _job(opts.model)
-
-    def window() -> None:
-        for micro in range(ACCUM):
-            ctx = ddp.no_sync() if micro < ACCUM - 1 else contextlib.nullcontext()
-            with ctx:
-                (ddp(*data[micro]) / ACCUM).backward()  # both models return their loss
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+    window = small_step(opts.model, 0)
 
     for _ in range(3):
         window()

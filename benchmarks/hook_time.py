@@ -55,6 +55,34 @@ HOOKS = (
 HELPERS = ("emit", "poll_works", "_count_grads", "sync_state", "_params")
 
 
+def small_step(model: str, rank: int, tiny: bool = False) -> Callable[[], None]:
+    """One window of small_steps.py's shape ``model`` ("mlp" or "transformer"; ``tiny``: the
+    transformer with almost no compute) under DDP: 4 micro-batches, the first 3 under
+    ``no_sync()``, then an AdamW step and ``zero_grad``. The process group is initialized."""
+    saved, sys.argv[1:] = sys.argv[1:], []
+    args = st.parse_args()  # the workload's own defaults
+    sys.argv[1:] = saved
+    if tiny:
+        args.width, args.seq, args.batch, args.vocab, args.heads = 8, 4, 1, 16, 2
+    ddp: Any
+    if model == "mlp":
+        ddp = DDP(mlp.Net())
+        data = mlp.make_data(rank)
+    else:
+        ddp = DDP(st.TinyGPT(args))
+        data = [(t[:, :-1], t[:, 1:]) for t in st.make_data(args, rank)]
+    optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+
+    def window() -> None:
+        for micro in range(4):
+            with ddp.no_sync() if micro < 3 else contextlib.nullcontext():
+                (ddp(*data[micro]) / 4).backward()  # both models return their loss
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+
+    return window
+
+
 def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--windows", type=int, default=100)
@@ -72,17 +100,7 @@ def main() -> None:
     )
     opts = parser.parse_args()
     dist.init_process_group("gloo")
-    sys.argv[1:] = []
-    args = st.parse_args()
-    if opts.tiny:
-        args.width, args.seq, args.batch, args.vocab, args.heads = 8, 4, 1, 16, 2
-    if opts.model == "mlp":
-        ddp = DDP(mlp.Net())
-        data = mlp.make_data(dist.get_rank())
-    else:
-        ddp = DDP(st.TinyGPT(args))
-        data = [(t[:, :-1], t[:, 1:]) for t in st.make_data(args, dist.get_rank())]
-    optimizer = torch.optim.AdamW(ddp.parameters(), lr=1e-3)
+    step = small_step(opts.model, dist.get_rank(), opts.tiny)
 
     spent: dict[str, int] = {}
     depth = [0]
@@ -112,11 +130,7 @@ def main() -> None:
 
     def window() -> int:
         t0 = clock()
-        for micro in range(4):
-            with ddp.no_sync() if micro < 3 else contextlib.nullcontext():
-                (ddp(*data[micro]) / 4).backward()
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
+        step()
         return clock() - t0
 
     with tempfile.TemporaryDirectory(prefix="syncscope-hook-time-") as tmp:

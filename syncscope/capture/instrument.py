@@ -23,7 +23,7 @@ from typing import Any
 import torch
 
 from syncscope.capture import collectives, sites
-from syncscope.capture.opaque import no_frame, opaque
+from syncscope.capture.opaque import opaque
 from syncscope.capture.recorder import Recorder
 
 Undo = Callable[[], None]
@@ -61,11 +61,6 @@ def _opaque(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Keep a hook body out of Dynamo's reach: it always runs eagerly, never traced
     (``syncscope.capture.opaque``: no wrapper cost in a job that does not compile)."""
     return opaque(fn)
-
-
-def _no_frame(fn: Callable[..., Any]) -> None:
-    """Dynamo may inline ``fn`` into a graph it traces, but never starts a frame in it."""
-    no_frame(fn)
 
 
 def _install_backward(rec: Recorder, undo: list[Undo]) -> None:
