@@ -40,6 +40,19 @@ def test_further_fields_follow_the_fixed_ones() -> None:
     assert "fp" not in bare and list(bare) == list(FIELDS["step"])
 
 
+def test_every_kind_is_named_as_its_fields_say() -> None:
+    """Each kind's event is written out by a maker of its own (``_MAKERS``): the same dict
+    as naming the record's items by ``FIELDS``, for every kind, a shorter record included."""
+    for kind, names in FIELDS.items():
+        record = (kind, *(f"v{i}" for i in range(1, len(names))))
+        event = event_of(record)
+        assert list(event.items()) == list(zip(names, record, strict=True)), kind
+        short = event_of(record[:2])
+        assert short == dict(zip(names, record[:2], strict=False)), kind
+        assert event_of((*record, None)) == event, kind  # no further fields
+        assert event_of((*record, {"x": 1}))["x"] == 1, kind
+
+
 def test_an_event_passes_through() -> None:
     event = {"type": "warning", "t": 1, "message": "x"}
     assert event_of(event) is event
