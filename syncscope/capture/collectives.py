@@ -55,12 +55,14 @@ def unrecorded() -> Iterator[None]:
     _unrecorded.active = True
     with _lock:
         _unrecorded_blocks[0] += 1
+        _native_enable()
     try:
         yield
     finally:
         _unrecorded.active = was
         with _lock:
             _unrecorded_blocks[0] -= 1
+            _native_enable()
 
 
 # how many ``unrecorded()`` blocks are open, in any thread: while none is, a collective does
@@ -144,7 +146,9 @@ def _typed_at(items: Any, suffix: str) -> int | None:
     return None
 
 
-def _kernel(name: str, op: Any) -> Callable[..., Any]:
+def _kernel(name: str, op: Any, key: str = "Autograd") -> Callable[..., Any]:
+    """The kernel of c10d op ``name`` at ``key`` ("Autograd", or "ADInplaceOrView" behind the
+    compiled kernel, see ``syncscope.capture.native``)."""
     redispatch = op.redispatch
     async_at = _argument_at(op, "async_op")
     # True for the c10d ops: a caller that leaves it out (DDP's reducer) is asynchronous
@@ -154,8 +158,11 @@ def _kernel(name: str, op: Any) -> Callable[..., Any]:
     # a Work among several returns comes back as a tuple (a lone Work is not)
     work_at = _typed_at(returns, "c10d.Work") if len(returns) > 1 else None
 
-    below_autograd = torch._C._AutoDispatchBelowAutograd
-    below = _BELOW_AUTOGRAD
+    if key == "Autograd":
+        below_autograd: Any = torch._C._AutoDispatchBelowAutograd
+        below = _BELOW_AUTOGRAD
+    else:
+        below_autograd, below = torch._C._AutoDispatchBelowADInplaceOrView, _BELOW_AD_INPLACE
 
     def kernel(keyset: Any, *args: Any, **kwargs: Any) -> Any:
         recorders = _listening()
@@ -321,7 +328,13 @@ def _register_functional() -> Any:
     return library
 
 
-def _register() -> Any:
+# the op the compiled kernel sits in front of (DDP's reducer issues its buckets with it)
+NATIVE_OP = "allreduce_"
+
+
+def _register(native: bool) -> Any:
+    """The Python kernels of every c10d op; ``native``: the compiled kernel takes
+    ``NATIVE_OP``'s Autograd key, and its Python kernel sits one key below."""
     library = torch.library.Library("c10d", "IMPL")
     for full in torch._C._dispatch_get_all_op_names():
         namespace, _, name = full.partition("::")
@@ -331,8 +344,55 @@ def _register() -> Any:
         op = getattr(packet, "default", None)
         if op is None:
             continue
-        library.impl(name, _kernel(name, op), "Autograd", with_keyset=True)
+        key = "ADInplaceOrView" if native and name == NATIVE_OP else "Autograd"
+        library.impl(name, _kernel(name, op, key), key, with_keyset=True)
     return library
+
+
+_native: list[Any] = []  # [the compiled module] while its kernel is registered
+
+
+def _native_register() -> bool:
+    """Register the compiled kernel where it is built (``syncscope.capture.native``)."""
+    from syncscope.capture import native
+
+    module = native.get()
+    if module is None:
+        return False
+    try:
+        module.set_dtype_names(
+            {
+                v: str(v).replace("torch.", "")
+                for v in vars(torch).values()
+                if type(v) is torch.dtype
+            }
+        )
+        module.register_kernel()
+    except Exception as exc:
+        native.failed(f"cannot register it: {exc}")
+        return False
+    _native[:] = [module]
+    return True
+
+
+def _native_retarget() -> None:
+    """The compiled kernel records for the one active recorder, where there is one and it
+    writes no profiler trace (else every call goes to the Python kernel); the lock is held."""
+    if not _native:
+        return
+    from torch._C._distributed_c10d import Work
+    from torch.autograd.graph import _engine_run_backward
+
+    rec = _ACTIVE[0] if len(_ACTIVE) == 1 and _ACTIVE[0].trace is None else None
+    offset = rec._clock_offset if rec is not None else 0
+    _native[0].set_target(rec, _engine_run_backward.__code__, Work.unbox, offset)
+    _native_enable()
+
+
+def _native_enable() -> None:
+    """Off while an ``unrecorded()`` block is open (the lock is held)."""
+    if _native:
+        _native[0].set_enabled(_unrecorded_blocks[0] == 0)
 
 
 def attach(rec: Recorder) -> Callable[[], None]:
@@ -340,19 +400,23 @@ def attach(rec: Recorder) -> Callable[[], None]:
     global _library, _functional_library
     with _lock:
         if _library is None:
-            _library = _register()
+            _library = _register(_native_register())
         if _functional_library is None:
             try:
                 _functional_library = _register_functional()
             except Exception:  # a torch without functional collectives: c10d ops only
                 _functional_library = None
         _ACTIVE.append(rec)
+        _native_retarget()
 
     def detach() -> None:
         global _library, _functional_library
         with _lock:
             if rec in _ACTIVE:
                 _ACTIVE.remove(rec)
+            _native_retarget()
+            if not _ACTIVE and _native:
+                _native.pop().unregister_kernel()
             if not _ACTIVE and _library is not None:
                 _library._destroy()
                 _library = None

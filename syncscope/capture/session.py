@@ -66,9 +66,11 @@ class CaptureSession:
         return cls(Recorder(sink, rank=rank, world_size=world_size)), sink
 
     def start(self) -> None:
+        from syncscope.capture import native
         from syncscope.capture.instrument import install
 
-        self.recorder.header(self._header)
+        # which kernel records DDP's bucket all-reduces (what capture costs per collective)
+        self.recorder.header({**self._header, "collective_kernel": native.describe()})
         self._undo = install(self.recorder)
         self.recorder.on_capture_end = self._capture_end
 

@@ -310,6 +310,7 @@ def _launch(request: Request, plan: _Plan, early: _EarlyReport) -> LaunchResult:
     if plan.max_windows is not None:
         attach_options += ["--windows", str(plan.max_windows)]
     run_on = plan.max_windows is not None and plan.then == "run"
+    _native_kernel(request.quiet)
     progress = _Progress(request.quiet)
     try:
         return launch(
@@ -327,6 +328,31 @@ def _launch(request: Request, plan: _Plan, early: _EarlyReport) -> LaunchResult:
         )
     finally:
         progress.close()
+
+
+def _native_kernel(quiet: bool) -> None:
+    """Build the compiled collective kernel once per torch (syncscope.capture.native) and
+    hand it to the ranks; without one they record the same with the Python kernel."""
+    from syncscope.capture import native
+
+    if native.disabled():
+        return
+    if not native.built_path().is_file() and not quiet:
+        print(
+            "syncscope: building the compiled collective kernel for this torch (once, ~25 s)",
+            file=sys.stderr,
+            flush=True,
+        )
+    path, why = native.build()
+    if path is not None:
+        os.environ[native.NATIVE_PATH_ENV] = str(path)
+    elif not quiet:
+        print(
+            f"syncscope: note: no compiled collective kernel ({visible(why)}); capture records "
+            "the same with its Python kernel, at a higher cost per collective",
+            file=sys.stderr,
+            flush=True,
+        )
 
 
 def _ran_on(status: int, code: int) -> int:

@@ -1,0 +1,190 @@
+"""The compiled kernel for DDP's bucket all-reduces (``syncscope.capture.native``).
+
+It must record exactly what the Python kernel records (only the cost differs), take the
+calls it is meant for, hand every other call on, and, where it cannot be had, leave capture
+on the Python kernel with the reason in the header and one line from ``syncscope profile``.
+Building it takes about 25 s once per torch (cached in torch's extension directory).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from syncscope.capture import native
+from tests.conftest import PROFILE_TIMEOUT, ROOT
+
+pytestmark = pytest.mark.slow
+
+BUCKETS = ROOT / "tests" / "scripts" / "buckets.py"
+needs_compiler = pytest.mark.skipif(
+    shutil.which(os.environ.get("CXX", "c++")) is None,
+    reason="no C++ compiler here: the compiled kernel cannot be built (capture uses the Python "
+    "kernel, which the rest of the suite tests)",
+)
+
+
+@pytest.fixture(scope="module")
+def built() -> Path:
+    path, why = native.build()
+    assert path is not None, f"the compiled kernel did not build: {why}"
+    return path
+
+
+def _use(monkeypatch: pytest.MonkeyPatch, path: Path | None) -> None:
+    """This process's capture loads the kernel at ``path`` (None: none, the Python kernel)."""
+    monkeypatch.setattr(native, "_loaded", [])
+    monkeypatch.setattr(native, "_why_not", [] if path else ["turned off by the test"])
+    if path is not None:
+        monkeypatch.setenv(native.NATIVE_PATH_ENV, str(path))
+
+
+def _ddp_events() -> list[dict[str, Any]]:
+    """A DDP loop with 4 buckets per synced backward, captured in this process: window 0
+    syncs every micro-batch, window 1 only the last; a user all-reduce after each step."""
+    import torch
+    import torch.distributed as dist
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from syncscope.capture.session import CaptureSession
+
+    session, sink = CaptureSession.in_memory(rank=0, world_size=1)
+    session.start()
+    try:
+        torch.manual_seed(0)
+        model = DDP(nn.Sequential(*[nn.Linear(64, 64) for _ in range(4)]), bucket_cap_mb=1 / 64)
+        optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+        for step in range(2):
+            for micro in range(3):
+                with model.no_sync() if step and micro < 2 else contextlib.nullcontext():
+                    model(torch.ones(8, 64)).pow(2).mean().backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            dist.all_reduce(torch.ones(2))
+    finally:
+        session.close()
+    return sink.events
+
+
+def _comparable(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """The events less what differs run to run: times, and where a ``done`` falls (polled at
+    the rank's next event, whenever the collective completed)."""
+    out = []
+    for event in events:
+        if event["type"] in ("done", "header"):
+            continue
+        out.append({k: v for k, v in event.items() if k not in ("t", "t_end", "mem", "fp")})
+    return out
+
+
+@needs_compiler
+def test_the_compiled_kernel_records_what_the_python_kernel_records(
+    built: Path, process_group: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _use(monkeypatch, None)
+    by_python = _ddp_events()
+    _use(monkeypatch, built)
+    module = native.get()
+    assert module is not None
+    before = module.recorded()
+    compiled = _ddp_events()
+    taken = module.recorded() - before
+
+    buckets = [e for e in compiled if e["type"] == "coll" and e["bucket"] is not None]
+    # DDP's first backward reduces one bucket (its first-iteration layout), the 3 synced ones
+    # after it 4 each (16 KiB buckets)
+    assert [e["bucket"] for e in buckets] == [0] + [0, 1, 2, 3] * 3
+    assert taken == len(buckets), "the compiled kernel took every bucket and nothing else"
+    assert _comparable(compiled) == _comparable(by_python)
+    assert sorted(e["seq"] for e in compiled if e["type"] == "done") == sorted(
+        e["seq"] for e in compiled if e["type"] == "coll"
+    ), "every collective seen complete, the compiled kernel's too"
+    assert not native.why_not()
+
+
+@needs_compiler
+def test_the_kernel_leaves_collectives_of_unrecorded_blocks_alone(
+    built: Path, process_group: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Inside ``unrecorded()`` (syncscope's own collectives) neither kernel records."""
+    import torch
+    from torch import nn
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    from syncscope.capture.collectives import unrecorded
+    from syncscope.capture.session import CaptureSession
+
+    _use(monkeypatch, built)
+    module = native.get()
+    assert module is not None
+    session, sink = CaptureSession.in_memory(rank=0, world_size=1)
+    session.start()
+    try:
+        model = DDP(nn.Linear(8, 8))
+        model(torch.ones(2, 8)).sum().backward()  # recorded
+        before = module.recorded()
+        with unrecorded():
+            model(torch.ones(2, 8)).sum().backward()
+        assert module.recorded() == before
+    finally:
+        session.close()
+    buckets = [e for e in sink.events if e["type"] == "coll" and e["phase"] == "backward"]
+    assert len(buckets) == 1
+
+
+def _profile(out: Path, env: dict[str, str]) -> subprocess.CompletedProcess[str]:
+    command = [sys.executable, "-m", "syncscope", "profile", "--fail-on", "never"]
+    command += ["--nproc-per-node", "2", "--out", str(out), str(BUCKETS)]
+    full = dict(os.environ, PYTHONUNBUFFERED="1", OMP_NUM_THREADS="1", **env)
+    return subprocess.run(
+        command, capture_output=True, text=True, timeout=PROFILE_TIMEOUT, cwd=ROOT, env=full
+    )
+
+
+def _rank_events(run_dir: Path, rank: int) -> list[dict[str, Any]]:
+    lines = (run_dir / "ranks" / f"rank-{rank:05d}.jsonl").read_text().splitlines()
+    return [json.loads(line) for line in lines]
+
+
+@needs_compiler
+def test_profile_records_the_same_run_with_either_kernel(built: Path, tmp_path: Path) -> None:
+    compiled = _profile(tmp_path / "compiled", {})
+    python = _profile(tmp_path / "python", {native.ENV: "0"})
+    assert compiled.returncode == python.returncode == 0, compiled.stderr + python.stderr
+    assert "compiled collective kernel" not in compiled.stderr + python.stderr
+    for rank in (0, 1):
+        a = _rank_events(tmp_path / "compiled", rank)
+        b = _rank_events(tmp_path / "python", rank)
+        assert a[0]["collective_kernel"] == "compiled"
+        assert b[0]["collective_kernel"] == f"python ({native.ENV}=0)"
+        assert _comparable(a) == _comparable(b)
+    reports = [
+        json.loads((tmp_path / name / "report.json").read_text()) for name in ("compiled", "python")
+    ]
+    kinds = [sorted(f["kind"] for f in r["findings"]) for r in reports]
+    assert kinds[0] == kinds[1] == ["fragmented-sync", "redundant-sync"]
+    assert reports[0]["grad_syncs_per_window"] == reports[1]["grad_syncs_per_window"]
+
+
+def test_without_a_compiler_profile_says_so_and_records_with_python(tmp_path: Path) -> None:
+    """No compiled kernel can be built (the compiler named by CXX does not exist, an empty
+    extension directory): one line says so, and the run is recorded all the same."""
+    env = {"CXX": str(tmp_path / "no-such-compiler"), "TORCH_EXTENSIONS_DIR": str(tmp_path / "ext")}
+    proc = _profile(tmp_path / "run", env)
+    assert proc.returncode == 0, proc.stderr
+    notes = [line for line in proc.stderr.splitlines() if "no compiled collective kernel" in line]
+    assert len(notes) == 1, proc.stderr
+    assert "Traceback" not in proc.stderr
+    header = _rank_events(tmp_path / "run", 0)[0]
+    assert header["collective_kernel"] == "python (not built)"
+    report = json.loads((tmp_path / "run" / "report.json").read_text())
+    assert sorted(f["kind"] for f in report["findings"]) == ["fragmented-sync", "redundant-sync"]
