@@ -70,6 +70,8 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         if slow:
             config.hook.pytest_deselected(items=slow)
             items[:] = [item for item in items if not item.get_closest_marker("slow")]
+    if any(item.get_closest_marker("slow") for item in items):
+        _build_native_kernel()
     gpu = [item for item in items if item.get_closest_marker("gpu")]
     if not gpu:
         return
@@ -80,6 +82,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     skip = pytest.mark.skip(reason="needs a CUDA GPU (issue 16): not run here, not a pass")
     for item in gpu:
         item.add_marker(skip)
+
+
+def _build_native_kernel() -> None:
+    """Build syncscope's compiled collective kernel before the tests that launch ranks (about
+    25 s once per torch): otherwise whichever ``syncscope profile`` ran first would build it
+    and say so on its stderr. Where it cannot be built the suite runs on the Python kernel
+    (tests/integration/test_native_kernel.py skips its compiled-kernel tests, with the reason)."""
+    from syncscope.capture import native
+
+    native.build()
 
 
 @dataclass

@@ -17,6 +17,11 @@ and are ignored. A functional collective returns a tensor instead of a work: its
 eager mode the wait happens inside torch's C++ wrapper, so completion is noticed at the
 rank's next event once torch's registry of in-flight functional collectives is empty.
 
+Where syncscope's compiled kernel is built (``syncscope.capture.native``), it takes the
+``Autograd`` key of ``c10d::allreduce_`` and records DDP's bucket all-reduces itself, the same
+records with no Python frame; this module's kernel of that op then sits one key below, at
+``ADInplaceOrView``, and sees every call the compiled one hands on.
+
 Collectives syncscope issues itself (``track()``'s gather of every rank's events at its
 exit) run inside ``unrecorded()``: no recorder counts them, so a capture around a
 ``track()`` (``syncscope profile``, an outer ``track()``) sees only the job's.

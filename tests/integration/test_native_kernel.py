@@ -26,9 +26,9 @@ pytestmark = pytest.mark.slow
 
 BUCKETS = ROOT / "tests" / "scripts" / "buckets.py"
 needs_compiler = pytest.mark.skipif(
-    shutil.which(os.environ.get("CXX", "c++")) is None,
-    reason="no C++ compiler here: the compiled kernel cannot be built (capture uses the Python "
-    "kernel, which the rest of the suite tests)",
+    shutil.which(os.environ.get("CXX", "c++")) is None or shutil.which("ninja") is None,
+    reason="no C++ compiler or ninja here: the compiled kernel cannot be built (capture uses "
+    "the Python kernel, which the rest of the suite tests)",
 )
 
 
