@@ -2,8 +2,8 @@
 
 syncscope's Python kernel (``syncscope.capture.collectives``) costs each collective it sees
 a Python frame: entering it from the dispatcher, converting the op's arguments, walking the
-stack for the issuer. On a small DDP step that is most of what capture costs per window
-(issue 31: ~250 of ~730 us per 14 ms window of a 4 x 512 MLP). The compiled kernel sits in
+stack for the issuer: on a small DDP step, the largest single part of what capture costs
+(about 1.5% of a 14 ms window of a 4 x 512 MLP, see docs/concepts.md). The compiled kernel sits in
 front of the Python one, at the ``Autograd`` key of ``c10d::allreduce_``, and records the
 calls that are DDP bucket all-reduces (issued straight from the autograd engine, inside a
 backward the recorder saw) itself: the same record, in the same order, to the same sink.
