@@ -55,7 +55,6 @@ PyObject* s_works;
 PyObject* s_lock;
 PyObject* s_seq;
 PyObject* s_bucket;
-PyObject* s_events;
 PyObject* s_window_activity;
 PyObject* s_sink;
 PyObject* s_buffer;
@@ -278,12 +277,6 @@ bool record(const Before& before, const Payload& p, int64_t t0, int64_t t1,
       bucket = PyLong_FromLongLong(index);
     }
     PyObject_SetAttr(rec, s_window_activity, Py_True);
-    long long events = integer(rec, s_events);
-    if (events >= 0) {
-      PyObject* more = PyLong_FromLongLong(events + 1);
-      PyObject_SetAttr(rec, s_events, more);
-      Py_DECREF(more);
-    }
     PyObject* issuer = before.ddp ? v_ddp : v_torch;
     PyObject* start = PyLong_FromLongLong(t0);
     PyObject* end = PyLong_FromLongLong(t1);
@@ -390,7 +383,6 @@ void init_names() {
   s_lock = intern("_lock");
   s_seq = intern("seq");
   s_bucket = intern("bucket");
-  s_events = intern("events");
   s_window_activity = intern("_window_activity");
   s_sink = intern("sink");
   s_buffer = intern("buffer");
