@@ -41,7 +41,7 @@ from typing import Any
 import torch
 
 from syncscope.capture.opaque import opaque
-from syncscope.capture.recorder import Recorder
+from syncscope.capture.recorder import Recorder, _dtype_name
 from syncscope.capture.records import perf_ns as _perf_ns
 
 _ACTIVE: list[Recorder] = []
@@ -365,12 +365,9 @@ def _native_register() -> bool:
     if module is None:
         return False
     try:
+        # named as the Python kernel's records name them
         module.set_dtype_names(
-            {
-                v: str(v).replace("torch.", "")
-                for v in vars(torch).values()
-                if type(v) is torch.dtype
-            }
+            {v: _dtype_name(v) for v in vars(torch).values() if type(v) is torch.dtype}
         )
         module.register_kernel()
     except Exception as exc:

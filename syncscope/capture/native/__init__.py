@@ -3,11 +3,12 @@
 syncscope's Python kernel (``syncscope.capture.collectives``) costs each collective it sees
 a Python frame: entering it from the dispatcher, converting the op's arguments, walking the
 stack for the issuer: on a small DDP step, the largest single part of what capture costs
-(about 1.5% of a 14 ms window of a 4 x 512 MLP, see docs/concepts.md). The compiled kernel sits in
-front of the Python one, at the ``Autograd`` key of ``c10d::allreduce_``, and records the
-calls that are DDP bucket all-reduces (issued straight from the autograd engine, inside a
-backward the recorder saw) itself: the same record, in the same order, to the same sink.
-Every other call goes on to the Python kernel (then at ``ADInplaceOrView``), unchanged.
+(x1.023 of a 4 x 512 MLP rank's CPU time, most of it in gloo's threads: see docs/concepts.md).
+The compiled kernel sits in front of the Python one, at the ``Autograd`` key of
+``c10d::allreduce_``, and records the calls that are DDP bucket all-reduces (issued straight
+from the autograd engine, inside a backward the recorder saw) itself: the same record, in the
+same order, to the same sink. Every other call goes on to the Python kernel (then at
+``ADInplaceOrView``), unchanged.
 
 It is C++ built against the torch in use (torch's C++ ABI changes between releases, so no
 wheel could ship it): ``torch.utils.cpp_extension`` compiles it once per source, torch and

@@ -1,4 +1,4 @@
-// syncscope's compiled kernel for DDP's bucket all-reduces (see syncscope/capture/native.py).
+// syncscope's compiled kernel for DDP's bucket all-reduces (see syncscope/capture/native/__init__.py).
 //
 // Registered at the Autograd key of c10d::allreduce_, in front of syncscope's Python kernel
 // (which then sits at ADInplaceOrView). A call that is a DDP bucket all-reduce as the Python
