@@ -19,6 +19,8 @@ from typing import Any
 
 import pytest
 
+from syncscope.analysis import diagnose
+from syncscope.analysis.inputs import load_and_diagnose
 from syncscope.capture import native
 from tests.conftest import PROFILE_TIMEOUT, ROOT
 
@@ -156,7 +158,9 @@ def _rank_events(run_dir: Path, rank: int) -> list[dict[str, Any]]:
 
 
 @needs_compiler
-def test_profile_records_the_same_run_with_either_kernel(built: Path, tmp_path: Path) -> None:
+def test_profile_records_the_same_run_with_either_kernel(
+    built: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
     compiled = _profile(tmp_path / "compiled", {})
     python = _profile(tmp_path / "python", {native.ENV: "0"})
     assert compiled.returncode == python.returncode == 0, compiled.stderr + python.stderr
@@ -170,9 +174,32 @@ def test_profile_records_the_same_run_with_either_kernel(built: Path, tmp_path: 
     reports = [
         json.loads((tmp_path / name / "report.json").read_text()) for name in ("compiled", "python")
     ]
-    kinds = [sorted(f["kind"] for f in r["findings"]) for r in reports]
-    assert kinds[0] == kinds[1] == ["fragmented-sync", "redundant-sync"]
     assert reports[0]["grad_syncs_per_window"] == reports[1]["grad_syncs_per_window"]
+    # Only the times differ, and fragmented-sync is the finding they decide: it is reported
+    # from a measured share of 1% (the calls' issue time; the compiled kernel's is the call
+    # alone, the Python kernel's has its own dispatch in it), which on this fixture's 16 KiB
+    # gloo buckets reads 0.3-5% window to window (docs/findings/fragmented-sync.md). Each
+    # report has it or not by its times; without the share's gate, both find the same rounds.
+    for report in reports:
+        assert {f["kind"] for f in report["findings"]} - {"fragmented-sync"} == {"redundant-sync"}
+    monkeypatch.setattr(diagnose, "FRAGMENT_MIN_SHARE", 0.0)
+    found = [_fragments(tmp_path / name) for name in ("compiled", "python")]
+    assert found[0] == found[1] == {(r, w, 6 if w == 0 else 3) for r in (0, 1) for w in (0, 1, 2)}
+
+
+def _fragments(run_dir: Path) -> set[tuple[int, int, int]]:
+    """(rank, window, extra collectives) of each fragmented window: 4 buckets where one
+    would carry their bytes, in 2 synced micro-batches of window 0 (its first is DDP's
+    first-iteration bucket) and the one of windows 1-2."""
+    run, _ = load_and_diagnose(run_dir)
+    out = set()
+    for rank in run.ranks:
+        for window in rank.windows:
+            if window.complete:
+                for o in diagnose._fragmented(rank, window):
+                    assert o.evidence["collectives_per_round"] == 4
+                    out.add((rank.rank, window.index, int(o.cost["extra_collectives_per_window"])))
+    return out
 
 
 def test_without_a_compiler_profile_says_so_and_records_with_python(tmp_path: Path) -> None:
@@ -187,4 +214,5 @@ def test_without_a_compiler_profile_says_so_and_records_with_python(tmp_path: Pa
     header = _rank_events(tmp_path / "run", 0)[0]
     assert header["collective_kernel"] == "python (not built)"
     report = json.loads((tmp_path / "run" / "report.json").read_text())
-    assert sorted(f["kind"] for f in report["findings"]) == ["fragmented-sync", "redundant-sync"]
+    # fragmented-sync is decided by the measured share (see the test above)
+    assert {f["kind"] for f in report["findings"]} - {"fragmented-sync"} == {"redundant-sync"}
