@@ -166,7 +166,7 @@ class _Plan:
     position weights where they are summed on the CPU in float32/64 (the parameters' dtype
     and device are their gradients'), else None (``_start`` works them out)."""
 
-    __slots__ = ("count", "cycle", "parts", "shape", "shares", "trainable", "weights")
+    __slots__ = ("count", "cycle", "parts", "samplers", "shape", "shares", "trainable", "weights")
 
     def __init__(self, shape: tuple[int, ...], trainable: list[torch.Tensor]) -> None:
         self.shape = shape
@@ -184,6 +184,27 @@ class _Plan:
             self.shares.append(share)
         self.parts = [(offset, self.cycle) for offset in range(self.cycle)]
         self.weights = [_plain_weights(share) for share in self.shares]
+        self.samplers = _samplers(self.shares)
+
+
+def _samplers(shares: list[list[tuple[torch.Tensor, int, int]]]) -> list[Any]:
+    """Per share, the compiled copier of its samples (``GradSampler``, see
+    syncscope/capture/native/), or None where that module is not built: one C++ call copies
+    what ``torch.cat`` of the views copies, byte for byte, where each view and the
+    concatenation are a dispatcher call of several microseconds right after a backward."""
+    from syncscope.capture import native
+
+    module = native.get()
+    samplers: list[Any] = []
+    for share in shares:
+        sampler = None
+        if module is not None and share:
+            with contextlib.suppress(Exception):  # an older build without it: torch copies
+                sampler = module.GradSampler(
+                    [p for p, _, _ in share], [size for _, size, _ in share], [s for *_, s in share]
+                )
+        samplers.append(sampler)
+    return samplers
 
 
 def _plain_weights(share: list[tuple[torch.Tensor, int, int]]) -> torch.Tensor | None:
@@ -241,7 +262,8 @@ def fingerprint(optimizer: torch.optim.Optimizer, window: int = 0) -> PendingFin
 
     A few tensor ops per step whatever the parameter count (on CPU, right after a backward,
     each op costs several microseconds however small its tensors): one view per gradient
-    and one concatenation (a copy) on the training thread; on CPU the dot product is taken
+    and one concatenation (a copy) on the training thread, or one call of the compiled
+    ``GradSampler`` where it is built (the same bytes); on CPU the dot product is taken
     where the value is read (the writer's thread), on CUDA right away. The common case
     (every gradient of the share a dense contiguous tensor of the parameter's shape) takes
     its samples from the plan; anything else takes the general path."""
@@ -249,16 +271,19 @@ def fingerprint(optimizer: torch.optim.Optimizer, window: int = 0) -> PendingFin
     if not plan.count:
         return None
     offset = window % plan.cycle
-    parts: list[torch.Tensor] = []
-    for p, size, step in plan.shares[offset]:
-        g = p.grad
-        if g is None or type(g) is not torch.Tensor or g.is_sparse or not g.is_contiguous():
+    sampler = plan.samplers[offset]
+    flat = sampler.take() if sampler is not None else None  # None: torch copies them
+    if flat is None:
+        parts: list[torch.Tensor] = []
+        for p, size, step in plan.shares[offset]:
+            g = p.grad
+            if g is None or type(g) is not torch.Tensor or g.is_sparse or not g.is_contiguous():
+                return _general(plan, window)
+            parts.append(g.as_strided((size,), (step,), g.storage_offset()) if step else g)
+        try:
+            flat = torch.cat(parts)  # a copy, even of one part: read after the step
+        except RuntimeError:  # gradients on several devices
             return _general(plan, window)
-        parts.append(g.as_strided((size,), (step,), g.storage_offset()) if step else g)
-    try:
-        flat = torch.cat(parts)  # a copy, even of one part: read after the step
-    except RuntimeError:  # gradients on several devices
-        return _general(plan, window)
     weights = plan.weights[offset]
     # summed as it is, on the CPU (the parameters may have moved or changed dtype since)
     if (

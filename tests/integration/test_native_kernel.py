@@ -107,10 +107,57 @@ def test_the_compiled_kernel_records_what_the_python_kernel_records(
     assert [e["bucket"] for e in buckets] == [0] + [0, 1, 2, 3] * 3
     assert taken == len(buckets), "the compiled kernel took every bucket and nothing else"
     assert _comparable(compiled) == _comparable(by_python)
+    # the fingerprints too: the compiled sampler copies the bytes torch.cat would
+    fingerprints = [[e["fp"] for e in run if e["type"] == "step"] for run in (compiled, by_python)]
+    assert fingerprints[0] == fingerprints[1] and all(fingerprints[0])
     assert sorted(e["seq"] for e in compiled if e["type"] == "done") == sorted(
         e["seq"] for e in compiled if e["type"] == "coll"
     ), "every collective seen complete, the compiled kernel's too"
     assert not native.why_not()
+
+
+@needs_compiler
+def test_the_grad_sampler_copies_what_torch_cat_of_the_views_copies(
+    built: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """The fingerprint's samples, taken by the compiled ``GradSampler``: the same bytes as
+    the Python path's views and concatenation, for every share of a plan; None (the Python
+    path decides) for a gradient missing, not contiguous, of another dtype, needing grad."""
+    import torch
+
+    from syncscope.capture import fingerprint as fpm
+
+    _use(monkeypatch, built)
+    torch.manual_seed(0)
+    shapes = [(512, 512), (512,), (7,), (3000,), (100, 33), (2049,), (64, 64, 3)]
+    for dtype in (torch.float32, torch.float64):
+        params = [torch.nn.Parameter(torch.randn(*shape, dtype=dtype)) for shape in shapes]
+        for p in params:
+            p.grad = torch.randn_like(p)
+        plan = fpm._plan(torch.optim.SGD(params, lr=0.1))
+        assert plan.cycle == 2 and all(s is not None for s in plan.samplers)
+        for sampler, share in zip(plan.samplers, plan.shares, strict=True):
+            views = [
+                p.grad.as_strided((size,), (step,), p.grad.storage_offset()) if step else p.grad
+                for p, size, step in share
+            ]
+            taken = sampler.take()
+            assert taken.dtype == dtype and not taken.requires_grad
+            assert torch.equal(taken, torch.cat(views))
+            assert taken.data_ptr() not in {p.grad.data_ptr() for p, _, _ in share}  # a copy
+    first = params[0]
+    sampler = plan.samplers[0]
+    first.grad = None
+    assert sampler.take() is None
+    first.grad = torch.randn(512, 512, dtype=torch.float64).t()
+    assert sampler.take() is None  # not contiguous
+    first.grad_dtype = None
+    first.grad = torch.randn(512, 512, dtype=torch.float32)
+    assert sampler.take() is None  # a float32 gradient beside float64 ones
+    first.grad = torch.randn(512, 512, dtype=torch.float64, requires_grad=True)
+    assert sampler.take() is None
+    first.grad = torch.randn(512, 512, dtype=torch.float64)
+    assert torch.is_tensor(sampler.take())
 
 
 @needs_compiler

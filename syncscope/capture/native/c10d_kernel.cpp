@@ -6,6 +6,9 @@
 // backward the recorder saw, every precondition below true) is recorded here: the same
 // "coll" record, in the same order, handed to the same sink, with no Python frame. Any other
 // call, or any doubt, goes on to the Python kernel, which records it as before.
+//
+// Also here: GradSampler, the copy of a gradient fingerprint's samples at an optimizer step
+// (syncscope/capture/fingerprint.py), one call where torch takes one per gradient and one more.
 
 #include <torch/extension.h>
 
@@ -19,8 +22,11 @@
 
 #include <array>
 #include <atomic>
+#include <cstring>
 #include <memory>
+#include <optional>
 #include <string>
+#include <vector>
 
 namespace py = pybind11;
 
@@ -461,6 +467,85 @@ int64_t recorded() {
   return g_recorded.load(std::memory_order_relaxed);
 }
 
+
+// The fingerprint's samples of one share of an optimizer's gradients (see
+// syncscope/capture/fingerprint.py): for each parameter, its gradient's elements
+// offset + i * step (i < size; step 0: the whole gradient), copied into one new tensor, byte
+// for byte what torch.cat of the as_strided views makes, without a dispatcher call per view.
+// take() returns None where the Python path must decide: a gradient missing, sparse, a
+// tensor subclass (DTensor), not contiguous, of another size, not on the CPU, needing grad,
+// with a lazy conjugate or negative bit, or not all float32 or all float64.
+class GradSampler {
+ public:
+  GradSampler(std::vector<at::Tensor> params, std::vector<int64_t> sizes,
+              std::vector<int64_t> steps)
+      : params_(std::move(params)), sizes_(std::move(sizes)), steps_(std::move(steps)) {
+    TORCH_CHECK(params_.size() == sizes_.size() && params_.size() == steps_.size(),
+                "GradSampler: one size and one step per parameter");
+    for (const at::Tensor& p : params_) {
+      numels_.push_back(p.numel());
+    }
+  }
+
+  std::optional<at::Tensor> take() const {
+    if (params_.empty()) {
+      return std::nullopt;
+    }
+    c10::ScalarType dtype = c10::ScalarType::Undefined;
+    int64_t total = 0;
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const at::Tensor& g = params_[i].grad();
+      if (!g.defined() || g.layout() != c10::kStrided || !g.is_cpu() || g.requires_grad() ||
+          g.is_conj() || g.is_neg() || g.key_set().has(c10::DispatchKey::Python) ||
+          g.numel() != numels_[i] || !g.is_contiguous()) {
+        return std::nullopt;
+      }
+      c10::ScalarType type = g.scalar_type();
+      if ((type != c10::ScalarType::Float && type != c10::ScalarType::Double) ||
+          (dtype != c10::ScalarType::Undefined && type != dtype)) {
+        return std::nullopt;
+      }
+      dtype = type;
+      int64_t step = steps_[i] > 0 ? steps_[i] : 1;
+      if (sizes_[i] > 0 && (sizes_[i] - 1) * step >= g.numel()) {
+        return std::nullopt;
+      }
+      total += sizes_[i];
+    }
+    at::Tensor out = at::empty({total}, at::TensorOptions().dtype(dtype));
+    if (dtype == c10::ScalarType::Float) {
+      gather<float>(out);
+    } else {
+      gather<double>(out);
+    }
+    return out;
+  }
+
+ private:
+  template <typename T>
+  void gather(at::Tensor& out) const {
+    T* dst = out.data_ptr<T>();
+    for (size_t i = 0; i < params_.size(); ++i) {
+      const T* src = params_[i].grad().const_data_ptr<T>();
+      int64_t size = sizes_[i];
+      int64_t step = steps_[i] > 0 ? steps_[i] : 1;
+      if (step == 1) {
+        std::memcpy(dst, src, static_cast<size_t>(size) * sizeof(T));
+      } else {
+        for (int64_t j = 0; j < size; ++j) {
+          dst[j] = src[j * step];
+        }
+      }
+      dst += size;
+    }
+  }
+
+  std::vector<at::Tensor> params_;
+  std::vector<int64_t> sizes_;
+  std::vector<int64_t> steps_;
+  std::vector<int64_t> numels_;
+};
+
 }  // namespace
 
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
@@ -471,4 +556,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_target", &set_target);
   m.def("set_enabled", &set_enabled);
   m.def("set_dtype_names", &set_dtype_names);
+  py::class_<GradSampler>(m, "GradSampler")
+      .def(py::init<std::vector<at::Tensor>, std::vector<int64_t>, std::vector<int64_t>>())
+      .def("take", &GradSampler::take);
 }
