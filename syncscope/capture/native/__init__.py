@@ -8,7 +8,9 @@ The compiled kernel sits in front of the Python one, at the ``Autograd`` key of
 ``c10d::allreduce_``, and records the calls that are DDP bucket all-reduces (issued straight
 from the autograd engine, inside a backward the recorder saw) itself: the same record, in the
 same order, to the same sink. Every other call goes on to the Python kernel (then at
-``ADInplaceOrView``), unchanged.
+``ADInplaceOrView``), unchanged. The same module holds ``GradSampler``, the copy of a gradient
+fingerprint's samples at an optimizer step (``syncscope.capture.fingerprint``): the bytes
+torch's views and ``torch.cat`` copy, in one call.
 
 It is C++ built against the torch in use (torch's C++ ABI changes between releases, so no
 wheel could ship it): ``torch.utils.cpp_extension`` compiles it once per source, torch and
