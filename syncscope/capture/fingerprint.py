@@ -199,10 +199,9 @@ def _samplers(shares: list[list[tuple[torch.Tensor, int, int]]]) -> list[Any]:
     for share in shares:
         sampler = None
         if module is not None and share:
-            with contextlib.suppress(Exception):  # an older build without it: torch copies
-                sampler = module.GradSampler(
-                    [p for p, _, _ in share], [size for _, size, _ in share], [s for *_, s in share]
-                )
+            params, sizes, steps = zip(*share, strict=True)
+            with contextlib.suppress(Exception):  # a parameter it cannot read: torch copies
+                sampler = module.GradSampler(list(params), list(sizes), list(steps))
         samplers.append(sampler)
     return samplers
 

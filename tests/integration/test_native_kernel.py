@@ -158,6 +158,9 @@ def test_the_grad_sampler_copies_what_torch_cat_of_the_views_copies(
     assert sampler.take() is None
     first.grad = torch.randn(512, 512, dtype=torch.float64)
     assert torch.is_tensor(sampler.take())
+    module = native.get()
+    with pytest.raises(RuntimeError, match="beyond its parameter"):
+        module.GradSampler([params[1]], [513], [1])  # 512 elements: the plan never asks so
 
 
 @needs_compiler

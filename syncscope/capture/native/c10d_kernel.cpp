@@ -20,6 +20,7 @@
 
 #include <time.h>
 
+#include <algorithm>
 #include <array>
 #include <atomic>
 #include <cstring>
@@ -467,7 +468,6 @@ int64_t recorded() {
   return g_recorded.load(std::memory_order_relaxed);
 }
 
-
 // The fingerprint's samples of one share of an optimizer's gradients (see
 // syncscope/capture/fingerprint.py): for each parameter, its gradient's elements
 // offset + i * step (i < size; step 0: the whole gradient), copied into one new tensor, byte
@@ -482,8 +482,13 @@ class GradSampler {
       : params_(std::move(params)), sizes_(std::move(sizes)), steps_(std::move(steps)) {
     TORCH_CHECK(params_.size() == sizes_.size() && params_.size() == steps_.size(),
                 "GradSampler: one size and one step per parameter");
-    for (const at::Tensor& p : params_) {
-      numels_.push_back(p.numel());
+    for (size_t i = 0; i < params_.size(); ++i) {
+      numels_.push_back(params_[i].numel());
+      // every sample within the parameter: take() then only checks the gradient's size
+      TORCH_CHECK(sizes_[i] >= 0 && steps_[i] >= 0 &&
+                      (sizes_[i] == 0 || (sizes_[i] - 1) * std::max<int64_t>(steps_[i], 1) <
+                                             numels_[i]),
+                  "GradSampler: a sample beyond its parameter");
     }
   }
 
@@ -506,10 +511,6 @@ class GradSampler {
         return std::nullopt;
       }
       dtype = type;
-      int64_t step = steps_[i] > 0 ? steps_[i] : 1;
-      if (sizes_[i] > 0 && (sizes_[i] - 1) * step >= g.numel()) {
-        return std::nullopt;
-      }
       total += sizes_[i];
     }
     at::Tensor out = at::empty({total}, at::TensorOptions().dtype(dtype));
