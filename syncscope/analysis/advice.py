@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from syncscope.analysis.deepspeed import SNIPPETS as DEEPSPEED_SNIPPETS
+from syncscope.analysis.reductions import SNIPPETS as REDUCTION_SNIPPETS
 from syncscope.model import Fix, RankRun, Window
 
 SNIPPETS: dict[str, Fix] = {
@@ -266,6 +267,7 @@ FRAMEWORK_FIXES["deepspeed"] = {
     "step-gate": "deepspeed-step",
 }
 SNIPPETS.update(DEEPSPEED_SNIPPETS)
+SNIPPETS.update(REDUCTION_SNIPPETS)
 FRAMEWORK_NAMES = {
     "deepspeed": "DeepSpeed",
     "lightning": "PyTorch Lightning",

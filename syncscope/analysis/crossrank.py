@@ -8,6 +8,7 @@ from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from syncscope.analysis import reductions
 from syncscope.analysis.advice import SNIPPETS
 from syncscope.model import (
     Finding,
@@ -381,6 +382,13 @@ def run_failed(run: Run) -> list[Finding]:
         if first.exit_reason.startswith("killed by signal")
         else "exit-status"
     )
+    fix = None
+    if reductions.static_graph_failure(first):
+        cause, fix = reductions.STATIC_FAILED_CAUSE, reductions.SNIPPETS["static-graph"]
+        message += (
+            "; DDP(static_graph=True) failed on a backward under no_sync(): its first "
+            "backward must sync"
+        )
     return [
         Finding(
             kind="run-failed",
@@ -399,5 +407,6 @@ def run_failed(run: Run) -> list[Finding]:
                 "per_rank": per_rank,
             },
             cost={},
+            fix=fix,
         )
     ]

@@ -333,6 +333,47 @@ def issuer_of_collective(skip: int = 1) -> tuple[str, SiteDict | None, str]:
     return ("torch", None, "")
 
 
+def setter_mentions(names: tuple[str, ...], skip: int = 1) -> list[dict[str, object]]:
+    """Where the user's function that called the model (the innermost user frame that is
+    not a ``forward``) names one of ``names`` (an FSDP sync setter): file and line of each
+    mention. Read once, when an FSDP root is first seen: whether the loop meant to toggle a
+    sync the run then never saw toggled (a setter looked up on a module that is not FSDP's)."""
+    import inspect
+
+    frame: FrameType | None = sys._getframe(skip + 1)
+    while frame is not None:
+        code = frame.f_code
+        file = _user_file(code)
+        if file and code.co_name != "forward":
+            try:
+                lines, first = inspect.getsourcelines(code)
+            except (OSError, TypeError):
+                return []
+            calls = [i for i, text in enumerate(lines) if any(f".{n}(" in text for n in names)]
+            named = [i for i, text in enumerate(lines) if any(n in text for n in names)]
+            ordered = calls + [i for i in named if i not in calls]  # the calls first
+            return [{"file": file, "line": max(first, 1) + i} for i in ordered[:8]]
+        frame = frame.f_back
+    return []
+
+
+_DRIVERS = (("/torch/distributed/pipelining/", "pipelining"),)
+
+
+def driver_of_collective(skip: int = 1) -> str:
+    """What drives a wrapper's collective issued outside autograd: "pipelining" when a frame
+    of ``torch.distributed.pipelining`` (a schedule's reduction after its last backward) is
+    on the stack, else "". Walks the whole stack: called for such rare collectives only."""
+    frame: FrameType | None = sys._getframe(skip + 1)
+    while frame is not None:
+        filename = frame.f_code.co_filename.replace("\\", "/")
+        for part, name in _DRIVERS:
+            if part in filename:
+                return name
+        frame = frame.f_back
+    return ""
+
+
 def _fsdp_module(frame: FrameType | None) -> str:
     """The FSDP module whose gradients are being reduced (its fully-qualified name)."""
     while frame is not None:

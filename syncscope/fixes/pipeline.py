@@ -46,6 +46,12 @@ def fix(
 
         hints = load_hints(from_run, script, data)
     result = fix_source(source, FixOptions(style, hints), path=str(script))
+    unaddressed: list[str] = []
+    if hints is not None:
+        from syncscope.fixes.runfindings import call_wrapper, unaddressed_lines
+
+        result = call_wrapper(result, hints.bypass_lines)
+        unaddressed = unaddressed_lines(result, hints.findings)
     if result.changed and not apply:
         diff = result.diff(str(script))
         sys.stdout.write(diff if diff.endswith("\n") else diff + "\n")
@@ -60,8 +66,10 @@ def fix(
     _print_problems(result, str(script))  # "(fixed)" only once the file is written
     if apply and result.changed:
         print(f"syncscope: wrote {script}", file=sys.stderr)
+    for line in unaddressed:  # the run's problems that are no loop rewrite: never a silent 0
+        print(f"{script}:{line}", file=sys.stderr)
     unfixed = any(not p.fixed for p in result.problems)
-    return 1 if result.problems and (not apply or unfixed) else 0
+    return 1 if (result.problems and (not apply or unfixed)) or unaddressed else 0
 
 
 def _read(script: Path) -> bytes:
