@@ -11,7 +11,7 @@ the device tool (docs/gpu.md gives the exact call)::
    torch and the rest; nothing can be downloaded there), then checks that syncscope, orjson,
    libcst, plotly, hta and pydot import;
 2. without CUDA stops there, saying so: "skipped", exit 0, no GPU figure printed;
-3. runs ``pytest -m gpu --slow tests/gpu`` (``-n 4`` where pytest-xdist is installed);
+3. runs ``pytest -m gpu --slow tests/gpu`` (``-n 6`` where pytest-xdist is installed);
 4. runs ``benchmarks/bench_gpu.py`` (plain torchrun against ``syncscope profile``, paired,
    with the run-to-run noise) in the time left;
 5. prints the rows for docs/gpu.md (device, driver, versions, date, each test's outcome and
@@ -175,7 +175,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--site", type=Path, default=Path("/tmp/syncscope-site"))
     parser.add_argument("--out", type=Path, default=None, help="logs and rows (default: none)")
     parser.add_argument("--budget-s", type=float, default=330.0)
-    parser.add_argument("--workers", type=int, default=4, help="pytest-xdist workers")
+    parser.add_argument("--workers", type=int, default=6, help="pytest-xdist workers")
     args = parser.parse_args(argv)
     started = time.monotonic()
     out: Path = args.out or Path(os.environ.get("TMPDIR", "/tmp")) / "syncscope-gpu-check"
@@ -225,7 +225,7 @@ def main(argv: list[str] | None = None) -> int:
         "--budget-s",
         f"{budget:.0f}",
     ]
-    bench_code, bench_text, _ = run_logged(bench, env, budget + 60, out / "bench-gpu.log")
+    bench_code, bench_text, _ = run_logged(bench, env, budget + 30, out / "bench-gpu.log")
     print(bench_text, end="")
     pair = next(
         (line.removeprefix("capture cost: ") for line in bench_text.splitlines()

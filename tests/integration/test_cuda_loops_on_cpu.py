@@ -56,3 +56,17 @@ def test_fsdp2_on_a_shard_group_of_one_matches_the_scripts_count(
     (truth,) = truths
     assert truth["collectives"] == []  # no reduce-scatter (nor anything else) at shard size 1
     assert [w["grad_syncs"] for w in truth_windows(truth)] == run.report["grad_syncs_per_window"]
+
+
+def test_accelerate_on_two_cpu_ranks_matches_the_scripts_count(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # the script's windows end where Accelerate really stepped (sync_gradients), and the
+    # buckets of the DDP model Accelerate made are counted by the same hook
+    run, truths = _profile(tmp_path, monkeypatch, "accelerate", 2)
+    for truth in truths:
+        assert truth["model_type"] == "DistributedDataParallel"
+        assert truth["framework"]["num_processes"] == 2
+        assert truth["buckets"], truth
+    assert_matches_truth(run.report, truths)
+    assert_communication_timed(run.report, truths)
