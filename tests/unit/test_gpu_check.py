@@ -138,3 +138,32 @@ def test_gpu_check_installs_offline_in_a_fresh_venv_and_skips_without_cuda(
     assert "gpu_check: skipped: no CUDA GPU is visible" in proc.stdout
     assert "nothing here is a GPU result" in proc.stdout
     assert not (tmp_path / "out" / "gpu-rows.md").exists()  # no GPU figure written
+
+
+@pytest.mark.slow
+def test_the_steps_after_the_cuda_gate_run_and_write_the_rows(
+    benchmarks: None, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN the check told that CUDA is there (it is not: the GPU tests then skip, and
+    # bench_gpu.py, in its own process, stops with exit 2): every step after the gate runs
+    import torch
+
+    check = _module("gpu_check")
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(check, "versions", lambda: ["device: none x0", "torch (CPU)"])
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "")
+    out = tmp_path / "out"
+    # WHEN it runs, with no wheels to install
+    code = check.main(["--wheels", str(tmp_path / "none"), "--out", str(out), "--workers", "1"])
+    # THEN the tests' outcomes and the pair's failure are in the rows it wrote, and the
+    # check fails (the pair did not run)
+    assert code == 1
+    rows = (out / "gpu-rows.md").read_text()
+    assert rows.startswith("### ") and rows.splitlines()[0].endswith("none x0")
+    assert "0 passed, 0 failed" in rows
+    assert "bench_gpu.py did not finish (exit 2)" in rows
+    table = [line for line in rows.splitlines() if line.startswith("| `")]
+    assert table and all("| skipped |" in line for line in table)
+    assert {p.name for p in out.iterdir()} == {
+        "gpu-rows.md", "gpu-tests.log", "gpu-junit.xml", "bench-gpu.log",
+    }  # fmt: skip
