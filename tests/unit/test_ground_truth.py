@@ -182,3 +182,30 @@ def test_world_size_1_facts_of_fsdp2_and_hsdp(
         positions = [ACCUM - 1] if pattern == "hsdp_toggle" else list(range(ACCUM))
         assert window["grad_sync_micro_batches"] == positions
         assert ops["all_reduce"] == len(model) * len(positions)
+
+
+@pytest.mark.filterwarnings("ignore:FSDP is switching to use `NO_SHARD`:UserWarning")
+def test_fsdp1_no_sync_reduction_is_the_one_the_profiler_records(
+    process_group: None, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN FSDP1 (one rank: no sharding, its gradients all-reduced) under no_sync on all
+    # micro-batches but the last, counted both ways
+    from torch.distributed.fsdp import FullyShardedDataParallel as FSDP
+
+    counted = Counted(monkeypatch)
+    torch.manual_seed(0)
+    model = FSDP(nn.Sequential(nn.Linear(16, 16), nn.Linear(16, 16)), device_id=torch.device("cpu"))
+
+    def micro_step(micro: int) -> None:
+        ctx = contextlib.nullcontext() if micro == ACCUM - 1 else model.no_sync()
+        with ctx:
+            counted.backward(model(_x(micro)).pow(2).mean())
+
+    # WHEN the window runs
+    truth = counted.run(model, micro_step)
+    # THEN the wrappers see the reduction the profiler records, on the last micro-batch
+    assert _truth_by_micro(counted.log) == counted.profiled
+    (window,) = truth_windows(truth)
+    assert (
+        window["grad_sync_micro_batches"] == [ACCUM - 1] == sorted({m for m, _ in counted.profiled})
+    )
