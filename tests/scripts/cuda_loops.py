@@ -179,9 +179,9 @@ elif PATTERN in ("fsdp2_toggle", "fsdp2_no_toggle", "hsdp_no_toggle", "hsdp_togg
             STATE["micro"] = micro
             last = micro == ACCUM - 1
             if PATTERN == "fsdp2_toggle":
-                model.set_requires_gradient_sync(last)
+                model.set_requires_gradient_sync(last)  # type: ignore[operator]
             elif PATTERN == "hsdp_toggle":
-                model.set_requires_all_reduce(last)
+                model.set_requires_all_reduce(last)  # type: ignore[operator]
             backward(forward(model, data(step, micro)))
         opt.step()
         opt.zero_grad()
@@ -191,7 +191,7 @@ elif PATTERN == "compiled_no_sync":  # inductor on CUDA
 
     MODEL = ddp(mlp())
     compiled = torch.compile(MODEL, backend="inductor")
-    loop(compiled, torch.optim.SGD(compiled.parameters(), 0.1), "no_sync")
+    loop(compiled, torch.optim.SGD(compiled.parameters(), 0.1), "no_sync")  # type: ignore[attr-defined]
     out = os.environ.get("CUDA_LOOPS_COUNTERS")
     if out:
         counters = {k: dict(v) for k, v in torch._dynamo.utils.counters.items()}
