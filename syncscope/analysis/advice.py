@@ -114,8 +114,8 @@ optimizer.zero_grad()  # here, once per window""",
 
 grads = [p.grad for p in model.parameters() if p.grad is not None]
 flat = _flatten_dense_tensors(grads)
-dist.all_reduce(flat)
-flat /= dist.get_world_size()
+dist.all_reduce(flat, group=group)  # the group they were reduced over (None: the world)
+flat /= dist.get_world_size(group)
 for g, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
     g.copy_(synced)""",
     ),

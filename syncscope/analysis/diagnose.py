@@ -360,7 +360,8 @@ def _fragmented(rank: RankRun, window: Window) -> Iterator[Observation]:
     own = {"fsdp", "deepspeed"} if small_buckets else {"fsdp", "deepspeed", "ddp", "autograd"}
     rounds: dict[tuple[int, str, str], list[Collective]] = {}
     for c in window.grad_sync_collectives:
-        if c.issuer not in own:
+        # a reduction DDP makes too is reduced twice (reduced-twice): removed, not bucketed
+        if c.issuer not in own and not c.also_reduced_by:
             rounds.setdefault((c.micro_batch, c.phase, c.issuer), []).append(c)
     ideal = {k: -(-sum(c.bytes for c in r) // FRAGMENT_BUCKET_BYTES) for k, r in rounds.items()}
     small = {

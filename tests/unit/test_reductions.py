@@ -226,7 +226,7 @@ def test_every_snippet_template_parses() -> None:
             _parses(fix.snippet)
         except SyntaxError as exc:  # pragma: no cover - the message is the point
             raise AssertionError(f"snippet {style!r} does not parse: {exc}") from None
-    for name, template in HELPER_TEMPLATES.items():
+    for template in HELPER_TEMPLATES.values():
         for setter in ("set_requires_gradient_sync", "set_requires_all_reduce"):
             _parses(template.format(name="grad_sync_context", setter=setter))
 
