@@ -256,23 +256,37 @@ def read_events(path: Path) -> Iterator[dict[str, Any]]:
         yield from _events_of(file)
 
 
+DROPPED = "dropped"  # the event read in place of a line that is no event
+
+
 def _events_of(file: IO[bytes]) -> Iterator[dict[str, Any]]:
+    """Events in file order. A complete line that is no event (not JSON, ``NaN`` among its
+    numbers, not an object, overlong) is read as a ``dropped`` event in its place, so the
+    window it fell in knows a record is missing; a torn last line (no newline: the process
+    died while writing it) is what a kill leaves and is skipped."""
+    number = 0
     while True:
         raw = file.readline(EVENT_MAX_BYTES + 1)
         if not raw:
             return
+        number += 1
         if len(raw) > EVENT_MAX_BYTES:  # skip the rest of an overlong line, bounded reads
             while raw and not raw.endswith(b"\n"):
                 raw = file.readline(EVENT_MAX_BYTES)
+            yield {"type": DROPPED, "line": number, "why": "longer than an event can be"}
             continue
         if not raw.strip():
             continue
         try:
             event = orjson.loads(raw)
         except orjson.JSONDecodeError:
+            if raw.endswith(b"\n"):
+                yield {"type": DROPPED, "line": number, "why": "not JSON (or NaN/Infinity)"}
             continue
         if isinstance(event, dict):
             yield event
+        else:
+            yield {"type": DROPPED, "line": number, "why": "not a JSON object"}
 
 
 def rank_files(run_dir: Path) -> list[Path]:

@@ -112,6 +112,7 @@ class _WindowBuilder:
         self.fp_sharded = False
         self.step_site: SourceLocation | None = None
         self.step_start = 0
+        self.dropped = 0
 
     def touch(self, t: int) -> None:
         if self.start_ns is None:
@@ -136,6 +137,7 @@ class _WindowBuilder:
             peak_memory_bytes=self.peak_memory,
             fingerprint=self.fingerprint,
             fingerprint_sharded=self.fp_sharded,
+            records_dropped=self.dropped,
         )
 
 
@@ -176,6 +178,9 @@ class _RankReader:
         handler = _HANDLERS.get(kind) if isinstance(kind, str) else None
         if handler is not None:
             handler(self, ev, t)
+
+    def _on_dropped(self, ev: dict[str, Any], t: int) -> None:
+        self.current.dropped += 1
 
     def _on_header(self, ev: dict[str, Any], t: int) -> None:
         self.header = ev
@@ -396,6 +401,7 @@ class _RankReader:
 _Handler = Callable[[_RankReader, dict[str, Any], int], None]
 _HANDLERS: dict[str, _Handler] = {
     "header": _RankReader._on_header,
+    "dropped": _RankReader._on_dropped,
     "dist": _RankReader._on_dist,
     "framework": _RankReader._on_framework,
     "exit": _RankReader._on_exit,

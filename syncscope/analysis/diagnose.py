@@ -503,7 +503,7 @@ WINDOW_RULES: tuple[Callable[[RankRun, Window], Iterator[Observation]], ...] = (
 
 
 def _irregular(rank: RankRun) -> Iterator[Observation]:
-    complete = [w for w in rank.windows if w.complete and w.micro_batches]
+    complete = [w for w in rank.windows if w.complete and w.micro_batches and not w.records_dropped]
     if len(complete) < 2:
         return
     sizes = Counter(len(w.micro_batches) for w in complete)
@@ -610,8 +610,8 @@ def diagnose(run: Run) -> list[Finding]:
     if sync_applies(run):
         for rank in run.ranks:
             for window in rank.windows:
-                if not window.complete:
-                    continue
+                if not window.complete or window.records_dropped:
+                    continue  # an incomplete record draws no finding (a note says why)
                 for rule in WINDOW_RULES:
                     observations.extend(rule(rank, window))
         if any(o.kind == "redundant-sync" for o in observations):

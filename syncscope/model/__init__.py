@@ -201,6 +201,9 @@ class Window:
     fingerprint: tuple[float, ...] | None = None
     fingerprint_sharded: bool = False
     fingerprint_match: bool | None = None  # filled in across ranks
+    # lines of the rank's file read in this window that were no event (dropped): no finding
+    # is drawn from such a window, whose record is known to be incomplete
+    records_dropped: int = 0
     # Overlap, where a trace could measure it (None: not measured).
     comm_ns: int | None = None  # union of time in collectives (kernels on GPU)
     exposed_comm_ns: int | None = None  # of which not overlapped with compute
