@@ -1,8 +1,12 @@
 """Find the user's call site and the library that issued a call, from the Python stack.
 
-A frame is *library* when its file lies in the standard library, in site-packages, in torch
-or in syncscope itself; the first non-library frame up the stack is the user's call site.
-Results are cached per code object, so a lookup costs a short walk of the stack.
+A frame is *library* when its file lies in the interpreter's own directories (the standard
+library, site-packages), in syncscope itself, under a ``site-packages``/``dist-packages``
+directory, or in a top-level package of an installed distribution found through another
+``sys.path`` entry (``PYTHONPATH``, ``pip --target``, a module system's tree), unless it lies
+in the user's script directory; the first non-library frame up the stack is the user's call
+site. What was imported decides, never a substring of the path. Results are cached per code
+object, so a lookup costs a short walk of the stack.
 """
 
 from __future__ import annotations
@@ -43,15 +47,49 @@ def _user_file(code: CodeType) -> str:
     if name is None:
         filename = code.co_filename
         path = "" if filename.startswith("<") else os.path.abspath(filename)
-        library = (
-            not path
-            or "site-packages" in filename
-            or "dist-packages" in filename
-            or path.startswith(_LIBRARY_PREFIXES)
-        )
-        name = "" if library else path
+        name = "" if not path or is_library_path(path) else path
         _user_files[code] = name
     return name
+
+
+_PACKAGE_DIRS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
+_distributions: dict[str, list[str]] | None = None  # top-level name -> distributions
+
+
+def _installed(top: str) -> bool:
+    """Whether ``top`` is a top-level package or module of an installed distribution."""
+    global _distributions
+    if _distributions is None:
+        try:
+            from importlib.metadata import packages_distributions
+
+            _distributions = dict(packages_distributions())
+        except Exception:  # a broken distribution's metadata: judge by the paths alone
+            _distributions = {}
+    return top in _distributions
+
+
+def _script_dir() -> str:
+    main = sys.modules.get("__main__")
+    file = getattr(main, "__file__", None) or (sys.argv[0] if sys.argv else "")
+    return os.path.dirname(os.path.abspath(file)) if file else ""
+
+
+def is_library_path(path: str) -> bool:
+    """Whether the absolute ``path`` is library code (see the module's docstring)."""
+    if path.startswith(_LIBRARY_PREFIXES) or any(d in path for d in _PACKAGE_DIRS):
+        return True
+    script_dir = _script_dir()
+    if script_dir and path.startswith(script_dir + os.sep):
+        return False  # the user's own, even where an installed name matches
+    for entry in sys.path:
+        root = os.path.abspath(entry or os.curdir)
+        if root == script_dir or not path.startswith(root + os.sep):
+            continue
+        top = path[len(root) + 1 :].split(os.sep, 1)[0].removesuffix(".py")
+        if _installed(top):
+            return True
+    return False
 
 
 def _is_library(code: CodeType) -> bool:
