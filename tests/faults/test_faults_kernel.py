@@ -343,3 +343,92 @@ def test_torch_s_compiler_banner_never_reaches_the_user(
         "c10d_kernel.cpp:1:1: error: this compiler refuses"
     )
     assert "WARNING" in where.file(cache.LOG).read_text()
+
+
+# -- the first run does not wait on the compiler; build-kernel builds it now ---------------
+
+
+@slow
+def test_the_first_profile_does_not_wait_on_the_compiler(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A compiler that would take 5 minutes: the run records with the Python kernel, says
+    so in one line, and the build starts in the background once the run has ended (was: the
+    first profile waited on the build, 54 s of a 66 s first run here, 96 s in issue 42)."""
+    marker = tmp_path / "compiling"
+    where = use(
+        monkeypatch,
+        tmp_path / "ext",
+        fake_compiler(tmp_path, f'echo "$$" > {marker}; sleep 300'),
+    )
+    out = tmp_path / "run"
+    command = [sys.executable, "-m", "syncscope", "profile", "--nproc-per-node", "2"]
+    proc = subprocess.run(
+        [*command, "--out", str(out), str(ROOT / "tests" / "scripts" / "buckets.py")],
+        capture_output=True,
+        text=True,
+        timeout=240,
+    )
+    try:
+        assert proc.returncode == 0, proc.stderr
+        notes = [line for line in proc.stderr.splitlines() if "collective kernel" in line]
+        assert len(notes) == 1, proc.stderr
+        assert "is not built yet; it builds in the background once this run ends" in notes[0]
+        header = json.loads((out / "ranks" / "rank-00000.jsonl").read_text().splitlines()[0])
+        assert header["collective_kernel"] == "python (not built)"
+        deadline = time.monotonic() + 60
+        while not marker.exists():  # the background build reached the compiler
+            assert time.monotonic() < deadline, "no background build"
+            time.sleep(0.2)
+        assert cache.builder_pid(where)
+        again = native.readiness()
+        assert not again.build and "is being built in the background" in again.note
+    finally:
+        builder = cache.builder_pid(where)
+        if builder:
+            os.kill(builder, signal.SIGTERM)  # it stops its compiler with it
+
+
+@slow
+@needs_compiler
+def test_build_kernel_shows_its_steps_and_the_time_it_took(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """A "compiler" that links by copying a real module: the command says what it builds
+    and where, each step as it ends, and the measured time; the module is checksummed, and
+    the next run is handed it."""
+    built, why = native.build()
+    assert built is not None, why
+    link = f'for a; do out=$a; done; case " $* " in *" -shared "*) cp {built} "$out";; esac'
+    compiler = fake_compiler(tmp_path, f"{link}; touch c10d_kernel.o; exit 0")
+    where = use(monkeypatch, tmp_path / "ext", compiler)
+    proc = subprocess.run(
+        [sys.executable, "-m", "syncscope", "build-kernel"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert proc.returncode == 0, proc.stderr
+    lines = proc.stderr.splitlines()
+    assert lines[0].startswith("syncscope: building the compiled collective kernel for torch ")
+    assert f"with {compiler} into {where.directory}" in lines[0]
+    assert [line.split(" (")[0] for line in lines[1:]] == [
+        "syncscope: [1/2] compiled c10d_kernel.cpp",
+        "syncscope: [2/2] linked the module",
+    ]
+    seconds = float(proc.stdout.split("built in ")[1].split(" s:")[0])
+    assert 0 < seconds < 180
+    assert proc.stdout.strip().endswith(f": {where.so}")
+    assert cache.verify(where) == ""
+    assert native.readiness() == native.Readiness(path=where.so)
+    again = subprocess.run(
+        [sys.executable, "-m", "syncscope", "build-kernel"],
+        capture_output=True,
+        text=True,
+        timeout=180,
+    )
+    assert again.returncode == 0 and again.stderr == ""
+    assert (
+        again.stdout
+        == f"syncscope: compiled collective kernel already built, and verified: {where.so}\n"
+    )
