@@ -146,12 +146,13 @@ def _check(request: Request) -> _Plan:
     target, script_args = (module, positional) if module else (positional[0], positional[1:])
     _check_trace_windows(request.trace_windows)
     _check_native()
-    if not 0 <= request.hang_timeout < float("inf"):  # NaN fails both comparisons
+    from syncscope.validate import SANE_MAX, check_bounds
+
+    if not 0 <= request.hang_timeout <= SANE_MAX:  # NaN fails both; meta.json's reader's bound
         raise SyncscopeError(
-            "--hang-timeout must be a number of seconds >= 0 (0: never), "
+            f"--hang-timeout must be a number of seconds from 0 (0: never) to {SANE_MAX:g}, "
             f"not {request.hang_timeout!r}"
         )
-    from syncscope.validate import check_bounds
 
     try:
         max_windows, first_window, then = check_bounds(
