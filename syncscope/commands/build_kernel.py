@@ -19,6 +19,7 @@ if TYPE_CHECKING:
 
 SUMMARY = "Build syncscope's compiled collective kernel for this torch now (profile never waits)."
 STEPS = {"1": "compiled c10d_kernel.cpp", "2": "linked the module"}
+BEAT_S = 15.0  # seconds between the lines that say it is still building, off a terminal
 
 
 def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
@@ -43,6 +44,7 @@ class _Progress:
         self.tty = stream.isatty()
         self.step = "compiling c10d_kernel.cpp"
         self.pending = ""
+        self.beat = BEAT_S
 
     def elapsed(self) -> str:
         return f"{time.monotonic() - self.start:.1f} s"
@@ -66,9 +68,14 @@ class _Progress:
         print(f"{end}syncscope: {text}", file=self.stream, flush=True)
 
     def tick(self) -> None:
+        """A few times a second while it builds: on a terminal, the line counting seconds;
+        elsewhere (a CI log) a line every ``BEAT_S`` seconds."""
         if self.tty:
             print(f"\r\x1b[Ksyncscope: {self.step}... {self.elapsed()}", end="", file=self.stream)
             self.stream.flush()
+        elif time.monotonic() - self.start >= self.beat:
+            self.beat += BEAT_S
+            self.say(f"{self.step}... {self.elapsed()}")
 
 
 def run(args: argparse.Namespace) -> int:
