@@ -145,6 +145,11 @@ def _check(request: Request) -> _Plan:
     module = request.module
     target, script_args = (module, positional) if module else (positional[0], positional[1:])
     _check_trace_windows(request.trace_windows)
+    if request.trace_windows is not None and not request.trace:
+        raise SyncscopeError(
+            f"--trace-windows {request.trace_windows} picks the windows --trace records: add "
+            "--trace (or leave --trace-windows out)"
+        )
     _check_native()
     from syncscope.validate import SANE_MAX, check_bounds
 

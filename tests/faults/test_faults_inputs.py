@@ -113,3 +113,21 @@ def test_a_script_whose_file_name_is_not_utf8_runs_and_is_reported(tmp_path: Pat
         timeout=120,
     )
     assert again.returncode == 0 and b"caf\\xff.py" in again.stdout
+
+
+@pytest.mark.slow
+def test_trace_windows_past_the_job_s_end_say_so(tmp_path: Path) -> None:
+    """``--trace-windows 100:200`` on a 3-window job: was no trace and not a word."""
+    source = (h.ROOT / "tests" / "scripts" / "buckets.py").read_text()
+    proc, out = h.profile_script(
+        tmp_path, "train.py", source, "--trace", "--trace-windows", "100:200"
+    )
+    assert proc.returncode == 0, proc.stderr
+    said = (
+        "--trace: no trace: --trace-windows 100:200, and the job ended before window 100 "
+        "(window 2 was its last); the counting report is complete"
+    )
+    assert proc.stderr.count(said) == 1, proc.stderr
+    report = json.loads((out / "report.json").read_text())
+    assert any("the job ended before window 100" in note for note in report["notes"])
+    assert report["grad_syncs_per_window"]

@@ -107,6 +107,8 @@ def test_sigkill_of_profile_leaves_no_orphans(tmp_path: Path) -> None:
     ("options", "message"),
     [
         (["--trace", "--trace-windows", "5:2"], "--trace-windows 5:2: B must be greater than A"),
+        # was: ignored without a word
+        (["--trace-windows", "0:2"], "--trace-windows 0:2 picks the windows --trace records"),
         (["--hang-timeout", "nan"], "--hang-timeout must be a number of seconds from 0"),
         (["--hang-timeout", "-5"], "--hang-timeout must be a number of seconds from 0"),
         (["--hang-timeout", "inf"], "--hang-timeout must be a number of seconds from 0"),
