@@ -174,6 +174,12 @@ def build(where: cache.Place) -> int:
 
 
 def main(argv: list[str]) -> int:
+    if os.getsid(0) != os.getpid():  # stopping "its session" must never reach a shell's
+        try:
+            os.setsid()
+        except OSError:
+            print("syncscope: the builder runs in a session of its own: use build-kernel")
+            return 2
     if argv[:1] == ["--parent"] and len(argv) == 2 and argv[1].isdigit():
         _follow_parent(int(argv[1]))
     else:  # in the background: the machine's other work first (it only saves later runs)
