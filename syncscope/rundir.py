@@ -99,6 +99,15 @@ def unlock_run_dir(lock: Path) -> None:
             lock.unlink()
 
 
+def running_profile(run_dir: Path) -> int | None:
+    """The pid of another ``syncscope profile`` still writing ``run_dir``, or None."""
+    path = run_dir / LOCK_FILE
+    holder = _lock_holder(path)
+    if holder is None or holder == os.getpid() or not pid_alive(holder):
+        return None
+    return holder
+
+
 def _lock_held(path: Path, holder: int | None) -> bool:
     if holder is None:  # just created, its id not yet written: held unless it is old
         try:

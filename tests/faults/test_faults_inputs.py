@@ -131,3 +131,31 @@ def test_trace_windows_past_the_job_s_end_say_so(tmp_path: Path) -> None:
     report = json.loads((out / "report.json").read_text())
     assert any("the job ended before window 100" in note for note in report["notes"])
     assert report["grad_syncs_per_window"]
+
+
+def test_report_of_a_run_still_being_written(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Was: ``report RUN`` wrote report.html into a running job's directory (which the job
+    then overwrote) and said nothing of it running."""
+    run = h.write_run(tmp_path)
+    writer = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(120)"])
+    try:
+        (run / ".syncscope-profile.lock").write_text(str(writer.pid))
+        assert cli.main(["report", str(run)]) == 2
+        assert one_line(capsys) == (
+            f"syncscope: error: {run}: syncscope profile (pid {writer.pid}) is still running "
+            "there and writes its report.html when the job ends; for what is on disk now: "
+            f"syncscope report {run} -f text, or -o FILE"
+        )
+        assert not (run / "report.html").exists()
+        assert cli.main(["report", str(run), "-f", "text"]) == 0
+        err = capsys.readouterr().err
+        assert err.startswith(
+            f"syncscope: warning: {run}: syncscope profile (pid {writer.pid}) is still running"
+        )
+    finally:
+        writer.kill()
+        writer.wait()
+    assert cli.main(["report", str(run)]) == 0  # its profile gone: a report like any other
+    assert (run / "report.html").exists()
