@@ -99,6 +99,15 @@ def unlock_run_dir(lock: Path) -> None:
             lock.unlink()
 
 
+def running_profile(run_dir: Path) -> int | None:
+    """The pid of another ``syncscope profile`` still writing ``run_dir``, or None."""
+    path = run_dir / LOCK_FILE
+    holder = _lock_holder(path)
+    if holder is None or holder == os.getpid() or not pid_alive(holder):
+        return None
+    return holder
+
+
 def _lock_held(path: Path, holder: int | None) -> bool:
     if holder is None:  # just created, its id not yet written: held unless it is old
         try:
@@ -197,8 +206,20 @@ def earlier_attempts(run_dir: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.name.startswith("attempt-") and p.is_dir())
 
 
+def utf8(value: Any) -> Any:
+    """``value`` with every string UTF-8 can encode: the bytes of a name Python could not
+    decode (kept as surrogates: a script file name in Latin-1) written as ``\\xNN``."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    if isinstance(value, dict):
+        return {utf8(k): utf8(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [utf8(v) for v in value]
+    return value
+
+
 def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
-    data = {"format": RUN_FORMAT, "format_version": RUN_FORMAT_VERSION, **meta}
+    data = utf8({"format": RUN_FORMAT, "format_version": RUN_FORMAT_VERSION, **meta})
     atomic_write(run_dir / META_FILE, (json.dumps(data, indent=2) + "\n").encode("utf-8"))
 
 
@@ -214,6 +235,8 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
         raise BadRunDirectory(f"{path}: cannot read ({exc.strerror})") from None
     except ValueError as exc:
         raise BadRunDirectory(f"{path}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise BadRunDirectory(f"{path}: not a syncscope run (JSON nested too deeply)") from None
     if not isinstance(data, dict) or data.get("format") != RUN_FORMAT:
         raise BadRunDirectory(f"{path}: not a syncscope run (format is not {RUN_FORMAT!r})")
     version = data.get("format_version")

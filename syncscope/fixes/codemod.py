@@ -359,6 +359,14 @@ def _focused(source: str, path: str) -> Focus:
     lines = source.count("\n") + 1
     if lines > MAX_FILE_LINES:
         raise _too_long(lines, MAX_FILE_LINES, path, "")
+    nul = source.find("\0")
+    if nul >= 0:  # Python's own error names no line for it
+        line = source.count("\n", 0, nul) + 1
+        column = nul - source.rfind("\n", 0, nul)
+        raise SyncscopeError(
+            f"{path}: a NUL byte at line {line}, column {column}: not Python source; "
+            "fix it before running syncscope fix"
+        )
     try:
         return focus(source, path)
     except SyntaxError as exc:

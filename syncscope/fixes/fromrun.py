@@ -49,6 +49,8 @@ def _read_report(run_dir: Path) -> dict[str, Any]:
         report = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRunDirectory(f"{path}: cannot read it ({exc})") from None
+    except RecursionError:
+        raise BadRunDirectory(f"{path}: not a syncscope report (JSON nested too deeply)") from None
     if not isinstance(report, dict) or report.get("schema_version") != 1:
         raise BadRunDirectory(f"{path}: not a syncscope report of schema version 1")
     return report
