@@ -117,9 +117,7 @@ def _renumbered(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def test_two_groups_of_the_same_members_are_two_streams(tmp_path: Path) -> None:
-    run = write_run(
-        tmp_path, events=lambda r: _with_side_group(r, "before" if r == 0 else "after")
-    )
+    run = write_run(tmp_path, events=lambda r: _with_side_group(r, "before" if r == 0 else "after"))
     result, findings = load_and_diagnose(run)
     assert not {f.kind for f in findings} & FALSE_ERRORS, [(f.kind, f.message) for f in findings]
     groups = {c.group_name for w in result.ranks[0].windows for c in w.collectives}
