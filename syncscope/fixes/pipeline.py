@@ -48,13 +48,14 @@ def fix(
         from syncscope.fixes.fromrun import load_hints
 
         hints = load_hints(from_run, script, data)
-    result = fix_source(source, FixOptions(style, hints), path=str(script))
     unaddressed: list[str] = []
     if hints is not None:
-        from syncscope.fixes.runfindings import call_wrapper, unaddressed_lines
+        from syncscope.fixes.runfindings import fix_with_run, unaddressed_lines
 
-        result = call_wrapper(result, hints.bypass_lines)
+        result = fix_with_run(source, FixOptions(style, hints), str(script))
         unaddressed = unaddressed_lines(result, hints.findings)
+    else:
+        result = fix_source(source, FixOptions(style, hints), path=str(script))
     if result.changed and not apply:
         diff = result.diff(str(script))
         sys.stdout.write(diff if diff.endswith("\n") else diff + "\n")

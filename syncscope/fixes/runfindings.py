@@ -16,7 +16,7 @@ from __future__ import annotations
 import libcst as cst
 from libcst.metadata import MetadataWrapper, PositionProvider
 
-from syncscope.fixes.codemod import FixResult, Problem, RunFinding
+from syncscope.fixes.codemod import FixOptions, FixResult, Problem, RunFinding
 
 BYPASS_CODE = "SYN110"
 
@@ -71,10 +71,22 @@ def call_wrapper(result: FixResult, lines: frozenset[int]) -> FixResult:
         )
         for line in sorted(lines - transformer.done)
     ]
+    return FixResult(result.original, fixed, (*result.problems, *problems), result.notes)
+
+
+def fix_with_run(source: str, options: FixOptions, path: str) -> FixResult:
+    """``fix_source`` under a run's hints: the forwards that bypassed DDP call the wrapper
+    first (line for line), then the loop is checked as the wrapper now sees it (a loop that
+    never reached DDP syncs every micro-batch once it does: that is fixed in the same go)."""
+    from syncscope.fixes.codemod import fix_source
+
+    hints = options.hints
+    called = call_wrapper(FixResult(source, source), hints.bypass_lines if hints else frozenset())
+    result = fix_source(called.fixed, options, path=path)
     notes = result.notes
-    if transformer.done:  # the profile's finding did point here: not a loop, a forward
+    if called.problems:  # the profile's finding did point here: not a loop, a forward
         notes = tuple(n for n in notes if not n.startswith("no finding of the profile"))
-    return FixResult(result.original, fixed, (*result.problems, *problems), notes)
+    return FixResult(source, result.fixed, (*called.problems, *result.problems), notes)
 
 
 def unaddressed_lines(result: FixResult, findings: tuple[RunFinding, ...]) -> list[str]:

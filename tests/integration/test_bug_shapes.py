@@ -269,6 +269,8 @@ def test_cause_module_forward_is_wrapper_bypassed(bug_run) -> None:  # type: ign
     )
     assert done.returncode == 1 and "SYN110" in done.stderr, done.stderr
     assert "loss = model(x)" in done.stdout, done.stdout
+    # and the loop, which syncs every micro-batch once it reaches DDP, gets no_sync with it
+    assert "SYN101" in done.stderr and "model.no_sync()" in done.stdout, done.stderr
 
 
 def test_cause_static_graph_no_sync_is_named(bug_run) -> None:  # type: ignore[no-untyped-def]
