@@ -82,6 +82,31 @@ def _trace_notes(run_dirs: Sequence[Path]) -> list[str]:
     return notes
 
 
+def split_dumps(paths: Sequence[Path | str]) -> tuple[list[Path | str], list[Path]]:
+    """(the other paths, the torch Flight Recorder dumps among them): a dump file given
+    alone, the dumps in a directory (a run directory's ``flight/`` too). A directory of dumps
+    and Kineto traces gives its trace files; one of dumps only, nothing else."""
+    from syncscope.trace.flight import find_dumps, is_dump_file
+    from syncscope.trace.load import trace_files
+
+    rest: list[Path | str] = []
+    dumps: list[Path] = []
+    for p in paths:
+        if not isinstance(p, Path):
+            rest.append(p)
+        elif p.is_file() and is_dump_file(p):
+            dumps.append(p)
+        elif p.is_dir() and (found := find_dumps([p])):
+            dumps.extend(found)
+            if is_run_dir(p):
+                rest.append(p)
+            else:
+                rest.extend(f for f in trace_files([p]) if f not in found)
+        else:
+            rest.append(p)
+    return rest, dumps
+
+
 def findings_for(run: Run, hta: dict[str, Any] | None = None) -> list[Finding]:
     """syncscope's diagnoses plus exposed communication, where a trace measured it."""
     from syncscope.analysis.diagnose import diagnose
@@ -99,4 +124,14 @@ def load_and_diagnose(run_dir: Path) -> tuple[Run, list[Finding]]:
     if not run_dir.exists():
         raise BadRunDirectory(f"{run_dir}: no such run directory")
     run, _files = load([run_dir], skip_bad=False, progress=False)
-    return run, findings_for(run)
+    findings = findings_for(run)
+    _rest, dumps = split_dumps([run_dir])
+    if dumps:  # the ranks' Flight Recorder dumps of a hang (RUN/flight/)
+        from syncscope.analysis.flight import analyze_dumps, merge_findings, with_dump_notes
+        from syncscope.trace.flight import read_dumps
+
+        flight = analyze_dumps(read_dumps(dumps), str(run_dir))
+        run = with_dump_notes(run, flight)
+        findings = merge_findings(findings, flight)
+        findings.sort(key=lambda f: severity_rank(f.severity))
+    return run, findings
