@@ -87,7 +87,7 @@ def split_dumps(paths: Sequence[Path | str]) -> tuple[list[Path | str], list[Pat
     alone, the dumps in a directory (a run directory's ``flight/`` too). A directory of dumps
     and Kineto traces gives its trace files; one of dumps only, nothing else."""
     from syncscope.trace.flight import find_dumps, is_dump_file
-    from syncscope.trace.load import trace_files
+    from syncscope.trace.read import is_trace_file
 
     rest: list[Path | str] = []
     dumps: list[Path] = []
@@ -101,7 +101,8 @@ def split_dumps(paths: Sequence[Path | str]) -> tuple[list[Path | str], list[Pat
             if is_run_dir(p):
                 rest.append(p)
             else:
-                rest.extend(f for f in trace_files([p]) if f not in found)
+                traces = sorted(f for f in p.iterdir() if f.is_file() and is_trace_file(f))
+                rest.extend(f for f in traces if f not in found)
         else:
             rest.append(p)
     return rest, dumps
