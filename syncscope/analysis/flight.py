@@ -501,10 +501,12 @@ def _rank_run(
     ``keep_windows`` (left out of reports: a dump has no windows, and a table of one window
     with no micro-batches would only mislead)."""
     collectives = tuple(
-        _collective(e, members.get(e.pg_name, ())) for e in dump.entries if not e.is_p2p
+        _collective(e, members.get(e.pg_name, ()))
+        for e in (dump.entries if keep_windows else ())
+        if not e.is_p2p
     )
-    start = min((c.start_ns for c in collectives), default=0)
-    end = max((c.end_ns for c in collectives), default=0)
+    start = min((e.time_created_ns for e in dump.entries), default=0)
+    end = max((e.time_created_ns for e in dump.entries), default=0)
     window = Window(
         index=0,
         complete=False,

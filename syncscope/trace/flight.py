@@ -20,6 +20,7 @@ so a file is read as data only (a dump holds dicts, lists, tuples, strings and n
 from __future__ import annotations
 
 import ast
+import functools
 import io
 import json
 import pickle
@@ -206,12 +207,24 @@ def _ranks(value: object) -> tuple[int, ...]:
     if isinstance(value, dict):
         value = value.get("ranks", ())
     if isinstance(value, str):
-        try:
-            value = ast.literal_eval(value.strip() or "[]")
-        except (ValueError, SyntaxError):
-            return ()
+        return _parse_ranks(value)
     if isinstance(value, list | tuple) and all(isinstance(r, int) for r in value):
         return tuple(int(r) for r in value)
+    return ()
+
+
+@functools.lru_cache(maxsize=64)
+def _parse_ranks(text: str) -> tuple[int, ...]:
+    """``"[0, 1, 2]"``, once per distinct string (every rank of a job repeats each group's)."""
+    try:
+        value = json.loads(text.strip() or "[]")
+    except ValueError:
+        try:
+            value = ast.literal_eval(text.strip())
+        except (ValueError, SyntaxError):
+            return ()
+    if isinstance(value, list) and all(isinstance(r, int) for r in value):
+        return tuple(value)
     return ()
 
 

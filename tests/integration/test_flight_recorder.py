@@ -47,7 +47,9 @@ def dumps(scenario: str, root: Path) -> Path:
     cmd += [f"--nproc-per-node={RANKS}", str(JOB), scenario, str(out)]
     subprocess.run(cmd, env=env, capture_output=True, timeout=240, check=False)
     written = sorted(p.name for p in out.iterdir())
-    expected = sorted([f"fr_{r}" for r in range(RANKS)] + [f"fr_json_{r}.json" for r in range(RANKS)])
+    expected = sorted(
+        [f"fr_{r}" for r in range(RANKS)] + [f"fr_json_{r}.json" for r in range(RANKS)]
+    )
     assert written == expected, f"{scenario}: the job left {written}"
     _RUNS[scenario] = out
     return out
@@ -169,9 +171,9 @@ def _torch_culprits(directory: Path) -> set[int]:
 
 
 def test_torchs_own_analyzer_fails_on_gloo_dumps_that_syncscope_reads(root: Path) -> None:
+    directory = only(dumps("hang", root), "fr_[0-9]*", root / "torch-gloo")
     done = subprocess.run(
-        [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace"]
-        + [str(only(dumps("hang", root), "fr_[0-9]*", root / "torch-gloo"))],
+        [sys.executable, "-m", "torch.distributed.flight_recorder.fr_trace", str(directory)],
         capture_output=True,
         text=True,
         timeout=120,
