@@ -45,6 +45,8 @@ __all__ = ["FlightResult", "analyze_dumps", "merge_findings", "with_dump_notes"]
 EVIDENCE_ROWS = 16  # distinct per-rank descriptions shown (ranks with equal ones merged)
 STACK_FRAMES = 12
 _LIBRARY = ("/torch/", "/site-packages/", "/dist-packages/", "<frozen ", "/lib/python3")
+# syncscope's own frames (capture's kernel, attach running the script) are not the user's
+_OWN = str(Path(__file__).resolve().parents[1]) + "/"
 _FLOATS = {"Float", "Double", "Half", "BFloat16", "Float8_e4m3fn", "Float8_e5m2"}
 NOT_SHOWN = (
     "Flight Recorder: a dump holds the collectives each rank issued (its last "
@@ -69,7 +71,11 @@ class FlightResult:
 
 
 def user_frames(frames: Sequence[Frame]) -> list[Frame]:
-    return [f for f in frames if f.file and not any(k in f.file for k in _LIBRARY)]
+    return [
+        f
+        for f in frames
+        if f.file and not f.file.startswith(_OWN) and not any(k in f.file for k in _LIBRARY)
+    ]
 
 
 def _site(entry: FlightEntry) -> SourceLocation | None:
@@ -90,13 +96,15 @@ def _stack(entry: FlightEntry) -> list[str]:
     """The entry's Python stack, innermost first: torch's innermost frame, then the user's."""
     frames = entry.frames
     users = user_frames(frames)
-    shown = ([frames[0]] if frames and frames[0] not in users else []) + users
+    inner = [f for f in frames if not f.file.startswith(_OWN)][:1]
+    shown = ([inner[0]] if inner and inner[0] not in users else []) + users
     return [_short(f) for f in shown[:STACK_FRAMES]]
 
 
 def _describe(entry: FlightEntry) -> str:
     sizes = ",".join("x".join(str(d) for d in s) or "scalar" for s in entry.input_sizes)
-    text = f"#{entry.collective_seq_id} {entry.profiling_name} [{sizes}] {entry.dtype}"
+    text = f"#{entry.collective_seq_id} {entry.profiling_name}"
+    text += f" [{sizes}] {entry.dtype}" if entry.input_sizes else " (no tensor)"
     if entry.state != "scheduled":
         text += f", {entry.state}"
     site = _site(entry)
@@ -623,7 +631,16 @@ def merge_findings(findings: list[Finding], result: FlightResult) -> list[Findin
     fr = list(result.findings)
     out: list[Finding] = []
     for f in findings:
-        if f.kind == "hang" and f.cause == "no-progress":
+        mismatch = next((x for x in fr if x.kind == "collective-mismatch"), None)
+        if f.kind == "collective-mismatch" and mismatch is not None:
+            # the same desync seen twice: the run's finding, with the dumps' culprits and stacks
+            evidence = {**f.evidence, "flight_recorder": mismatch.message}
+            for k in ("culprit_ranks", "stacks"):
+                if k in mismatch.evidence:
+                    evidence[k] = mismatch.evidence[k]
+            f = dataclasses.replace(f, evidence=evidence, sites=mismatch.sites or f.sites)
+            fr.remove(mismatch)
+        elif f.kind == "hang" and f.cause == "no-progress":
             desync = next((x for x in fr if x.kind in ("hang", "collective-mismatch")), None)
             evidence = dict(f.evidence)
             if desync is not None:
@@ -636,9 +653,3 @@ def merge_findings(findings: list[Finding], result: FlightResult) -> list[Findin
                     fr.remove(desync)
         out.append(f)
     return out + fr
-
-
-def dumps_in(paths: Sequence[Path]) -> list[Path]:
-    from syncscope.trace.flight import find_dumps
-
-    return find_dumps(paths)

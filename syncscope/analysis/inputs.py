@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from syncscope.errors import BadRunDirectory, SyncscopeError
-from syncscope.model import Finding, Run, compress_ranks, severity_rank
+from syncscope.model import FAILED_KINDS, Finding, Run, compress_ranks, severity_rank
 from syncscope.rundir import is_run_dir
 
 
@@ -125,14 +125,29 @@ def load_and_diagnose(run_dir: Path) -> tuple[Run, list[Finding]]:
     if not run_dir.exists():
         raise BadRunDirectory(f"{run_dir}: no such run directory")
     run, _files = load([run_dir], skip_bad=False, progress=False)
-    findings = findings_for(run)
-    _rest, dumps = split_dumps([run_dir])
-    if dumps:  # the ranks' Flight Recorder dumps of a hang (RUN/flight/)
-        from syncscope.analysis.flight import analyze_dumps, merge_findings, with_dump_notes
-        from syncscope.trace.flight import read_dumps
+    return with_flight_dumps(run, findings_for(run), [run_dir])
 
-        flight = analyze_dumps(read_dumps(dumps), str(run_dir))
-        run = with_dump_notes(run, flight)
-        findings = merge_findings(findings, flight)
-        findings.sort(key=lambda f: severity_rank(f.severity))
-    return run, findings
+
+def with_flight_dumps(
+    run: Run, findings: list[Finding], run_dirs: Sequence[Path]
+) -> tuple[Run, list[Finding]]:
+    """The run and its findings with what the ranks' Flight Recorder dumps of a hang say
+    (``RUN/flight/``, written by ``syncscope profile``); unchanged where there are none. An
+    unreadable dump is a note: the run's own report stands."""
+    from syncscope.trace.flight import find_dumps
+
+    dumps = find_dumps([d / "flight" for d in run_dirs if (d / "flight").is_dir()])
+    if not dumps:
+        return run, findings
+    from syncscope.analysis.flight import analyze_dumps, merge_findings, with_dump_notes
+    from syncscope.trace.flight import read_dumps
+
+    try:
+        flight = analyze_dumps(read_dumps(dumps), " ".join(map(str, run_dirs)))
+    except SyncscopeError as exc:
+        note = f"Flight Recorder dumps not read: {exc}"
+        meta = dataclasses.replace(run.meta, notes=(*run.meta.notes, note))
+        return dataclasses.replace(run, meta=meta), findings
+    findings = merge_findings(findings, flight)
+    findings.sort(key=lambda f: (f.kind not in FAILED_KINDS, severity_rank(f.severity)))
+    return with_dump_notes(run, flight), findings
