@@ -580,6 +580,11 @@ def _notes(dumps: Sequence[FlightDump], members: dict[str, tuple[int, ...]]) -> 
             "Flight Recorder: no Python stacks in these dumps (the JSON variant, or stacks "
             "turned off): sites and gradient-sync rounds cannot be read"
         )
+    if not any(d.entries for d in dumps):
+        notes.append(
+            "Flight Recorder: the dumps hold no entries: the recorder was off "
+            "(TORCH_FR_BUFFER_SIZE unset or 0 in the ranks) or no collective ran"
+        )
     dumped = {d.rank for d in dumps}
     absent = sorted({r for m in members.values() for r in m} - dumped)
     if absent:

@@ -99,7 +99,7 @@ def analyze(
     from syncscope.render.safe import visible
 
     rest, dumps = split_dumps(paths)
-    flight = _flight(dumps, paths)
+    flight = _flight(dumps, paths, skip_bad)
     if rest or flight is None:
         run, files = load(rest, skip_bad, progress=not quiet, scheduler=scheduler)
     else:
@@ -131,12 +131,27 @@ def analyze(
     return finish(run, findings, out_dir, fail_on, quiet, summary="text", where="reports in")
 
 
-def _flight(dumps: Sequence[Path], paths: Sequence[Path | str]) -> FlightResult | None:
-    """What the torch Flight Recorder dumps among the inputs say (None: there are none)."""
+def _flight(
+    dumps: Sequence[Path], paths: Sequence[Path | str], skip_bad: bool
+) -> FlightResult | None:
+    """What the torch Flight Recorder dumps among the inputs say (None: there are none).
+    ``skip_bad``: unreadable dumps are left out and named in the notes."""
     if not dumps:
         return None
     from syncscope.analysis.flight import analyze_dumps
+    from syncscope.errors import SyncscopeError
     from syncscope.trace.flight import read_dumps
 
-    label = " ".join(str(p) for p in paths)
-    return analyze_dumps(read_dumps(dumps), label)
+    skipped: list[str] = []
+    read = read_dumps(dumps, skipped if skip_bad else None)
+    if not read:
+        raise SyncscopeError(f"no readable Flight Recorder dump ({'; '.join(skipped)})")
+    result = analyze_dumps(read, " ".join(str(p) for p in paths))
+    notes = tuple(f"skipped (--skip-bad): {s}" for s in skipped)
+    if notes:
+        import dataclasses
+
+        meta = dataclasses.replace(result.run.meta, notes=(*result.run.meta.notes, *notes))
+        run = dataclasses.replace(result.run, meta=meta)
+        result = dataclasses.replace(result, run=run, notes=(*result.notes, *notes))
+    return result

@@ -349,12 +349,19 @@ def find_dumps(paths: Iterable[Path]) -> list[Path]:
     return found
 
 
-def read_dumps(paths: Sequence[Path]) -> list[FlightDump]:
+def read_dumps(paths: Sequence[Path], skipped: list[str] | None = None) -> list[FlightDump]:
     """Every rank's dump; one per rank (a rank dumped twice, pickle beside JSON, keeps the
-    pickle: it has the stacks)."""
+    pickle: it has the stacks). With ``skipped``, an unreadable dump is listed there
+    (``path: why``) instead of raising."""
     by_rank: dict[int, FlightDump] = {}
     for path in paths:
-        dump = read_dump(path)
+        try:
+            dump = read_dump(path)
+        except BadDump as exc:
+            if skipped is None:
+                raise
+            skipped.append(str(exc))
+            continue
         old = by_rank.get(dump.rank)
         if old is None or (dump.has_frames and not old.has_frames):
             by_rank[dump.rank] = dump

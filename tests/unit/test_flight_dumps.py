@@ -250,3 +250,21 @@ def test_a_rank_dumped_twice_is_refused(tmp_path: Path) -> None:
     (tmp_path / "b_0").write_bytes(pickle.dumps(dump([entry(1)])))
     with pytest.raises(BadDump, match="rank 0 dumped twice"):
         read_dumps(find_dumps([tmp_path]))
+
+
+def test_skip_bad_leaves_out_an_unreadable_dump_and_says_so(tmp_path: Path) -> None:
+    per_rank = {r: dump([entry(1), entry(2)], ranks="[0, 1, 2]") for r in range(2)}
+    directory = write(tmp_path / "d", per_rank)
+    (directory / "nccl_trace_rank_2").write_bytes(pickle.dumps(dump([entry(1)]))[:30])
+    out = tmp_path / "out"
+    assert main(["analyze", "-q", "--skip-bad", "--out", str(out), str(directory)]) == 0
+    notes = json.loads((out / "report.json").read_text())["notes"]
+    assert any(n.startswith("skipped (--skip-bad):") and "rank_2" in n for n in notes)
+    assert any("no dump from rank(s) 2" in n for n in notes)
+
+
+def test_dumps_without_entries_say_the_recorder_was_off(tmp_path: Path) -> None:
+    directory = write(tmp_path / "d", {0: dump([]), 1: dump([])})
+    result = analyze_dumps(read_dumps(find_dumps([directory])))
+    assert any("the recorder was off" in n for n in result.notes)
+    assert [f.kind for f in result.findings] == ["flight-recorder"]
