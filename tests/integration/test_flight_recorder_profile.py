@@ -5,6 +5,7 @@ dump it into the run directory; the hang finding then names the culprit and each
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
@@ -57,6 +58,14 @@ def test_analyze_and_report_of_the_run_read_its_dumps_again(profiled, tmp_path: 
     hang = next(f for f in again["findings"] if f["kind"] == "hang")
     assert hang["evidence"]["culprit_ranks"] == [1]
     assert main(["report", str(run.run_dir), "--format", "json"]) in (0, 1)
+    # the run without its flight/, and the dumps given beside it
+    bare = tmp_path / "run"
+    shutil.copytree(run.run_dir, bare, ignore=shutil.ignore_patterns("flight", "report.*"))
+    dumps = shutil.copytree(run.run_dir / "flight", tmp_path / "dumps")
+    assert main(["analyze", "-q", "--out", str(tmp_path / "b"), str(bare), str(dumps)]) == 1
+    beside = json.loads((tmp_path / "b" / "report.json").read_text())
+    hang = next(f for f in beside["findings"] if f["kind"] == "hang")
+    assert hang["cause"] == "no-progress" and hang["evidence"]["culprit_ranks"] == [1]
 
 
 @pytest.mark.slow

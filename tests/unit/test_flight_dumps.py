@@ -214,7 +214,7 @@ def test_json_and_pickle_of_one_rank_keep_the_pickle(tmp_path: Path) -> None:
     assert [(d.rank, d.has_frames) for d in dumps] == [(0, True), (1, True)]
 
 
-def test_beside_a_run_directory_the_reports_hold_both(tmp_path: Path) -> None:
+def test_beside_kineto_traces_the_reports_hold_both(tmp_path: Path) -> None:
     per_rank = {
         r: dump([entry(1), entry(2, size=4 if r == 1 else 8)], ranks="[0, 1]") for r in range(2)
     }
@@ -223,7 +223,7 @@ def test_beside_a_run_directory_the_reports_hold_both(tmp_path: Path) -> None:
     report = json.loads((tmp_path / "out" / "report.json").read_text())
     kinds = {(f["kind"], f["cause"]) for f in report["findings"]}
     assert ("collective-mismatch", "size") in kinds and ("flight-recorder", "dumps") in kinds
-    assert report["grad_syncs_per_window"], "the run directory's windows are kept"
+    assert report["grad_syncs_per_window"], "the traces' windows are kept"
     assert status == 1
 
 
