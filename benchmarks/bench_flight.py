@@ -34,15 +34,20 @@ MODES = {
 ARGS = ["--layers", "8", "--hidden", "512", "--batch", "32", "--accum", "4", "--warmup", "2"]
 
 
-def measure(script: Path, reps: int, windows: int, work: Path) -> dict[str, list[float]]:
+def measure(
+    script: Path, reps: int, windows: int, work: Path
+) -> tuple[dict[str, list[float]], dict[str, list[float]]]:
+    """(window seconds, rank 0's CPU seconds per window) by mode, one value a repetition."""
     times: dict[str, list[float]] = {m: [] for m in MODES}
+    cpu: dict[str, list[float]] = {m: [] for m in MODES}
     for rep in range(reps):
         for mode in rotated(list(MODES), rep):
             launch, size = MODES[mode]
             env = {"TORCH_FR_BUFFER_SIZE": size}
             record = launch.start(script, [*ARGS, "--windows", str(windows)], work, env).collect()
             times[mode].append(statistics.median(record["window_s"]))
-    return times
+            cpu[mode].append(statistics.median(record["window_cpu_s"]))
+    return times, cpu
 
 
 def report(name: str, times: dict[str, list[float]]) -> None:
@@ -68,7 +73,9 @@ def main() -> int:
     reps, windows = (1, 3) if opts.quick else (opts.reps, 8)
     with tempfile.TemporaryDirectory(prefix="syncscope-bench-fr-") as tmp:
         for name in ("no_sync.py", "per_param_every_microbatch.py"):
-            report(name, measure(WORKLOADS / name, reps, windows, Path(tmp)))
+            times, cpu = measure(WORKLOADS / name, reps, windows, Path(tmp))
+            report(f"{name}: window time", times)
+            report(f"{name}: CPU time of rank 0 per window", cpu)
     return 0
 
 
