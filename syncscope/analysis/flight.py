@@ -143,6 +143,8 @@ def _members(dumps: Sequence[FlightDump], name: str, desc: str) -> tuple[int, ..
             found = d.groups.get("")
             if found and found[1]:
                 return found[1]
+        return tuple(sorted(d.rank for d in dumps))  # gloo may record "[]": every rank
+    # gloo records no subgroup at all: its members are the ranks whose dumps hold entries on it
     return tuple(sorted(d.rank for d in dumps if any(e.pg_name == name for e in d.entries)))
 
 
@@ -575,6 +577,10 @@ def _notes(dumps: Sequence[FlightDump], members: dict[str, tuple[int, ...]]) -> 
     notes = [NOT_SHOWN]
     if any(e.backend == "gloo" for d in dumps for e in d.entries):
         notes.append(GLOO_STATES)
+        notes.append(
+            "Flight Recorder: gloo records no group membership: a subgroup's members are the "
+            "ranks whose dumps hold entries on it, the default group's every rank that dumped"
+        )
     if not any(d.has_frames for d in dumps):
         notes.append(
             "Flight Recorder: no Python stacks in these dumps (the JSON variant, or stacks "

@@ -268,3 +268,23 @@ def test_dumps_without_entries_say_the_recorder_was_off(tmp_path: Path) -> None:
     result = analyze_dumps(read_dumps(find_dumps([directory])))
     assert any("the recorder was off" in n for n in result.notes)
     assert [f.kind for f in result.findings] == ["flight-recorder"]
+
+
+def test_gloo_subgroups_without_membership_take_the_ranks_that_used_them(tmp_path: Path) -> None:
+    """gloo (torch 2.13) writes ``pg_config`` as ``{"": {"ranks": "[]"}}``, subgroups absent
+    (seen on a 3-rank job with ``new_group([0, 1])`` and ``new_group([1, 2])``)."""
+    sub = {"process_group": ("2", "undefined"), "pg_id": 2}
+    per_rank = {}
+    for r in range(3):
+        entries = [entry(1, profiling_name="gloo:all_reduce")]
+        if r in (1, 2):  # group "2" = [1, 2]: rank 2 all-reduces 4 elements, rank 1 8
+            entries.append(entry(1, size=4 if r == 2 else 8, **sub))
+        data = dump(entries)
+        data["pg_config"] = {"": {"name": "", "desc": "", "ranks": "[]"}}
+        per_rank[r] = data
+    (f,) = desync(tmp_path, per_rank)
+    assert (f.cause, f.evidence["group"], f.evidence["culprit_ranks"]) == (
+        "size",
+        "2 (ranks 1-2)",
+        [2],
+    )
