@@ -387,6 +387,9 @@ def _finding(desync: _Desync, dumps: dict[int, FlightDump]) -> Finding:
             }
         ),
     }
+    hosts = {str(r): dumps[r].host for r in desync.culprits if r in dumps and dumps[r].host}
+    if hosts:
+        evidence["culprit_hosts"] = hosts  # from the dump files' names
     stacks = _stack_rows(desync, dumps)
     if stacks:
         evidence["stacks"] = stacks

@@ -288,3 +288,16 @@ def test_gloo_subgroups_without_membership_take_the_ranks_that_used_them(tmp_pat
         "2 (ranks 1-2)",
         [2],
     )
+
+
+def test_hosts_in_file_names_name_the_culprits_host(tmp_path: Path) -> None:
+    directory = tmp_path / "d"
+    directory.mkdir()
+    for r, host in enumerate(("node-a", "node-a", "node-b")):
+        entries = [entry(1)] + ([] if r == 2 else [entry(2)])
+        (directory / f"trace_{host}_{r}").write_bytes(
+            pickle.dumps(dump(entries, ranks="[0, 1, 2]"))
+        )
+    result = analyze_dumps(read_dumps(find_dumps([directory])))
+    (f,) = [f for f in result.findings if f.kind == "hang"]
+    assert f.evidence["culprit_hosts"] == {"2": "node-b"}
