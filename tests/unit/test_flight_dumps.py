@@ -301,3 +301,19 @@ def test_hosts_in_file_names_name_the_culprits_host(tmp_path: Path) -> None:
     result = analyze_dumps(read_dumps(find_dumps([directory])))
     (f,) = [f for f in result.findings if f.kind == "hang"]
     assert f.evidence["culprit_hosts"] == {"2": "node-b"}
+
+
+def test_one_directory_of_kineto_traces_and_json_dumps_reads_both(tmp_path: Path) -> None:
+    import shutil
+
+    mixed = tmp_path / "mixed"
+    shutil.copytree(SAMPLE, mixed)
+    per_rank = {
+        r: dump([entry(1), entry(2, size=4 if r == 1 else 8)], ranks="[0, 1]") for r in range(2)
+    }
+    write(mixed, per_rank, fmt="json")  # nccl_trace_rank_R.json beside rank-R.json.gz
+    assert main(["analyze", "-q", "--out", str(tmp_path / "out"), str(mixed)]) == 1
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["source"] == "trace" and report["grad_syncs_per_window"]
+    (f,) = [f for f in report["findings"] if f["kind"] == "collective-mismatch"]
+    assert f["evidence"]["culprit_ranks"] == [1] and f["evidence"]["source"] == "flight recorder"
