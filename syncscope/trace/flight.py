@@ -246,6 +246,8 @@ def _sizes(value: object) -> tuple[tuple[int, ...], ...]:
 
 
 def _int(value: object, default: int = 0) -> int:
+    if type(value) is int:  # the usual case, first: called ~20 times an entry
+        return value
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
 
 
@@ -255,14 +257,26 @@ def _opt_ns(value: object) -> int | None:
     return n or None
 
 
+_FRAMES: dict[object, object] = {}  # frames and stacks seen, shared: every rank repeats them
+
+
 def _frames(value: object) -> tuple[Frame, ...]:
     if not isinstance(value, list):
         return ()
-    return tuple(
-        Frame(str(f.get("name", "")), str(f.get("filename", "")), _int(f.get("line")))
-        for f in value
-        if isinstance(f, dict)
-    )
+    if len(_FRAMES) > 1_000_000:
+        _FRAMES.clear()
+    out = []
+    for f in value:
+        if not isinstance(f, dict):
+            continue
+        key = (f.get("name"), f.get("filename"), f.get("line"))
+        frame = _FRAMES.get(key)
+        if frame is None:
+            frame = Frame(str(key[0] or ""), str(key[1] or ""), _int(key[2]))
+            _FRAMES[key] = frame
+        out.append(frame)
+    stack = tuple(out)
+    return _FRAMES.setdefault(stack, stack)  # type: ignore[return-value]
 
 
 def _entry(raw: dict[str, Any]) -> FlightEntry:
