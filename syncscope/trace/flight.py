@@ -19,9 +19,7 @@ so a file is read as data only (a dump holds dicts, lists, tuples, strings and n
 
 from __future__ import annotations
 
-import ast
 import functools
-import io
 import json
 import pickle
 import re
@@ -187,6 +185,8 @@ def _load(path: Path) -> tuple[dict[str, Any], bool]:
     kind = _sniff(data[:4096])
     try:
         if kind == "pickle":
+            import io
+
             loaded = _DataOnly(io.BytesIO(data)).load()
         elif kind == "json":
             loaded = json.loads(data)
@@ -219,6 +219,8 @@ def _parse_ranks(text: str) -> tuple[int, ...]:
     try:
         value = json.loads(text.strip() or "[]")
     except ValueError:
+        import ast
+
         try:
             value = ast.literal_eval(text.strip())
         except (ValueError, SyntaxError):
