@@ -250,6 +250,9 @@ def _sizes(value: object) -> tuple[tuple[int, ...], ...]:
 def _int(value: object, default: int = 0) -> int:
     if type(value) is int:  # the usual case, first: called ~20 times an entry
         return value
+    if isinstance(value, str):  # the JSON variant writes pg_status's numbers as strings
+        text = value.strip()
+        return int(text) if text.lstrip("-").isdigit() else default
     return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
 
 

@@ -136,6 +136,9 @@ def test_json_dumps_give_the_same_culprit_without_stacks(root: Path) -> None:
     assert finding["evidence"]["culprit_ranks"] == [RANKS - 1]
     assert "stacks" not in finding["evidence"]
     assert any("no Python stacks" in n for n in report["notes"])
+    # pg_status, numbers as strings in JSON, still gives each rank's last completed one
+    positions = finding["evidence"]["last_issued_started_completed"]
+    assert all("| completed #" in v for v in positions.values())
 
 
 def _as_nccl_default_group(source: Path, dest: Path) -> Path:
