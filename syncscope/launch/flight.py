@@ -48,7 +48,7 @@ def request_dumps(run_dir: Path, ranks: Sequence[int], wait_s: float = WAIT_S) -
         folder.mkdir(exist_ok=True)
         (folder / REQUEST).write_text("dump\n")
     deadline = time.monotonic() + wait_s
-    wanted = set(ranks)
+    wanted = {r for r in ranks if r >= 0}  # -1: a rank whose header was never read
     while True:
         done = {r for r in wanted if (folder / f"fr_{r}").exists()}
         if done == wanted or time.monotonic() > deadline:

@@ -77,3 +77,18 @@ def test_a_user_who_turned_the_recorder_off_gets_no_dumps(
     assert run.report["hung"] is True
     assert not list((run.run_dir / "flight").glob("fr_*"))
     assert "culprit_ranks" not in run.finding("hang")["evidence"]
+
+
+def test_request_dumps_waits_for_the_ranks_asked_and_no_longer(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from syncscope.launch.flight import request_dumps
+
+    monkeypatch.setenv("SYNCSCOPE_FLIGHT_DUMPS", "1")
+    (tmp_path / "flight").mkdir()
+    (tmp_path / "flight" / "fr_0").write_bytes(b"x")
+    assert request_dumps(tmp_path, [0, -1], wait_s=5) == [0]  # -1: no header read, not waited
+    assert (tmp_path / "flight" / "request").exists()
+    assert request_dumps(tmp_path, [0, 1], wait_s=0.3) == [0]  # rank 1 never answers
+    monkeypatch.delenv("SYNCSCOPE_FLIGHT_DUMPS")
+    assert request_dumps(tmp_path, [0], wait_s=5) == []  # the recorder off: nothing asked
