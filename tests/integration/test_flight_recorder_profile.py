@@ -92,3 +92,23 @@ def test_request_dumps_waits_for_the_ranks_asked_and_no_longer(
     assert request_dumps(tmp_path, [0, 1], wait_s=0.3) == [0]  # rank 1 never answers
     monkeypatch.delenv("SYNCSCOPE_FLIGHT_DUMPS")
     assert request_dumps(tmp_path, [0], wait_s=5) == []  # the recorder off: nothing asked
+
+
+def test_a_rank_dumps_its_buffer_when_asked(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    import time
+
+    from syncscope.capture.flightdump import start_dumper
+    from syncscope.trace.flight import read_dump
+
+    monkeypatch.setenv("SYNCSCOPE_FLIGHT_DUMPS", "1")
+    start_dumper(tmp_path, 7)
+    (tmp_path / "flight").mkdir()
+    (tmp_path / "flight" / "request").write_text("dump\n")
+    deadline = time.monotonic() + 10
+    while not (tmp_path / "flight" / "fr_7").exists() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    dumped = read_dump(tmp_path / "flight" / "fr_7")  # torch's own pickle, read back
+    assert dumped.rank == 7 and dumped.version
+    assert not list((tmp_path / "flight").glob(".fr_*"))  # written whole, then renamed
