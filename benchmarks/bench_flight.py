@@ -65,12 +65,55 @@ def report(name: str, times: dict[str, list[float]]) -> None:
         )
 
 
+PER_COLLECTIVE = """
+import os, tempfile, time, torch, torch.distributed as dist
+store = dist.FileStore(os.path.join(tempfile.mkdtemp(), "store"), 1)
+dist.init_process_group("gloo", store=store, rank=0, world_size=1)
+t = torch.ones(1)
+for _ in range(500):
+    dist.all_reduce(t)
+wall, cpu = time.perf_counter(), time.process_time()
+for _ in range(N):
+    dist.all_reduce(t)
+print((time.perf_counter() - wall) / N * 1e6, (time.process_time() - cpu) / N * 1e6)
+"""
+
+
+def per_collective(reps: int, n: int = 5000) -> None:
+    """One gloo rank (world size 1), ``n`` blocking 1-element all-reduces after 500 warm-up
+    ones, in a fresh process per measurement, the recorder off and on alternately: the
+    recorder's own cost per collective (its entry and the Python stack it captures)."""
+    import os
+    import subprocess
+
+    found: dict[str, list[tuple[float, float]]] = {"0": [], "2000": []}
+    for rep in range(reps):
+        for size in rotated(list(found), rep):
+            env = {**os.environ, "TORCH_FR_BUFFER_SIZE": size, "OMP_NUM_THREADS": "1"}
+            code = f"N = {n}\n{PER_COLLECTIVE}"
+            out = subprocess.run(
+                [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+            ).stdout.split()
+            found[size].append((float(out[0]), float(out[1])))
+    print("\nper collective (1 gloo rank, 1-element all-reduce, us: wall / CPU, medians)")
+    for size, values in found.items():
+        wall = statistics.median(v[0] for v in values)
+        cpu = statistics.median(v[1] for v in values)
+        print(f"  TORCH_FR_BUFFER_SIZE={size:5s} {wall:7.1f} / {cpu:7.1f}  (n={len(values)})")
+
+
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--reps", type=int, default=6)
     parser.add_argument("--quick", action="store_true", help="1 repetition, 3 windows")
+    parser.add_argument(
+        "--only-per-collective", action="store_true", help="only the one-rank per-collective cost"
+    )
     opts = parser.parse_args()
     reps, windows = (1, 3) if opts.quick else (opts.reps, 8)
+    per_collective(max(reps, 3))
+    if opts.only_per_collective:
+        return 0
     with tempfile.TemporaryDirectory(prefix="syncscope-bench-fr-") as tmp:
         for name in ("no_sync.py", "per_param_every_microbatch.py"):
             times, cpu = measure(WORKLOADS / name, reps, windows, Path(tmp))
