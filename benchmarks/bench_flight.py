@@ -109,13 +109,20 @@ def main() -> int:
     parser.add_argument(
         "--only-per-collective", action="store_true", help="only the one-rank per-collective cost"
     )
+    parser.add_argument(
+        "--workloads",
+        nargs="+",
+        default=["no_sync.py", "per_param_every_microbatch.py"],
+        metavar="SCRIPT",
+        help="of benchmarks/workloads/ (default: %(default)s)",
+    )
     opts = parser.parse_args()
     reps, windows = (1, 3) if opts.quick else (opts.reps, 8)
     per_collective(max(reps, 3))
     if opts.only_per_collective:
         return 0
     with tempfile.TemporaryDirectory(prefix="syncscope-bench-fr-") as tmp:
-        for name in ("no_sync.py", "per_param_every_microbatch.py"):
+        for name in opts.workloads:
             times, cpu = measure(WORKLOADS / name, reps, windows, Path(tmp))
             report(f"{name}: window time", times)
             report(f"{name}: CPU time of rank 0 per window", cpu)
