@@ -190,10 +190,11 @@ def _first_desync(
     key: GroupKey, by_rank: dict[int, dict[int, list[FlightEntry]]]
 ) -> _Desync | None:
     dumped = sorted(by_rank)
-    if len(dumped) < 2 and len(key[1]) < 2:
+    used = [s for s in by_rank.values() if s]
+    if len(dumped) < 2 or not used:
         return None
-    lo = max(min(s) for s in by_rank.values())  # the ring buffer may have dropped the start
-    hi = max(max(s) for s in by_rank.values())
+    lo = max(min(s) for s in used)  # the ring buffer may have dropped the start
+    hi = max(max(s) for s in used)
     for seq in range(lo, hi + 1):
         at = {r: by_rank[r].get(seq) for r in dumped}
         present = {r: v for r, v in at.items() if v}
@@ -228,7 +229,7 @@ def _skipped(desync: _Desync, by_rank: dict[int, dict[int, list[FlightEntry]]]) 
     if desync.cause != "missing-rank" or len(desync.culprits) >= len(by_rank):
         return desync
     others = [r for r in sorted(by_rank) if r not in desync.culprits]
-    lo = max(min(s) for s in by_rank.values())
+    lo = max((min(s) for s in by_rank.values() if s), default=desync.seq)
 
     def site(rank: int, seq: int) -> SourceLocation | None:
         entries = by_rank[rank].get(seq)
@@ -617,6 +618,8 @@ def analyze_dumps(dumps: Sequence[FlightDump], label: str = "") -> FlightResult:
     members = {key[0]: key[1] for key in streams}
     findings: list[Finding] = []
     for key, group in streams.items():
+        # members that dumped but issued nothing on the group still count (as missing)
+        group = {**{r: {} for r in key[1] if r in by_rank}, **group}
         desync = _first_desync(key, group)
         if desync is not None:
             findings.append(_finding(_skipped(desync, group), by_rank))

@@ -317,3 +317,14 @@ def test_one_directory_of_kineto_traces_and_json_dumps_reads_both(tmp_path: Path
     assert report["source"] == "trace" and report["grad_syncs_per_window"]
     (f,) = [f for f in report["findings"] if f["kind"] == "collective-mismatch"]
     assert f["evidence"]["culprit_ranks"] == [1] and f["evidence"]["source"] == "flight recorder"
+
+
+def test_a_rank_that_dumped_before_its_first_collective_is_the_missing_one(tmp_path: Path) -> None:
+    per_rank = {r: dump([entry(1), entry(2)] if r != 3 else []) for r in range(4)}
+    (f,) = desync(tmp_path, per_rank)
+    assert (f.kind, f.cause, f.ranks, f.evidence["collective_seq_id"]) == (
+        "hang",
+        "missing-rank",
+        (3,),
+        1,
+    )
