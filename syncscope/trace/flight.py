@@ -132,16 +132,17 @@ class _DataOnly(pickle.Unpickler):
         raise pickle.UnpicklingError(f"refused to load {module}.{name}: a dump holds data only")
 
 
+_KINETO_KEYS = (b'"traceEvents"', b'"schemaVersion"', b'"distributedInfo"', b'"deviceProperties"')
+
+
 def _sniff(head: bytes) -> str:
     """ "pickle", "json" or "" from a file's first bytes."""
     if head[:1] == b"\x80":
-        return "pickle" if b"version" in head or b"entries" in head else ""
+        return "pickle" if b"pg_config" in head or b"entries" in head else ""
     text = head.lstrip()[:4096]
-    if text[:1] == b"{" and any(
-        k in text for k in (b'"comm_lib_version"', b'"entries"', b'"pg_config"', b'"pg_status"')
-    ):
-        return "json"
-    return ""
+    if text[:1] != b"{" or any(k in text for k in _KINETO_KEYS):
+        return ""  # a Kineto trace carries "pg_config" too, in its distributedInfo
+    return "json" if any(k in text for k in (b'"comm_lib_version"', b'"entries"')) else ""
 
 
 def is_dump_file(path: Path) -> bool:
@@ -197,7 +198,7 @@ def _load(path: Path) -> tuple[dict[str, Any], bool]:
     except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError) as exc:
         what = "pickle" if kind == "pickle" else "JSON"
         raise BadDump(f"{path}: truncated or corrupt Flight Recorder {what} ({exc})") from None
-    if not isinstance(loaded, dict) or not isinstance(loaded.get("entries", []), list):
+    if not isinstance(loaded, dict) or not isinstance(loaded.get("entries"), list):
         raise BadDump(f"{path}: not a Flight Recorder dump (no 'entries' list)")
     return loaded, kind == "pickle"
 

@@ -328,3 +328,19 @@ def test_a_rank_that_dumped_before_its_first_collective_is_the_missing_one(tmp_p
         (3,),
         1,
     )
+
+
+def test_an_uncompressed_kineto_trace_is_not_taken_for_a_dump(tmp_path: Path) -> None:
+    """A Kineto trace's distributedInfo holds "pg_config" too, within its first bytes."""
+    import gzip
+
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    for path in sorted(SAMPLE.glob("rank-*.json.gz")):
+        (traces / path.name[: -len(".gz")]).write_bytes(gzip.decompress(path.read_bytes()))
+    assert find_dumps([traces]) == []
+    assert main(["analyze", "-q", "--out", str(tmp_path / "out"), str(traces)]) == 0
+    report = json.loads((tmp_path / "out" / "report.json").read_text())
+    assert report["grad_syncs_per_window"] and not any(
+        f["kind"] == "flight-recorder" for f in report["findings"]
+    )
