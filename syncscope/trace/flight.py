@@ -138,7 +138,8 @@ _KINETO_KEYS = (b'"traceEvents"', b'"schemaVersion"', b'"distributedInfo"', b'"d
 def _sniff(head: bytes) -> str:
     """ "pickle", "json" or "" from a file's first bytes."""
     if head[:1] == b"\x80":
-        return "pickle" if b"pg_config" in head or b"entries" in head else ""
+        known = b"pg_config" in head or b"entries" in head or b"version" in head[:64]
+        return "pickle" if known else ""  # torch writes "version" first
     text = head.lstrip()[:4096]
     if text[:1] != b"{" or any(k in text for k in _KINETO_KEYS):
         return ""  # a Kineto trace carries "pg_config" too, in its distributedInfo
