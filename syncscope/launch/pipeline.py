@@ -388,11 +388,11 @@ def _ran_on(status: int, code: int) -> int:
 def report_run(run_dir: Path, status: int, failed: int | None, fail_on: str, quiet: bool) -> int:
     """Diagnose the run in ``run_dir``, write its reports, show the summary; the exit status
     (the job's own when it failed, else by ``fail_on``)."""
-    from syncscope.analysis.inputs import findings_for, load
+    from syncscope.analysis.inputs import findings_for, load, with_flight_dumps
     from syncscope.render.outputs import finish, show_summary
 
     run, _ = load([run_dir], skip_bad=True, progress=False)  # with --trace: both sources
-    findings = findings_for(run)
+    run, findings = with_flight_dumps(run, findings_for(run), [run_dir])  # dumps of a hang
     try:
         code = finish(
             run, findings, run_dir, fail_on, quiet, summary="terminal", where="run directory"
