@@ -12,12 +12,14 @@ cached for the session.
 
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import os
 import re
 import subprocess
 import sys
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -44,8 +46,26 @@ SHM_OP_BUILD_TIMEOUT = 900  # seconds: about 150 s on 2 shared cores, once per m
 
 _BUILD_SHM_OP = (
     "from deepspeed.ops.op_builder.cpu.comm import ShareMemCommBuilder; "
-    "ShareMemCommBuilder().load(verbose=False)"
+    "ShareMemCommBuilder().load(verbose=False); "
+    # the HF Trainer's DeepSpeed optimizer on CPU: FusedAdam, compiled at first use
+    "from deepspeed.accelerator import get_accelerator; "
+    "get_accelerator().create_op_builder('FusedAdamBuilder').load(verbose=False)"
 )
+
+
+def _break_stale_op_locks() -> None:
+    """torch's extension lock of a DeepSpeed op whose build was killed (a job stopped by its
+    timeout mid-build) is never released, and every later load waits on it forever: one
+    older than a build can take is removed first."""
+    import time
+
+    from torch.utils.cpp_extension import _get_build_directory
+
+    for op in ("deepspeed_shm_comm", "fused_adam"):
+        lock = Path(_get_build_directory(op, False)) / "lock"
+        with contextlib.suppress(OSError):
+            if time.time() - lock.stat().st_mtime > SHM_OP_BUILD_TIMEOUT:
+                lock.unlink()
 
 
 @pytest.fixture(scope="session")
@@ -53,6 +73,7 @@ def shm_op() -> None:
     """DeepSpeed's CPU shared-memory op, compiled once into the torch extensions directory
     (reused by every later session: about 3 s to load) before any job's launch, so that no
     profiled job spends its timeout compiling it."""
+    _break_stale_op_locks()
     env = dict(os.environ, DS_ACCELERATOR="cpu")
     proc = subprocess.run(
         [sys.executable, "-c", _BUILD_SHM_OP],
