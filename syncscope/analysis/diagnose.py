@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
-from syncscope.analysis import deepspeed
+from syncscope.analysis import coverage, deepspeed
 from syncscope.analysis.advice import SNIPPETS, fix_style, in_framework
 from syncscope.analysis.crossrank import collective_mismatch, hang, rank_divergence, run_failed
 from syncscope.analysis.helpers import (
@@ -28,6 +28,7 @@ from syncscope.analysis.helpers import (
 )
 from syncscope.model import (
     FAILED_KINDS,
+    INCOMPLETE_KINDS,
     Collective,
     Finding,
     RankRun,
@@ -528,12 +529,31 @@ def diagnose(run: Run) -> list[Finding]:
     steady = steady_windows(run)
     grouped = _redundant_figures(run, _fragmented_figures(_group(observations, steady)), steady)
     findings = [name_helper(f) for f in grouped]
-    findings.extend(rank_divergence(run, findings))
+    findings.extend(coverage_findings(run))
+    if not coverage.independent_copies(run):  # their gradients differ by design
+        findings.extend(rank_divergence(run, findings))
     findings.extend(collective_mismatch(run))
     findings.extend(hang(run))
     findings.extend(run_failed(run))
-    # a run that did not finish says so first; what its complete windows show follows
+    # a run that did not finish says so first; what its complete windows show follows, and
+    # what could not be judged comes first among the warnings
     findings.sort(
-        key=lambda f: (f.kind not in FAILED_KINDS, severity_rank(f.severity), f.kind, f.cause)
+        key=lambda f: (
+            f.kind not in FAILED_KINDS,
+            severity_rank(f.severity),
+            f.kind not in INCOMPLETE_KINDS,
+            f.kind,
+            f.cause,
+        )
     )
     return findings
+
+
+def coverage_findings(run: Run) -> list[Finding]:
+    """What the run lets syncscope judge (syncscope.analysis.coverage): no optimizer step,
+    ranks without data, ranks that never joined a process group."""
+    return [
+        *coverage.no_optimizer_step(run),
+        *coverage.ranks_missing(run),
+        *coverage.no_process_group(run),
+    ]

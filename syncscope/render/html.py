@@ -28,12 +28,14 @@ from syncscope.render.summary import (
     label_of,
     title_of,
     window_basis,
+    window_time_text,
 )
 from syncscope.render.units import human_bytes, human_ns
 
 VERDICT_TITLES = {
     "clean": "No gradient synchronization problems found",
     "warnings": "Training is correct, but wastes communication or memory",
+    "incomplete": "Incomplete: part of the run could not be judged",
     "errors": "Gradient synchronization is broken: training results are affected",
     "failed": "The run failed: the script did not run to its end",
 }
@@ -124,6 +126,13 @@ def _verdict(head: Headline, findings: Sequence[Finding], ranks: int) -> str:
             sub += (
                 f" (and {len(findings) - 1} more finding{'s' if len(findings) > 2 else ''} below)"
             )
+    elif not head.rank_windows:
+        sub = "No optimizer step or backward pass was recorded: there was nothing to judge."
+    elif not head.seen_syncs_max:
+        sub = (
+            "No gradient sync was recorded and none was expected: the script ran without a "
+            "process group or a data-parallel wrapper."
+        )
     else:
         sub = (
             f"{head.seen_syncs_per_window:.3g} gradient sync per window across "
@@ -151,6 +160,8 @@ def _tiles(head: Headline) -> str:
         value = f"{head.seen_syncs_min}-{head.seen_syncs_max}"
         spread = f"{head.rank_windows_off:,} of {head.rank_windows:,} rank-windows off; {synced}"
     tone = "good" if not head.rank_windows_off else ("bad" if seen < expected else "warn")
+    if not head.rank_windows:  # nothing closed a window: nothing to count syncs against
+        value, spread, tone = "-", "no window was closed by an optimizer step", "warn"
     tiles = [
         _tile(
             "grad syncs per window",
@@ -169,7 +180,7 @@ def _tiles(head: Headline) -> str:
                 "warn",
             )
         )
-    tiles.append(_tile("window time", esc(human_ns(head.window_ns)), window_basis(head)))
+    tiles.append(_tile("window time", esc(window_time_text(head)), window_basis(head)))
     p = head.projection
     if p is not None and p.shown and p.speedup is not None:
         s = p.speedup

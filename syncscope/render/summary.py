@@ -231,15 +231,23 @@ def headline(run: Run, findings: Sequence[Finding], grid: Grid | None = None) ->
 
 def window_basis(head: Headline) -> str:
     """How the window time was taken, and the windows shown apart."""
+    if not head.windows:
+        return "no window was closed by an optimizer step"
     if not head.steady_windows:
         return "the first window only: no steady window to measure"
-    text = f"median over ranks and {head.steady_windows} steady windows"
+    plural = "s" if head.steady_windows != 1 else ""
+    text = f"median over ranks and {head.steady_windows} steady window{plural}"
     if head.warmup:
         apart = ", ".join(f"{i} ({why})" for i, why in head.warmup[:3])
         more = f" and {len(head.warmup) - 3} more" if len(head.warmup) > 3 else ""
         warm = f", {human_ns(head.warmup_window_ns)}" if head.warmup_window_ns else ""
         text += f"; apart: window {apart}{more}{warm}"
     return text
+
+
+def window_time_text(head: Headline) -> str:
+    """The headline window time, or "not measured" when no window closed."""
+    return human_ns(head.window_ns) if head.windows else "not measured"
 
 
 def window_means(grid: Grid, attr: str) -> list[float | None]:

@@ -34,6 +34,7 @@ from syncscope.render.summary import (
     plain_text,
     title_of,
     window_basis,
+    window_time_text,
 )
 from syncscope.render.units import human_bytes
 
@@ -60,6 +61,7 @@ SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 VERDICT_STYLE = {
     "failed": "bold white on dark_red",
     "errors": "bold white on red",
+    "incomplete": "bold black on yellow",
     "warnings": "bold black on yellow",
     "clean": "bold white on green",
 }
@@ -146,7 +148,7 @@ def figures_line(run: Run, findings: Sequence[Finding]) -> Text:
     head = headline(run, findings)
     line = VisibleText()
     line.append("window time ", style="bold")
-    line.append(f"{human_ns(head.window_ns)} ({window_basis(head)})")
+    line.append(f"{window_time_text(head)} ({window_basis(head)})")
     if head.comm_ns is not None:
         line.append("\ncomm time ", style="bold")
         line.append(f"{human_ns(head.comm_ns)} (a collective in flight, union per window)")
