@@ -109,7 +109,7 @@ def ranks_missing(run: Run) -> list[Finding]:
                 f"{what} from {_plural(count, 'rank')} of {run.world_size} ({shown}): their "
                 f"syncs were not judged; this report covers {_plural(present, 'rank')}"
             ),
-            ranks=tuple(listed),
+            ranks=tuple(listed) if count == len(listed) else (),  # all of them, or none
             windows=(),
             evidence={
                 "world_size": run.world_size,

@@ -76,7 +76,12 @@ def _agreed(entry: Entry | None) -> tuple[str, int] | None:
 def _streams(run: Run, per_window: bool) -> dict[GroupKey, dict[int, dict[int, list[Entry]]]]:
     """group -> rank -> segment -> entries in issue order; a segment is a window's index
     (``per_window``) or 0, the whole run. Point-to-point and unknown ops are left out: ranks
-    legitimately differ there. Equal entries are one shared tuple (a pointer a collective)."""
+    legitimately differ there. Equal entries are one shared tuple (a pointer a collective).
+
+    A trace that names no process group (old-style ``record_param_comms``) lumps every group
+    into one stream, where collectives of different groups (pipelined all-to-alls beside the
+    gradient all-reduces) interleave differently on each rank without any fault: there each
+    op is its own stream, and only the order within an op is compared."""
     out: dict[GroupKey, dict[int, dict[int, list[Entry]]]] = defaultdict(dict)
     shared: dict[Entry, Entry] = {}
     # a group's rank tuple is hashed once per distinct object, not once per collective (a
@@ -92,7 +97,7 @@ def _streams(run: Run, per_window: bool) -> dict[GroupKey, dict[int, dict[int, l
                 ranks = c.group_ranks
                 members = by_id.get(id(ranks)) if ranks is not None else None
                 if members is None:
-                    key = ranks if ranks is not None else c.group_name or "default"
+                    key = ranks if ranks is not None else c.group_name or _unnamed(c.op, per_window)
                     members = out[key]
                     if ranks is not None:
                         by_id[id(ranks)] = members
@@ -100,6 +105,11 @@ def _streams(run: Run, per_window: bool) -> dict[GroupKey, dict[int, dict[int, l
                 by_segment = members.setdefault(r.rank, {})
                 by_segment.setdefault(segment, []).append(shared.setdefault(entry, entry))
     return out
+
+
+def _unnamed(op: str, per_window: bool) -> str:
+    """The stream of a collective whose group is not recorded: one per op in traces."""
+    return f"{op}s of unnamed groups" if per_window else "default"
 
 
 def _first_difference(
