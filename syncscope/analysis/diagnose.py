@@ -153,15 +153,17 @@ def _redundant(rank: RankRun, window: Window) -> Iterator[Observation]:
         cost["all_reduce_bytes_skipped_per_window"] = sum(
             c.bytes for c in early if c.op == "all_reduce"
         )
-        cost["extra_memory_bytes_if_gradient_sync_skipped"] = int(
-            unsharded * (1 - 1 / max(shard, 1))
-        )
+        if unsharded:  # unknown (traces record no wrapper): said so after grouping, never 0
+            cost["extra_memory_bytes_if_gradient_sync_skipped"] = int(
+                unsharded * (1 - 1 / max(shard, 1))
+            )
         fix = "hsdp"
     elif cause == "fsdp-sharded-accumulation":
         fsdp = [w for w in rank.wrappers if w.kind == "fsdp"]
         unsharded = sum(w.param_bytes for w in fsdp)
         shard = max((w.shard_world for w in fsdp), default=1)
-        cost["extra_memory_bytes_if_skipped"] = int(unsharded * (1 - 1 / max(shard, 1)))
+        if unsharded:  # unknown (traces record no wrapper): said so after grouping, never 0
+            cost["extra_memory_bytes_if_skipped"] = int(unsharded * (1 - 1 / max(shard, 1)))
         # HSDP: the cross-replica all-reduce can be skipped while keeping shards reduced
         fix = "hsdp" if any(c.op == "all_reduce" for c in early) else "fsdp-sharded"
     elif cause == "sync-each-batch":
@@ -528,7 +530,7 @@ def diagnose(run: Run) -> list[Finding]:
         observations.extend(_irregular(rank))
     steady = steady_windows(run)
     grouped = _redundant_figures(run, _fragmented_figures(_group(observations, steady)), steady)
-    findings = [name_helper(f) for f in grouped]
+    findings = [unknown_memory(name_helper(f)) for f in grouped]
     findings.extend(coverage_findings(run))
     if not coverage.independent_copies(run):  # their gradients differ by design
         findings.extend(rank_divergence(run, findings))
@@ -547,6 +549,21 @@ def diagnose(run: Run) -> list[Finding]:
         )
     )
     return findings
+
+
+# memory costs of keeping FSDP gradients unsharded, by cause: null (unknown) where the run
+# recorded no parameter sizes (traces), rather than a 0 that reads as "no cost"
+UNSHARDED_MEMORY_COSTS = {
+    "fsdp-sharded-accumulation": "extra_memory_bytes_if_skipped",
+    "hsdp-all-reduce-every-micro-batch": "extra_memory_bytes_if_gradient_sync_skipped",
+}
+
+
+def unknown_memory(finding: Finding) -> Finding:
+    key = UNSHARDED_MEMORY_COSTS.get(finding.cause)
+    if finding.kind != "redundant-sync" or key is None or key in finding.cost:
+        return finding
+    return replace(finding, cost={**finding.cost, key: None})
 
 
 def coverage_findings(run: Run) -> list[Finding]:

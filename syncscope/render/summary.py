@@ -350,6 +350,8 @@ def unit_of(key: str) -> str:
 
 def human_value(key: str, value: object) -> str:
     """Format a cost or evidence value by its unit (LABELS, else what its key says)."""
+    if value is None:
+        return "unknown"
     number = _number(value)
     if number is None:
         return str(value)

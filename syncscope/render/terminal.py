@@ -193,6 +193,14 @@ def _fragment_cost(c: dict[str, object]) -> str:
     )
 
 
+def _memory_cost(value: object, what: str, per: str = "") -> str:
+    """``skipping would hold ~4.1 KiB more gradient memory``; an unknown amount (a trace
+    records no parameter sizes) said so, never ~0 B."""
+    if value is None:
+        return f"{what} more gradient memory{per}: unknown (no parameter sizes recorded)"
+    return f"{what} ~{human_bytes(_num(value))} more gradient memory{per}"
+
+
 def _cost_line(f: Finding) -> str:
     parts = []
     c = f.cost
@@ -211,14 +219,14 @@ def _cost_line(f: Finding) -> str:
             f"window {human_ns(_num(c['window_ns']))} -> ~{human_ns(_num(c['projected_window_ns']))} after the fix"
         )
     if "extra_memory_bytes_if_skipped" in c:
-        parts.append(
-            f"skipping would hold ~{human_bytes(_num(c['extra_memory_bytes_if_skipped']))} more gradient memory"
-        )
+        parts.append(_memory_cost(c["extra_memory_bytes_if_skipped"], "skipping would hold"))
     if "extra_memory_bytes_if_gradient_sync_skipped" in c:
         parts.append(
-            f"set_requires_gradient_sync instead would hold ~"
-            f"{human_bytes(_num(c['extra_memory_bytes_if_gradient_sync_skipped']))} more "
-            "gradient memory per rank"
+            _memory_cost(
+                c["extra_memory_bytes_if_gradient_sync_skipped"],
+                "set_requires_gradient_sync instead would hold",
+                " per rank",
+            )
         )
     if "estimated_extra_memory_bytes" in c:
         parts.append(

@@ -132,3 +132,20 @@ def test_a_mismatch_within_one_op_of_an_unnamed_group_is_still_found(tmp_path: P
     mismatch = [f for f in report["findings"] if f["kind"] == "collective-mismatch"]
     assert status == 1 and len(mismatch) == 1 and mismatch[0]["cause"] == "count"
     assert "all_to_alls of unnamed groups" in mismatch[0]["message"]
+
+
+def test_fsdp_memory_cost_from_traces_is_unknown_not_zero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 42: traces record no parameter sizes: the memory that skipping the reduce-scatter
+    would hold is unknown (null, "unknown"), never ~0 B."""
+    traces = _copy(tmp_path, "syncscope-gloo-fsdp2")
+    out = tmp_path / "report"
+    main(["analyze", str(traces), "--out", str(out)])
+    text = capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    card = next(f for f in report["findings"] if f["cause"] == "fsdp-sharded-accumulation")
+    assert card["cost"]["extra_memory_bytes_if_skipped"] is None
+    assert "~0 B" not in text and "more gradient memory: unknown" in " ".join(text.split())
+    html = (out / "report.html").read_text()
+    assert "extra gradient memory if the sync is skipped</dt><dd>unknown</dd>" in html
