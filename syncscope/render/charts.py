@@ -218,7 +218,7 @@ def placement_figure(grid: Grid) -> Figure:
             if cell is None or not cell.micro_batches:
                 continue
             for m in range(cell.micro_batches):
-                x = w + (m + 0.5) / cell.micro_batches
+                x = grid.first_window + w + (m + 0.5) / cell.micro_batches
                 synced = m in cell.sync_micro_batches
                 expected = m == cell.expected_micro_batch
                 kind = (
@@ -256,8 +256,8 @@ def placement_figure(grid: Grid) -> Figure:
         "x",
         title={"text": "window"},
         dtick=1,
-        range=[0, min(grid.windows, PLACEMENT_WINDOWS_SHOWN)],
-        tick0=0,
+        range=[grid.first_window, grid.first_window + min(grid.windows, PLACEMENT_WINDOWS_SHOWN)],
+        tick0=grid.first_window,
     )
     update_axes(fig, "y", title={"text": "rank"}, autorange="reversed", dtick=1)
     return fig
@@ -273,12 +273,13 @@ def _placement_heatmap(grid: Grid) -> Figure:
             for m in cell.sync_micro_batches:
                 share[m][w] += 1 / len(column)
         lasts = {c.expected_micro_batch for c in column if c.expected_micro_batch is not None}
-        expected.extend((w, m) for m in lasts)
+        expected.extend((grid.first_window + w, m) for m in lasts)
     fig = styled("Share of ranks that synced, per window and micro-batch", 160 + 28 * depth)
     add_trace(
         fig,
         "heatmap",
         z=typed2d(share),
+        x=typed(grid.window_numbers, "i4"),
         zmin=0,
         zmax=1,
         colorscale=[[0, "#f4f6f8"], [1, ACCENT]],
@@ -309,7 +310,7 @@ def syncs_per_window_figure(grid: Grid, expected: float = 1.0) -> Figure:
         add_trace(
             fig,
             "bar",
-            x=typed(range(len(row)), "i4"),
+            x=typed(range(grid.first_window, grid.first_window + len(row)), "i4"),
             y=typed([c.syncs if c else None for c in row]),
             name=f"rank {rank}",
             marker={"color": RANK_COLORS[i % len(RANK_COLORS)]},
@@ -368,6 +369,7 @@ def _syncs_heatmap(grid: Grid, expected: float) -> Figure:
         "heatmap",
         z=typed2d(z, smallest_dtype([v for row in z for v in row])),
         y=typed(labels, "i4"),
+        x=typed(grid.window_numbers, "i4"),
         zmin=-0.5,
         zmax=zmax + 0.5,
         colorscale=_sync_colorscale(zmax),
@@ -395,7 +397,7 @@ def window_metrics_figure(grid: Grid) -> Figure:
         vertical_spacing=0.07,
     )
     styled("Per window: bytes, time, memory", 580, fig, top=80, showlegend=True)
-    x = typed(range(grid.windows), "i4")
+    x = typed(grid.window_numbers, "i4")
     mib = [None if v is None else v / 2**20 for v in window_means(grid, "bytes")]
     add_trace(
         fig,

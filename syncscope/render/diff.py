@@ -260,7 +260,7 @@ def diff_figure(a: Grid, b: Grid, labels: tuple[str, str] = ("before", "after"))
     )
     styled("Before and after, window by window", 460, fig, top=100)
     for grid, label, color in ((a, labels[0], MUTED), (b, labels[1], ACCENT)):
-        x = typed(range(grid.windows), "i4")
+        x = typed(grid.window_numbers, "i4")
         syncs = window_means(grid, "syncs")
         ms = [None if v is None else v / 1e6 for v in window_means(grid, "duration_ns")]
         add_trace(

@@ -256,7 +256,13 @@ def _charts_detail(run: Run, grid: Grid, findings: Sequence[Finding]) -> list[st
     if not grid.windows:
         return []
     flagged = [r for f in findings if f.severity != "info" for r in f.ranks]
-    windows = [w for f in findings for w in f.windows if w < grid.windows]
+    # findings name windows by index; the timeline takes a column (grid.first_window: 0)
+    windows = [
+        w - grid.first_window
+        for f in findings
+        for w in f.windows
+        if 0 <= w - grid.first_window < grid.windows
+    ]
     first = max(0, min(min(windows, default=0), grid.windows - timeline.TIMELINE_WINDOWS))
     ranks = timeline.timeline_ranks(run, flagged)
     shown = (

@@ -78,6 +78,15 @@ class Grid:
     ranks: tuple[int, ...]
     windows: int
     rows: tuple[tuple[Cell | None, ...], ...]
+    # the index of the window in column 0: windows keep their run numbering on every chart
+    # (traces number them from the first traced step, syncscope.window#N), as in the
+    # terminal and report.json
+    first_window: int = 0
+
+    @property
+    def window_numbers(self) -> range:
+        """The windows' indices, column by column (the x axis of every per-window chart)."""
+        return range(self.first_window, self.first_window + self.windows)
 
     @property
     def large(self) -> bool:
@@ -108,7 +117,8 @@ def grid_of(run: Run) -> Grid:
         for i, window in enumerate(r.windows):
             by_index[i] = cell_of(window)
         rows.append(tuple(by_index))
-    return Grid(ranks=tuple(r.rank for r in ranks), windows=n, rows=tuple(rows))
+    first = min((r.windows[0].index for r in ranks if r.windows), default=0)
+    return Grid(ranks=tuple(r.rank for r in ranks), windows=n, rows=tuple(rows), first_window=first)
 
 
 @dataclass(frozen=True)

@@ -402,3 +402,25 @@ def test_trace_note_says_every_window_was_traced_when_it_was() -> None:
     )
     (note,) = with_trace_overlap(live, half).meta.notes
     assert "for window(s) 2-3 of 4; the other windows were not traced" in note
+
+
+def test_charts_number_windows_as_the_terminal_and_report_json_do(tmp_path: Path) -> None:
+    """Issue 42: traces number windows from the first traced step (1-2 here); every chart's
+    x axis says 1-2 too, as the terminal table and report.json do, never 0-1."""
+    from syncscope.analysis.diagnose import diagnose
+    from syncscope.trace.load import load_traces
+
+    root = Path(__file__).resolve().parents[2]
+    run = load_traces([root / "sample_traces" / "syncscope-gloo-ddp-every"])
+    assert [w.index for w in run.ranks[0].windows] == [1, 2]
+    figs = figures(render_html(run, diagnose(run)))
+    for name in ("fig-window-metrics", "fig-overlap", "fig-syncs"):
+        for trace in figs[name]["data"]:
+            if trace.get("xaxis", "x") in ("x", "x2", "x3") and name != "fig-overlap":
+                assert values(trace["x"]) == [1, 2], (name, trace.get("name"))
+    overlap = [t for t in figs["fig-overlap"]["data"] if t.get("xaxis", "x") == "x"]
+    assert overlap and all(values(t["x"]) == [1, 2] for t in overlap)
+    placement = figs["fig-placement"]
+    xs = [x for t in placement["data"] for x in values(t["x"])]
+    assert min(xs) > 1 and max(xs) < 3
+    assert "windows 1-2 of 2" in json.dumps(figs["fig-timeline"]["layout"]["title"])
