@@ -266,3 +266,32 @@ def test_exposed_communication_never_exceeds_communication_one_definition() -> N
     assert f"{share:.0%}" in render_html(run, [f])
     # AND the message states both, exposed first
     assert re.search(r"[\d.]+ \w?s of the [\d.]+ \w?s of communication per window", f.message)
+
+
+def test_the_projected_speed_up_is_the_ratio_of_the_figures_shown_beside_it() -> None:
+    """Issue 42: "median 1.55x" beside "13.9 ms -> 9.2 ms" (1.51x): the speed-up's middle
+    figure is the shown window over the shown projected window; the range stays the range
+    of the per-(rank, window) ratios."""
+    run = runs.make_run(windows=6, sync_at=runs.every)
+    factors = {(0, 2): 1.3, (0, 3): 1.1, (1, 3): 1.45, (1, 4): 1.2, (1, 5): 1.6}
+    run = dataclasses.replace(
+        run,
+        ranks=tuple(
+            dataclasses.replace(
+                r,
+                windows=tuple(
+                    _stretch(w.index, factors.get((r.rank, w.index), 1.0))(w) for w in r.windows
+                ),
+            )
+            for r in run.ranks
+        ),
+    )
+    p = headline(run, diagnose(run)).projection
+    assert p is not None and p.speedup and p.window and p.projected
+    assert p.speedup.median == p.window.median / p.projected.median
+    assert p.speedup.low < p.speedup.median < p.speedup.high
+    text = " ".join(render_text(run, diagnose(run), width=200).split())
+    shown = re.search(r"median (\d\.\d\d)x\) .*?window ([\d.]+) ms -> ~([\d.]+) ms", text)
+    assert shown, text
+    window, after = float(shown[2]), float(shown[3])  # each rounded to 0.1 ms
+    assert (window - 0.05) / (after + 0.05) <= float(shown[1]) <= (window + 0.05) / (after - 0.05)
