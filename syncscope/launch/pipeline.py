@@ -159,6 +159,12 @@ def _check(request: Request) -> _Plan:
         _check_traced_windows_captured(request.trace_windows, max_windows, first_window)
     script, sha = _check_script(target, module is not None)
     _check_world(request.launcher.values.get("nproc_per_node"))
+    if "nproc_per_node" not in request.launcher.values:
+        print(  # torchrun's default, 1 rank per node, is seldom what a profile is run for
+            "syncscope: no --nproc-per-node given: running 1 rank per node (world size 1 on "
+            "one node); add --nproc-per-node N to run N",
+            file=sys.stderr,
+        )
     # absolute now: the ranks write there whatever the script does with its cwd
     run_dir = Path(os.path.abspath(request.out or _default_out(target)))
     return _Plan(target, script_args, script, sha, max_windows, first_window, then, run_dir)
