@@ -22,6 +22,7 @@ from syncscope.render.summary import (
     Headline,
     grid_of,
     headline,
+    hta_lines,
     html_text,
     human_share,
     human_value,
@@ -354,6 +355,8 @@ def _mapping(values: dict[str, object]) -> str:
 
 
 def _value(key: str, value: object) -> str:
+    if key == "hta":
+        return "<br>".join(esc(line) for line in hta_lines(value))
     if isinstance(value, dict):
         return _mapping({str(k): v for k, v in value.items()})
     if isinstance(value, list | tuple | set | frozenset):

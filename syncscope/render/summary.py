@@ -379,6 +379,40 @@ def human_value(key: str, value: object) -> str:
     return f"{number:g}" if isinstance(value, float) else f"{int(number):,}"
 
 
+def _us_figure(row: dict[str, object], name: str) -> str:
+    time, share = row.get(f"{name}_time(us)"), row.get(f"{name}_time_pctg")
+    if not isinstance(time, int | float):
+        return ""
+    pct = f" ({share:.1f}%)" if isinstance(share, int | float) else ""
+    return f"{name.replace('_', '-')} {human_ns(time * 1e3)}{pct}"
+
+
+def hta_lines(hta: object) -> list[str]:
+    """``analyze --hta``'s figures (HTA's overlap and temporal breakdown) as sentences, one
+    per line: the same words in the terminal and the page (report.json keeps the data)."""
+    if not isinstance(hta, dict):
+        return [str(hta)]
+    lines: list[str] = []
+    if "error" in hta:
+        lines.append(f"not applied: {hta['error']}")
+    overlap = hta.get("comm_comp_overlap_pct")
+    if isinstance(overlap, dict) and overlap:
+        shares = ", ".join(f"rank {r} {v:.1f}%" for r, v in overlap.items())
+        lines.append(f"communication overlapped with compute: {shares}")
+    breakdown = hta.get("temporal_breakdown")
+    for row in breakdown if isinstance(breakdown, list) else []:
+        if not isinstance(row, dict):
+            continue
+        rank = row.get("rank")
+        parts = [_us_figure(row, name) for name in ("idle", "compute", "non_compute")]
+        kernels = row.get("kernel_time(us)")
+        if isinstance(kernels, int | float):
+            parts.append(f"GPU kernel time {human_ns(kernels * 1e3)}")
+        label = f"rank {int(rank)}" if isinstance(rank, int | float) else "rank ?"
+        lines.append(f"{label}: " + ", ".join(p for p in parts if p))
+    return lines
+
+
 def plain_text(text: str) -> str:
     """A fix summary without its markdown marks (``*and*`` -> ``and``), for the terminal."""
     return re.sub(r"(\*\*|\*|`)(?=\S)(.+?)(?<=\S)\1", r"\2", text)

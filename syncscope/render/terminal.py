@@ -29,6 +29,7 @@ from syncscope.render import units
 from syncscope.render.safe import visible
 from syncscope.render.summary import (
     headline,
+    hta_lines,
     human_value,
     label_of,
     plain_text,
@@ -255,7 +256,10 @@ def finding_panel(f: Finding) -> Panel:
             )
         )
     for key, value in f.evidence.items():
-        if isinstance(value, dict):
+        if key == "hta":
+            body.append(VisibleText("HTA (Holistic Trace Analysis):"))
+            body.extend(VisibleText(f"  {line}") for line in hta_lines(value))
+        elif isinstance(value, dict):
             body.append(VisibleText(f"{key}:"))
             for k, v in list(value.items())[:8]:
                 body.append(VisibleText(f"  {k}: {v}"))
