@@ -362,13 +362,9 @@ def run_failed(run: Run) -> list[Finding]:
         return []
     own = [r for r in failed if not _stopped_by_others(r)] or failed
     first = min(own, key=lambda r: (r.last_event_ns or 0, r.rank))
-    complete = [sum(1 for w in r.windows if w.complete) for r in run.ranks]
-    low, high = min(complete), max(complete)
-    windows = f"{low}" if low == high else f"{low}-{high}"
-    captured = (
-        f"{windows} complete window{'s' if high != 1 else ''} captured on "
-        f"{len(run.ranks)} rank{'s' if len(run.ranks) != 1 else ''}"
-    )
+    # what was still measured (complete windows on how many ranks) is the evidence here and
+    # said once by each summary (the verdict line, the page's banner), not in this message
+    low = min(sum(1 for w in r.windows if w.complete) for r in run.ranks)
     others = [r.rank for r in failed if r not in own]
     if len(own) == 1:
         message = f"the run failed: rank {first.rank} stopped ({_how(first)}) {last_seen(first)}"
@@ -377,7 +373,6 @@ def run_failed(run: Run) -> list[Finding]:
             f"the run failed on ranks {compress_ranks([r.rank for r in own])}: rank "
             f"{first.rank} first ({_how(first)}) {last_seen(first)}"
         )
-    message += f"; {captured}"
     if others:
         message += f"; rank(s) {compress_ranks(others)} were then stopped by the launcher"
     per_rank = {
