@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from syncscope.render.summary import Grid, window_means
-from syncscope.render.units import escape_html
+from syncscope.render.units import bytes_unit, escape_html
 
 OK = "#2f9e6e"  # synced where it belongs
 EXTRA = "#e8a33d"  # an extra sync
@@ -398,17 +398,19 @@ def window_metrics_figure(grid: Grid) -> Figure:
     )
     styled("Per window: bytes, time, memory", 580, fig, top=80, showlegend=True)
     x = typed(grid.window_numbers, "i4")
-    mib = [None if v is None else v / 2**20 for v in window_means(grid, "bytes")]
+    synced = window_means(grid, "bytes")
+    # the unit the tiles use for these bytes (33.0 KiB, not 0.03 MiB)
+    unit, size = bytes_unit(max((v for v in synced if v is not None), default=0.0))
     add_trace(
         fig,
         "bar",
         1,
         x=x,
-        y=typed(mib),
+        y=typed([None if v is None else v / size for v in synced]),
         marker={"color": ACCENT},
-        name="MiB synced",
+        name=f"{unit} synced",
         showlegend=False,
-        hovertemplate="window %{x}: %{y:.1f} MiB<extra></extra>",
+        hovertemplate="window %{x}: %{y:.1f} " + unit + "<extra></extra>",
     )
     ms = [None if v is None else v / 1e6 for v in window_means(grid, "duration_ns")]
     add_trace(
@@ -454,9 +456,10 @@ def window_metrics_figure(grid: Grid) -> Figure:
             line={"color": RANK_COLORS[n % len(RANK_COLORS)]},
             hovertemplate=label + ", window %{x}: %{y:.0f} MiB<extra></extra>",
         )
-    update_axes(fig, "y", 1, title={"text": "MiB"}, rangemode="tozero")
+    update_axes(fig, "y", 1, title={"text": unit}, rangemode="tozero")
     update_axes(fig, "y", 2, title={"text": "ms"}, rangemode="tozero")
-    update_axes(fig, "y", 3, title={"text": "MiB"})
+    # from 0, as the other two: a 0.25 MiB wobble on 306 MiB must not fill the panel
+    update_axes(fig, "y", 3, title={"text": "MiB"}, rangemode="tozero")
     update_axes(fig, "x", 3, title={"text": "window"})
     if grid.windows <= 20:
         update_axes(fig, "x", dtick=1)

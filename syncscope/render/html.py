@@ -152,7 +152,7 @@ def _tile(label: str, value: str, sub: str = "", tone: str = "") -> str:
     )
 
 
-def _tiles(head: Headline) -> str:
+def _sync_tile(head: Headline) -> str:
     seen, expected = head.seen_syncs_per_window, head.expected_syncs_per_window
     synced = f"{human_bytes(head.grad_sync_bytes_per_window)} synced per window"
     if head.seen_syncs_min == head.seen_syncs_max:
@@ -163,14 +163,39 @@ def _tiles(head: Headline) -> str:
     tone = "good" if not head.rank_windows_off else ("bad" if seen < expected else "warn")
     if not head.rank_windows:  # nothing closed a window: nothing to count syncs against
         value, spread, tone = "-", "no window was closed by an optimizer step", "warn"
-    tiles = [
-        _tile(
-            "grad syncs per window",
-            f"{value} <small>seen / {expected:.3g} expected</small>",
-            spread,
-            tone,
-        ),
-    ]
+    shown = f"{value} <small>({expected:.3g} expected)</small>"
+    return _tile("grad syncs per window", shown, spread, tone)
+
+
+def _speedup_tile(head: Headline) -> str:
+    """The projected gain in a few words; how it is taken is under the tiles (_basis)."""
+    p = head.projection
+    if p is None:
+        return ""
+    if not p.shown or p.speedup is None:
+        return _tile("projected speed-up", "not projected", p.omitted)
+    s = p.speedup
+    spread = f"range {s.low:.2f}-{s.high:.2f}x; " if s.high - s.low >= 0.005 else ""
+    return _tile(
+        "projected speed-up",
+        esc(f"{s.median:.2f}x"),
+        f"{spread}window {human_ns(head.baseline_window_ns)} -> "
+        f"{human_ns(head.projected_window_ns)} after the fix",
+        "good",
+    )
+
+
+def _comm_tile(head: Headline) -> str:
+    if head.comm_ns is None:
+        return ""
+    sub = "per window"
+    if head.exposed_comm_share is not None:
+        sub += f"; {human_share(head.exposed_comm_share)} of the window exposed"
+    return _tile("communication time", esc(human_ns(head.comm_ns)), sub)
+
+
+def _tiles(head: Headline) -> str:
+    tiles = [_sync_tile(head)]
     if head.wasted_bytes_per_window is not None or head.wasted_ns_per_window is not None:
         share = f", {human_share(head.wasted_share)} of the window" if head.wasted_share else ""
         tiles.append(
@@ -181,46 +206,43 @@ def _tiles(head: Headline) -> str:
                 "warn",
             )
         )
-    tiles.append(_tile("window time", esc(window_time_text(head)), window_basis(head)))
-    p = head.projection
-    if p is not None and p.shown and p.speedup is not None:
-        s = p.speedup
-        value = f"{s.low:.2f}-{s.high:.2f}x" if s.high - s.low >= 0.005 else f"{s.median:.2f}x"
-        tiles.append(
-            _tile(
-                "projected speed-up",
-                esc(value),
-                f"median {s.median:.2f}x: window {human_ns(head.baseline_window_ns)} -> "
-                f"{human_ns(head.projected_window_ns)}, from {p.steady_windows} steady windows "
-                f"({s.n} rank-windows); basis: {p.basis}",
-                "good",
-            )
-        )
-    elif p is not None:
-        tiles.append(_tile("projected speed-up", "not projected", p.omitted))
-    if head.comm_ns is not None:
-        tiles.append(
-            _tile(
-                "communication time",
-                esc(human_ns(head.comm_ns)),
-                "per window with a collective in flight (union, median over ranks and "
-                "steady windows)",
-            )
-        )
-    if head.exposed_comm_share is not None:
-        tiles.append(
-            _tile(
-                "exposed communication",
-                esc(human_share(head.exposed_comm_share)),
-                "of window time, not hidden behind compute",
-            )
-        )
+    steady = f"median of {head.steady_windows} steady" if head.steady_windows else ""
+    window_sub = steady + (" windows" if head.steady_windows != 1 else " window")
+    if not head.windows or not head.steady_windows:
+        window_sub = window_basis(head)
+    tiles.append(_tile("window time", esc(window_time_text(head)), window_sub))
+    tiles.append(_speedup_tile(head))
+    tiles.append(_comm_tile(head))
     tiles.append(
         _tile("peak memory", esc(human_bytes(head.peak_memory_bytes)), "highest on any rank")
         if head.peak_memory_bytes is not None
         else _tile("peak memory", "not measured", "no memory data in this run")
     )
-    return f'<div class="tiles" id="headline">{"".join(tiles)}</div>'
+    shown = [t for t in tiles if t]
+    # one row of up to 6 on a wide page; narrower, rows of 3 (or 2), never one tile alone
+    return f'<div class="tiles n{len(shown)}" id="headline">{"".join(shown)}</div>' + _basis(head)
+
+
+def _basis(head: Headline) -> str:
+    """How the headline figures were taken, in full, under the tiles."""
+    parts = [f"Window time: {window_basis(head)}."] if head.windows else []
+    if head.comm_ns is not None:
+        parts.append(
+            "Communication time: union of the time with a collective in flight, median over "
+            "ranks and steady windows."
+        )
+    if head.exposed_comm_share is not None:
+        parts.append(
+            "Exposed communication: the part of it not overlapped with compute, as a share of "
+            "window time."
+        )
+    p = head.projection
+    if p is not None and p.shown:
+        parts.append(
+            f"Projected speed-up: {p.text()}, from {p.steady_windows} steady windows; "
+            f"basis: {p.basis}."
+        )
+    return f'<p class="basis">{esc(" ".join(parts))}</p>' if parts else ""
 
 
 def _charts_top(grid: Grid, head: Headline) -> list[str]:
