@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import IO
 
 from rich.console import Console, Group, RenderableType
@@ -19,6 +20,7 @@ from syncscope.model import (
     Finding,
     RankRun,
     Run,
+    SourceLocation,
     Window,
     compress_ranks,
     figures,
@@ -240,6 +242,18 @@ def _cost_line(f: Finding) -> str:
     return "; ".join(parts)
 
 
+def _site_text(site: SourceLocation) -> str:
+    """``examples/train.py:18``: a path under the current directory relative to it, as a
+    compiler prints it (report.json keeps the absolute path)."""
+    try:
+        path = Path(site.file)
+        if path.is_absolute():
+            return f"{path.relative_to(Path.cwd())}:{site.line}"
+    except (ValueError, OSError):  # elsewhere, or no current directory
+        pass
+    return str(site)
+
+
 def finding_panel(f: Finding) -> Panel:
     body: list[RenderableType] = [VisibleText(f.message)]
     where = f"ranks {compress_ranks(f.ranks)}" if f.ranks else ""
@@ -267,7 +281,7 @@ def finding_panel(f: Finding) -> Panel:
     if cost:
         body.append(VisibleText("cost: " + cost, style="bold"))
     for role, site in f.sites:
-        body.append(VisibleText(f"{role}: {site}", style="dim"))
+        body.append(VisibleText(f"{role}: {_site_text(site)}", style="dim"))
     if f.fix is not None:
         body.append(VisibleText("fix: " + plain_text(f.fix.summary), style="green"))
         body.append(Syntax(f.fix.snippet, "python", theme="ansi_dark", background_color="default"))

@@ -458,3 +458,28 @@ def test_per_window_charts_use_the_tiles_units_and_start_at_zero() -> None:
     assert unit == "KiB" and fig["layout"]["yaxis"]["title"]["text"] == "KiB"
     assert values(bars["y"])[1] == pytest.approx(cell.bytes / 1024)
     assert fig["layout"]["yaxis3"]["rangemode"] == "tozero"
+
+
+def test_the_terminal_shows_sites_under_the_current_directory_relative(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    """Issue 42: the README's sample output shows ``examples/x.py:18``; the tool printed the
+    absolute path. Under the current directory it prints it relative, as compilers do;
+    report.json keeps the absolute path."""
+    from syncscope.model import SourceLocation
+    from syncscope.render.json_report import report_dict
+    from syncscope.render.terminal import render_text
+
+    script = tmp_path / "examples" / "train.py"
+    site = SourceLocation(str(script), 18, "<module>")
+    import dataclasses
+
+    finding = dataclasses.replace(runs.finding(), sites=(("forward", site),))
+    run = runs.redundant()
+    monkeypatch.chdir(tmp_path)
+    assert "forward: examples/train.py:18" in render_text(run, [finding], width=200)
+    (tmp_path / "elsewhere").mkdir()
+    monkeypatch.chdir(tmp_path / "elsewhere")
+    assert f"forward: {script}:18" in render_text(run, [finding], width=200)
+    sources = report_dict(run, [finding])["findings"][0]["sources"]
+    assert sources[0]["file"] == str(script)
