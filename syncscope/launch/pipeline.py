@@ -78,6 +78,12 @@ def profile(request: Request) -> int:
 
 
 def _profile(request: Request, plan: _Plan) -> int:
+    if "nproc_per_node" not in request.launcher.values:  # said once every input is good
+        print(  # torchrun's default, 1 rank per node, is seldom what a profile is run for
+            "syncscope: no --nproc-per-node given: running 1 rank per node (world size 1 on "
+            "one node); add --nproc-per-node N to run N",
+            file=sys.stderr,
+        )
     meta = _meta(request, plan)
     from syncscope.rundir import write_meta
 
@@ -159,12 +165,6 @@ def _check(request: Request) -> _Plan:
         _check_traced_windows_captured(request.trace_windows, max_windows, first_window)
     script, sha = _check_script(target, module is not None)
     _check_world(request.launcher.values.get("nproc_per_node"))
-    if "nproc_per_node" not in request.launcher.values:
-        print(  # torchrun's default, 1 rank per node, is seldom what a profile is run for
-            "syncscope: no --nproc-per-node given: running 1 rank per node (world size 1 on "
-            "one node); add --nproc-per-node N to run N",
-            file=sys.stderr,
-        )
     # absolute now: the ranks write there whatever the script does with its cwd
     run_dir = Path(os.path.abspath(request.out or _default_out(target)))
     return _Plan(target, script_args, script, sha, max_windows, first_window, then, run_dir)

@@ -381,6 +381,27 @@ def _syncs_heatmap(grid: Grid, expected: float) -> Figure:
     return fig
 
 
+def _memory_series(grid: Grid) -> list[tuple[str, list[float | None]]]:
+    """Peak memory per window in MiB: per rank, or max/min over ranks for many ranks."""
+    per_mib = 2**20
+    if grid.large or len(grid.ranks) > len(RANK_COLORS):
+        columns = [  # 0: not measured, never drawn as 0 MiB
+            [c.peak_memory_bytes / per_mib for c in grid.column(w) if c.peak_memory_bytes]
+            for w in range(grid.windows)
+        ]
+        return [
+            ("max over ranks", [max(col) if col else None for col in columns]),
+            ("min over ranks", [min(col) if col else None for col in columns]),
+        ]
+    return [
+        (
+            f"rank {r}",
+            [c.peak_memory_bytes / per_mib if c and c.peak_memory_bytes else None for c in row],
+        )
+        for r, row in zip(grid.ranks, grid.rows, strict=True)
+    ]
+
+
 def window_metrics_figure(grid: Grid) -> Figure:
     """Bytes, window time and peak memory per window (memory per rank, or max/min, named)."""
     fig = subplots(
@@ -425,26 +446,7 @@ def window_metrics_figure(grid: Grid) -> Figure:
         showlegend=False,
         hovertemplate="window %{x}: %{y:.2f} ms<extra></extra>",
     )
-    per_mib = 2**20
-    series: list[tuple[str, list[float | None]]]
-    if grid.large or len(grid.ranks) > len(RANK_COLORS):
-        columns = [  # 0: not measured, never drawn as 0 MiB
-            [c.peak_memory_bytes / per_mib for c in grid.column(w) if c.peak_memory_bytes]
-            for w in range(grid.windows)
-        ]
-        series = [
-            ("max over ranks", [max(col) if col else None for col in columns]),
-            ("min over ranks", [min(col) if col else None for col in columns]),
-        ]
-    else:
-        series = [
-            (
-                f"rank {r}",
-                [c.peak_memory_bytes / per_mib if c and c.peak_memory_bytes else None for c in row],
-            )
-            for r, row in zip(grid.ranks, grid.rows, strict=True)
-        ]
-    for n, (label, ys) in enumerate(series):
+    for n, (label, ys) in enumerate(_memory_series(grid)):
         add_trace(
             fig,
             "scatter",

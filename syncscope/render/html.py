@@ -233,8 +233,8 @@ def _basis(head: Headline) -> str:
         )
     if head.exposed_comm_share is not None:
         parts.append(
-            "Exposed communication: the part of it not overlapped with compute, as a share of "
-            "window time."
+            "Of which exposed communication: the part not overlapped with compute, as a share "
+            "of window time."
         )
     p = head.projection
     if p is not None and p.shown:
