@@ -16,7 +16,7 @@ Pure: ``Run -> list[Finding]``.
 
 from __future__ import annotations
 
-from syncscope.model import Finding, Fix, Run, compress_ranks
+from syncscope.model import Finding, Fix, Run, compress_ranks, rank_failed
 from syncscope.validate import missing_ranks
 
 STEP_FIX = Fix(
@@ -59,8 +59,11 @@ def _plural(n: int, word: str, many: str = "") -> str:
 
 def no_optimizer_step(run: Run) -> list[Finding]:
     """Backward passes or grad syncs recorded, and no window closed by an optimizer step on
-    any rank: every count is of one open-ended span, and nothing can be judged."""
+    any rank: every count is of one open-ended span, and nothing can be judged. A run that
+    failed or hung says why it stopped (run-failed, hang): not repeated here."""
     if any(w.complete for r in run.ranks for w in r.windows):
+        return []
+    if run.meta.hung or any(rank_failed(r) for r in run.ranks):
         return []
     micro = {r.rank: sum(len(w.micro_batches) for w in r.windows) for r in run.ranks}
     syncs = {r.rank: sum(w.grad_syncs for w in r.windows) for r in run.ranks}
@@ -93,7 +96,10 @@ def no_optimizer_step(run: Run) -> list[Finding]:
 
 
 def ranks_missing(run: Run) -> list[Finding]:
-    """Ranks below the world size with no data in the run: the report covers the others."""
+    """Ranks below the world size with no data in the run: the report covers the others
+    (not for ``track(gather=False)``, which keeps one rank's view by choice)."""
+    if run.meta.one_rank_view:
+        return []
     listed, count = missing_ranks((r.rank for r in run.ranks), run.world_size)
     if not count:
         return []

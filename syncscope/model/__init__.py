@@ -304,6 +304,7 @@ class RunMeta:
     hang_timeout_s: float | None = None
     hung: bool = False  # the launcher stopped the job because it made no progress
     notes: tuple[str, ...] = ()  # what the data cannot tell, said plainly
+    one_rank_view: bool = False  # track(gather=False): this rank's events only, by choice
 
 
 @dataclass(frozen=True, slots=True)

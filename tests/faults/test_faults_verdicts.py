@@ -130,3 +130,16 @@ def test_profile_of_a_script_without_distributed_code_says_copies(tmp_path: Path
     report = json.loads((out / "report.json").read_text())
     assert _kinds(report) == ["no-process-group"]
     assert report["verdict"] == "warnings"
+
+
+def test_one_ranks_view_by_choice_is_not_missing_ranks() -> None:
+    """``track(gather=False)`` keeps this rank's events by choice: the others are not missing."""
+    from syncscope.analysis.assemble import build_run
+    from syncscope.analysis.diagnose import diagnose
+    from syncscope.model import RunMeta, verdict_of
+
+    mine = {0: run_events(0)}
+    gathered = build_run(RunMeta(world_size=2, command=("track()",)), mine)
+    assert [f.kind for f in diagnose(gathered)] == ["ranks-missing"]
+    local = build_run(RunMeta(world_size=2, command=("track()",), one_rank_view=True), mine)
+    assert diagnose(local) == [] and verdict_of(diagnose(local)) == "clean"
