@@ -85,7 +85,9 @@ def _header(run: Run, head: Headline) -> str:
     m = run.meta
     facts = [
         f"{head.world_size:,} rank{'s' if head.world_size != 1 else ''}",
-        f"{head.windows} windows x {_micro_batches(head)} micro-batches",
+        f"{head.windows} windows x {_micro_batches(head)} micro-batches"
+        if head.windows
+        else "no complete window",
         "/".join(head.wrappers),
         f"{'live capture' if m.source == 'live' else 'from traces'}",
         f"torch {m.torch_version}" if m.torch_version else "",

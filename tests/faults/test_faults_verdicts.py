@@ -78,6 +78,7 @@ def test_a_run_with_no_optimizer_step_is_incomplete_never_clean(tmp_path: Path) 
     assert "torch.optim.Optimizer" in finding["fix"]["summary"]
     html = (tmp_path / "report" / "report.html").read_text()
     assert "as it should be" not in html and "no optimizer step was recognised" in html
+    assert "0 windows x 0 micro-batches" not in html and "no complete window" in html
 
 
 def test_copies_that_never_joined_a_process_group_are_not_a_divergence(tmp_path: Path) -> None:
