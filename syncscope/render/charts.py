@@ -211,7 +211,7 @@ def placement_figure(grid: Grid) -> Figure:
         "Where the gradient syncs landed (each dot a micro-batch)", 120 + 34 * len(grid.ranks)
     )
     groups: dict[str, tuple[list[float], list[int]]] = {
-        k: ([], []) for k in ("idle", "ok", "extra", "missing")
+        k: ([], []) for k in ("idle", "ok", "extra", "missing", "open")
     }
     for rank, row in zip(grid.ranks, grid.rows, strict=True):
         for w, cell in enumerate(row):
@@ -222,7 +222,7 @@ def placement_figure(grid: Grid) -> Figure:
                 synced = m in cell.sync_micro_batches
                 expected = m == cell.expected_micro_batch
                 kind = (
-                    ("ok" if expected else "extra")
+                    ("ok" if expected else "extra" if cell.complete else "open")
                     if synced
                     else ("missing" if expected else "idle")
                 )
@@ -236,10 +236,12 @@ def placement_figure(grid: Grid) -> Figure:
             "missing sync",
             {"color": MISSING, "size": 12, "symbol": "circle-open", "line": {"width": 2.5}},
         ),
+        # a window no optimizer step closed: where its syncs belong is not known
+        "open": ("sync, window not closed by a step", {"color": ACCENT, "size": 9}),
     }
     for kind, (label, marker) in styles.items():
         xs, ys = groups[kind]
-        if xs or kind != "idle":
+        if xs or kind not in ("idle", "open"):
             add_trace(
                 fig,
                 "scatter",

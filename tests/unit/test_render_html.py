@@ -483,3 +483,23 @@ def test_the_terminal_shows_sites_under_the_current_directory_relative(
     assert f"forward: {script}:18" in render_text(run, [finding], width=200)
     sources = report_dict(run, [finding])["findings"][0]["sources"]
     assert sources[0]["file"] == str(script)
+
+
+def test_syncs_of_a_window_no_step_closed_are_not_called_extra() -> None:
+    """Issue 42: a window no optimizer step closed has no "last micro-batch" to judge by: its
+    syncs are drawn as syncs of an open window, not as extra syncs."""
+    import dataclasses
+
+    run = runs.make_run(windows=1, sync_at=runs.every)
+    run = dataclasses.replace(
+        run,
+        ranks=tuple(
+            dataclasses.replace(
+                r, windows=tuple(dataclasses.replace(w, complete=False) for w in r.windows)
+            )
+            for r in run.ranks
+        ),
+    )
+    by_name = {t["name"]: t for t in charts.placement_figure(grid_of(run))["data"]}
+    assert "extra sync" not in by_name or not values(by_name["extra sync"]["x"])
+    assert len(values(by_name["sync, window not closed by a step"]["x"])) == 2 * 4
