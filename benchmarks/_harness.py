@@ -63,6 +63,7 @@ class Launch:
     trace: bool = False  # syncscope profile --trace
     extra: tuple[str, ...] = field(default=())
     nproc: int = 2  # ranks per node when nodes == 1
+    env: tuple[tuple[str, str], ...] = field(default=())  # set in the launcher's environment
 
     def _rdzv(self, run_id: str, port: int, node: int) -> list[str]:
         if self.nodes == 1:
@@ -116,7 +117,7 @@ class Launch:
             subprocess.Popen(
                 self.argv(script, args, out, node, run_id, port),
                 cwd=workdir,
-                env={**_env(), **(env or {})},
+                env={**_env(), **dict(self.env), **(env or {})},
                 stdout=subprocess.PIPE,
                 stderr=subprocess.STDOUT,
                 text=True,

@@ -8,8 +8,8 @@ Sections (each measured inside the training script, start-up excluded):
 1. the Accelerate table: seconds per micro-batch for the four gradient-accumulation loops
    and the baseline after ``syncscope fix``, on 1 node x 2 gloo ranks and on 2 "nodes" x 1
    rank (torchrun multi-node rendezvous on loopback); configurations interleaved;
-2. capture cost: plain torchrun vs ``syncscope profile`` vs ``--trace`` vs a bare
-   ``torch.profiler`` trace (window-time ratios; issue 2's limit for counting mode: 1.03),
+2. capture cost: plain torchrun vs ``syncscope profile`` (with torch's Flight Recorder on,
+   its default, and off) vs ``--trace`` vs a bare ``torch.profiler`` trace (window-time ratios; issue 2's limit for counting mode: 1.03),
    and on small steps, eager and compiled (benchmarks/small_steps.py);
 3. ``syncscope analyze`` vs HTA's ``TraceAnalysis`` load (benchmarks/bench_analyze.py);
 4. grad-sync bytes per window against the gradient bytes of one reduction;
@@ -62,7 +62,8 @@ CONFIGS = [
 TOPOLOGIES = {"1x2": "1 node x 2 ranks", "2x1": '2 "nodes" x 1 rank (c10d rendezvous)'}
 CAPTURE_MODES = [
     {"name": "plain", "label": "plain torchrun"},
-    {"name": "profile", "label": "syncscope profile (counting)"},
+    {"name": "profile", "label": "syncscope profile (counting; Flight Recorder on, its default)"},
+    {"name": "profile_no_fr", "label": "syncscope profile, Flight Recorder off"},
     {"name": "trace", "label": "syncscope profile --trace"},
     {"name": "torch_profiler", "label": "bare torch.profiler trace"},
     # bounded capture: the warm-up windows are captured, every timed window runs detached
@@ -125,6 +126,7 @@ def capture_cost(work: Path, reps: int, args: list[str]) -> dict[str, Any]:
     launches = {
         "plain": Launch("torchrun"),
         "profile": Launch("profile"),
+        "profile_no_fr": Launch("profile", env=(("TORCH_FR_BUFFER_SIZE", "0"),)),
         "trace": Launch("profile", trace=True),
         "torch_profiler": Launch("torchrun"),
         "detached": Launch("profile", extra=("--windows", "2")),

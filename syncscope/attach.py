@@ -232,6 +232,9 @@ def main(argv: list[str] | None = None) -> int:
 
     _close_on_signals(session)
     _watch_profile(session, rank)
+    from syncscope.capture.flightdump import start_dumper
+
+    start_dumper(run_dir, rank)  # under profile: the Flight Recorder's buffer on a hang
     sys.argv = [target, *script_args]
     return _run(session, is_module, target)
 

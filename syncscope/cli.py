@@ -22,8 +22,9 @@ from syncscope.errors import SyncscopeError
 
 DESCRIPTION = "Find redundant, missing and misplaced gradient synchronizations in PyTorch training."
 
-# Each module adds its command's subparser via ``add_parser(subparsers)``, in this order.
-COMMAND_MODULES = ("profile", "report", "analyze", "diff", "fix")
+# Each module adds its command's subparser via ``add_parser(subparsers)``, in this order (the
+# module of a command with a dash has an underscore: build-kernel, build_kernel.py).
+COMMAND_MODULES = ("profile", "report", "analyze", "diff", "fix", "build-kernel")
 
 
 class UsageError(Exception):
@@ -186,7 +187,7 @@ def build_parser(command: str | None = None) -> Parser:
         title="commands", dest="command", metavar="COMMAND", required=True, parser_class=Parser
     )
     for name in COMMAND_MODULES if command not in COMMAND_MODULES else (command,):
-        module = importlib.import_module(f"syncscope.commands.{name}")
+        module = importlib.import_module(f"syncscope.commands.{name.replace('-', '_')}")
         module.add_parser(subparsers)
     return parser
 

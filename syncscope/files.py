@@ -145,11 +145,14 @@ def write_output(path: Path, content: bytes | Callable[[IO[bytes]], None]) -> No
         return
     if stat.S_ISDIR(mode):
         raise SyncscopeError(f"{path}: is a directory; name a file to write")
-    with open(path, "wb") as out:
-        if callable(content):
-            content(out)
-        else:
-            out.write(content)
+    try:
+        with open(path, "wb") as out:
+            if callable(content):
+                content(out)
+            else:
+                out.write(content)
+    except OSError as exc:  # /dev/full, a FIFO whose reader left, a device that refuses
+        raise SyncscopeError(f"cannot write {path}: {exc.strerror or exc}") from None
 
 
 def new_folder(base: Path) -> Path:

@@ -99,6 +99,15 @@ def unlock_run_dir(lock: Path) -> None:
             lock.unlink()
 
 
+def running_profile(run_dir: Path) -> int | None:
+    """The pid of another ``syncscope profile`` still writing ``run_dir``, or None."""
+    path = run_dir / LOCK_FILE
+    holder = _lock_holder(path)
+    if holder is None or holder == os.getpid() or not pid_alive(holder):
+        return None
+    return holder
+
+
 def _lock_held(path: Path, holder: int | None) -> bool:
     if holder is None:  # just created, its id not yet written: held unless it is old
         try:
@@ -197,8 +206,20 @@ def earlier_attempts(run_dir: Path) -> list[Path]:
     return sorted(p for p in root.iterdir() if p.name.startswith("attempt-") and p.is_dir())
 
 
+def utf8(value: Any) -> Any:
+    """``value`` with every string UTF-8 can encode: the bytes of a name Python could not
+    decode (kept as surrogates: a script file name in Latin-1) written as ``\\xNN``."""
+    if isinstance(value, str):
+        return value.encode("utf-8", "surrogateescape").decode("utf-8", "backslashreplace")
+    if isinstance(value, dict):
+        return {utf8(k): utf8(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [utf8(v) for v in value]
+    return value
+
+
 def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
-    data = {"format": RUN_FORMAT, "format_version": RUN_FORMAT_VERSION, **meta}
+    data = utf8({"format": RUN_FORMAT, "format_version": RUN_FORMAT_VERSION, **meta})
     atomic_write(run_dir / META_FILE, (json.dumps(data, indent=2) + "\n").encode("utf-8"))
 
 
@@ -214,6 +235,8 @@ def read_meta(run_dir: Path) -> dict[str, Any]:
         raise BadRunDirectory(f"{path}: cannot read ({exc.strerror})") from None
     except ValueError as exc:
         raise BadRunDirectory(f"{path}: not valid JSON ({exc})") from None
+    except RecursionError:
+        raise BadRunDirectory(f"{path}: not a syncscope run (JSON nested too deeply)") from None
     if not isinstance(data, dict) or data.get("format") != RUN_FORMAT:
         raise BadRunDirectory(f"{path}: not a syncscope run (format is not {RUN_FORMAT!r})")
     version = data.get("format_version")
@@ -256,23 +279,37 @@ def read_events(path: Path) -> Iterator[dict[str, Any]]:
         yield from _events_of(file)
 
 
+DROPPED = "dropped"  # the event read in place of a line that is no event
+
+
 def _events_of(file: IO[bytes]) -> Iterator[dict[str, Any]]:
+    """Events in file order. A complete line that is no event (not JSON, ``NaN`` among its
+    numbers, not an object, overlong) is read as a ``dropped`` event in its place, so the
+    window it fell in knows a record is missing; a torn last line (no newline: the process
+    died while writing it) is what a kill leaves and is skipped."""
+    number = 0
     while True:
         raw = file.readline(EVENT_MAX_BYTES + 1)
         if not raw:
             return
+        number += 1
         if len(raw) > EVENT_MAX_BYTES:  # skip the rest of an overlong line, bounded reads
             while raw and not raw.endswith(b"\n"):
                 raw = file.readline(EVENT_MAX_BYTES)
+            yield {"type": DROPPED, "line": number, "why": "longer than an event can be"}
             continue
         if not raw.strip():
             continue
         try:
             event = orjson.loads(raw)
         except orjson.JSONDecodeError:
+            if raw.endswith(b"\n"):
+                yield {"type": DROPPED, "line": number, "why": "not JSON (or NaN/Infinity)"}
             continue
         if isinstance(event, dict):
             yield event
+        else:
+            yield {"type": DROPPED, "line": number, "why": "not a JSON object"}
 
 
 def rank_files(run_dir: Path) -> list[Path]:

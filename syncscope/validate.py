@@ -16,6 +16,9 @@ from typing import Any
 
 from syncscope.errors import SyncscopeError
 
+# the largest number a run directory's field may hold: what a writer offers beyond it (a
+# ``--hang-timeout`` of 1e308) would make its own run unreadable
+SANE_MAX = 1e18
 _MISSING: Any = object()
 MAX_LISTED_MISSING = 64  # more absent ranks than this: counted, not listed
 # Nanosecond timestamps and byte counts beyond this are not from any real run (year 2262)
@@ -84,7 +87,7 @@ def field_float(
         return default
     if isinstance(value, bool) or not isinstance(value, (int, float)):
         bad(file, name, f"must be a number, not {_type_name(value)} {_short(value)}", error)
-    if not math.isfinite(value) or abs(value) > 1e18:
+    if not math.isfinite(value) or abs(value) > SANE_MAX:
         bad(file, name, f"must be a finite number of sane size, not {value!r}", error)
     if min is not None and value < min:
         bad(file, name, f"must be at least {min}, not {value}", error)

@@ -85,10 +85,12 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
 
 def _build_native_kernel() -> None:
-    """Build syncscope's compiled collective kernel before the tests that launch ranks (about
-    25 s once per torch): otherwise whichever ``syncscope profile`` ran first would build it
-    and say so on its stderr. Where it cannot be built the suite runs on the Python kernel
-    (tests/integration/test_native_kernel.py skips its compiled-kernel tests, with the reason)."""
+    """Build syncscope's compiled collective kernel before the tests that launch ranks (once
+    per torch, waiting for it as ``syncscope build-kernel`` does): otherwise the first
+    ``syncscope profile`` would run on the Python kernel, say so on its stderr and build it
+    in the background while later tests run. Where it cannot be built the suite runs on the
+    Python kernel (tests/integration/test_native_kernel.py skips its compiled-kernel tests,
+    with the reason)."""
     from syncscope.capture import native
 
     native.build()

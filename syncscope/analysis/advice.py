@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from syncscope.analysis.deepspeed import SNIPPETS as DEEPSPEED_SNIPPETS
+from syncscope.analysis.reductions import SNIPPETS as REDUCTION_SNIPPETS
 from syncscope.model import Fix, RankRun, Window
 
 SNIPPETS: dict[str, Fix] = {
@@ -113,8 +114,8 @@ optimizer.zero_grad()  # here, once per window""",
 
 grads = [p.grad for p in model.parameters() if p.grad is not None]
 flat = _flatten_dense_tensors(grads)
-dist.all_reduce(flat)
-flat /= dist.get_world_size()
+dist.all_reduce(flat, group=group)  # the group they were reduced over (None: the world)
+flat /= dist.get_world_size(group)
 for g, synced in zip(grads, _unflatten_dense_tensors(flat, grads)):
     g.copy_(synced)""",
     ),
@@ -266,6 +267,7 @@ FRAMEWORK_FIXES["deepspeed"] = {
     "step-gate": "deepspeed-step",
 }
 SNIPPETS.update(DEEPSPEED_SNIPPETS)
+SNIPPETS.update(REDUCTION_SNIPPETS)
 FRAMEWORK_NAMES = {
     "deepspeed": "DeepSpeed",
     "lightning": "PyTorch Lightning",

@@ -18,6 +18,7 @@ from syncscope.errors import BadRunDirectory
 from syncscope.files import NotRegularFile
 from syncscope.model import RankRun, Run, RunMeta, compress_ranks
 from syncscope.rundir import (
+    DROPPED,
     EVENTS_FORMAT_VERSION,
     is_run_dir,
     rank_files,
@@ -154,6 +155,7 @@ def load_run(path: Path | Sequence[Path]) -> Run:
                 continue
             for number, event in enumerate(events, 1):
                 check_event(event, file, number)
+            _note_dropped(events, file, stops)
             events = _last_attempt(events, file, stops)
             events, notes = check_sequence(events, file.name)
             stops.extend(notes)
@@ -184,6 +186,19 @@ def load_run(path: Path | Sequence[Path]) -> Run:
     meta = _meta_from(meta_data, headers, meta_file or paths[0])
     meta = dataclasses.replace(meta, notes=(*meta.notes, *stops))
     return assemble(meta, ranks.values())
+
+
+def _note_dropped(events: list[dict[str, Any]], file: Path, notes: list[str]) -> None:
+    """Lines of a rank file that were no event: counted, named, and said once per file."""
+    dropped = [e for e in events if e.get("type") == DROPPED]
+    if dropped:
+        lines = ", ".join(str(e.get("line")) for e in dropped[:5])
+        more = f" and {len(dropped) - 5} more" if len(dropped) > 5 else ""
+        notes.append(
+            f"{file.name}: {len(dropped)} line(s) could not be read and were dropped (line "
+            f"{lines}{more}: {dropped[0].get('why')}); no finding is drawn from the windows "
+            "that held them"
+        )
 
 
 def _last_attempt(

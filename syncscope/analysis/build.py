@@ -71,6 +71,8 @@ def is_grad_sync(event: dict[str, Any]) -> bool:
       bucket, an FSDP reduce-scatter of sharded gradients or HSDP's all-reduce); DDP's
       integer used-parameter map (``find_unused_parameters``) and its broadcasts are
       bookkeeping;
+    - an FSDP reduction issued after a backward, outside autograd (a pipelining schedule
+      reduces its stages' gradients after the step's last backward);
     - the user's all-reduce/reduce-scatter of a tensor that shares storage with a ``.grad``
       (or with the bucket a DDP comm hook was handed), or that holds the gradients' values
       (a flattened copy), checked before the collective ran (``grad_content``).
@@ -81,8 +83,13 @@ def is_grad_sync(event: dict[str, Any]) -> bool:
     if event.get("op") not in GRAD_REDUCING_OPS:
         return False
     issuer = event.get("issuer")
+    phase = event.get("phase")
+    if issuer == "fsdp" and phase == "after-backward":
+        # FSDP's reduction driven from outside autograd, after the last backward (a
+        # pipelining schedule's ``perform_reduce_grad``): the same sharded gradients
+        return is_floating_dtype(str(event.get("dtype", "")))
     if issuer in ("ddp", "fsdp", "deepspeed"):
-        return event.get("phase") == "backward" and is_floating_dtype(str(event.get("dtype", "")))
+        return phase == "backward" and is_floating_dtype(str(event.get("dtype", "")))
     if issuer == "user":
         if "grad_content" in event:
             return bool(event.get("grad_storage") or event.get("grad_content"))
@@ -105,6 +112,7 @@ class _WindowBuilder:
         self.fp_sharded = False
         self.step_site: SourceLocation | None = None
         self.step_start = 0
+        self.dropped = 0
 
     def touch(self, t: int) -> None:
         if self.start_ns is None:
@@ -129,6 +137,7 @@ class _WindowBuilder:
             peak_memory_bytes=self.peak_memory,
             fingerprint=self.fingerprint,
             fingerprint_sharded=self.fp_sharded,
+            records_dropped=self.dropped,
         )
 
 
@@ -170,6 +179,9 @@ class _RankReader:
         if handler is not None:
             handler(self, ev, t)
 
+    def _on_dropped(self, ev: dict[str, Any], t: int) -> None:
+        self.current.dropped += 1
+
     def _on_header(self, ev: dict[str, Any], t: int) -> None:
         self.header = ev
 
@@ -206,6 +218,14 @@ class _RankReader:
                 site=_site(ev.get("site")),
                 zero_stage=ev.get("zero_stage"),
                 accumulation_steps=ev.get("accumulation_steps"),
+                static_graph=ev.get("static_graph") is True,
+                outer=str(ev.get("outer", "") or ""),
+                fsdp_modules=_names(ev.get("fsdp_modules")),
+                setter_sites=tuple(
+                    site
+                    for value in _list(ev.get("setter_mentions"))
+                    if (site := _site(value)) is not None
+                ),
             )
         )
 
@@ -225,6 +245,7 @@ class _RankReader:
                 micro_batch=len(self.current.micro_batches),
                 before_forward=self.pending_fwd is None and self.backward is None,
                 site=_site(ev.get("site")),
+                recurse=ev.get("recurse") is not False,
             )
         )
 
@@ -380,6 +401,7 @@ class _RankReader:
 _Handler = Callable[[_RankReader, dict[str, Any], int], None]
 _HANDLERS: dict[str, _Handler] = {
     "header": _RankReader._on_header,
+    "dropped": _RankReader._on_dropped,
     "dist": _RankReader._on_dist,
     "framework": _RankReader._on_framework,
     "exit": _RankReader._on_exit,
@@ -407,6 +429,14 @@ def rank_from_events(events: Sequence[dict[str, Any]], rank: int | None = None) 
     for ev in events:
         reader.feed(ev)
     return reader.finish(rank)
+
+
+def _list(value: object) -> list[Any]:
+    return value if isinstance(value, list) else []
+
+
+def _names(value: object) -> tuple[str, ...]:
+    return tuple(str(v) for v in value) if isinstance(value, list) else ()
 
 
 def _wrapper(value: object) -> Wrapper:
@@ -463,4 +493,7 @@ def _collective(
         bucket=ev.get("bucket"),
         module=str(ev.get("detail", "")),
         site=_site(ev.get("site")),
+        via=str(ev.get("via", "") or ""),
+        grad_params=_names(ev.get("grad_params")),
+        also_reduced_by=str(ev.get("also_reduced_by", "") or ""),
     )

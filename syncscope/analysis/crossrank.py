@@ -7,7 +7,9 @@ from __future__ import annotations
 from collections import defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Any
 
+from syncscope.analysis import reductions
 from syncscope.analysis.advice import SNIPPETS
 from syncscope.model import (
     Finding,
@@ -24,8 +26,14 @@ SIZED_OPS = frozenset({"all_reduce", "broadcast", "reduce_scatter", "all_gather"
 
 
 def rank_divergence(run: Run, findings: Sequence[Finding]) -> list[Finding]:
+    tainted = {w.index for r in run.ranks for w in r.windows if w.records_dropped}
     windows = sorted(
-        {w.index for r in run.ranks for w in r.windows if w.fingerprint_match is False}
+        {
+            w.index
+            for r in run.ranks
+            for w in r.windows
+            if w.fingerprint_match is False and w.index not in tainted
+        }
     )
     if not windows:
         return []
@@ -56,9 +64,11 @@ def rank_divergence(run: Run, findings: Sequence[Finding]) -> list[Finding]:
 
 # What the members of a group must agree on at one position: (op, bytes).
 Entry = tuple[str, int]
-# A group: its global ranks when known, else its name (traces without record_param_comms
-# name none: their collectives form one group, "default").
-GroupKey = tuple[int, ...] | str
+# A group: its name (the process group's identity: two groups of the same members, the
+# default group and a ``new_group([0, 1])`` of a 2-rank job, are two streams) with its global
+# ranks when known, else its name alone (traces without record_param_comms name none: their
+# collectives form one group, "default").
+GroupKey = tuple[str, tuple[int, ...]] | str
 
 
 def _describe(entry: Entry | None) -> str:
@@ -87,20 +97,31 @@ def _streams(run: Run, per_window: bool) -> dict[GroupKey, dict[int, dict[int, l
     # a group's rank tuple is hashed once per distinct object, not once per collective (a
     # tuple does not keep its hash: at 16k ranks each hash reads 16k entries); readers share
     # one tuple per group, so this is one hash per group
-    by_id: dict[int, dict[int, dict[int, list[Entry]]]] = {}
+    by_id: dict[tuple[str, int], dict[int, dict[int, list[Entry]]]] = {}
+    # a rank's record with a line dropped is incomplete from that window on: every rank's
+    # sequence is compared up to the first such window only (a dropped collective is no
+    # mismatch)
+    cut = min((w.index for r in run.ranks for w in r.windows if w.records_dropped), default=None)
     for r in run.ranks:
         for w in r.windows:
+            if cut is not None and w.index >= cut:
+                break
             segment = w.index if per_window else 0
             for c in w.collectives:
                 if c.op in ("send", "recv", "other"):
                     continue
                 ranks = c.group_ranks
-                members = by_id.get(id(ranks)) if ranks is not None else None
+                ident = (c.group_name, id(ranks))
+                members = by_id.get(ident) if ranks is not None else None
                 if members is None:
-                    key = ranks if ranks is not None else c.group_name or _unnamed(c.op, per_window)
+                    key: GroupKey = (
+                        (c.group_name, ranks)
+                        if ranks is not None
+                        else c.group_name or _unnamed(c.op, per_window)
+                    )
                     members = out[key]
                     if ranks is not None:
-                        by_id[id(ranks)] = members
+                        by_id[ident] = members
                 entry = (c.op, c.bytes)
                 by_segment = members.setdefault(r.rank, {})
                 by_segment.setdefault(segment, []).append(shared.setdefault(entry, entry))
@@ -207,9 +228,11 @@ def collective_mismatch(run: Run) -> list[Finding]:
     # In a hang every rank is stopped by the launcher and the mismatch is the cause: keep it.
     stopped = set() if run.meta.hung else {r.rank for r in run.ranks if rank_failed(r)}
     findings: list[Finding] = []
-    for key, by_rank in _streams(run, per_window).items():
+    streams = _streams(run, per_window)
+    shared = _shared_members(streams)
+    for key, by_rank in streams.items():
         if isinstance(key, tuple) and not per_window:
-            members = [m for m in key if m in present]  # one that issued nothing: "count"
+            members = [m for m in key[1] if m in present]  # one that issued nothing: "count"
         else:
             members = sorted(by_rank)
         if len(members) < 2:
@@ -217,7 +240,9 @@ def collective_mismatch(run: Run) -> list[Finding]:
         segments = [0]
         if per_window:
             segments = sorted(set.intersection(*(set(by_rank[m]) for m in members)))
-        group = compress_ranks(key) if isinstance(key, tuple) else key
+        group = key if isinstance(key, str) else compress_ranks(key[1])
+        if isinstance(key, tuple) and key[1] in shared:  # say which of those groups
+            group += f" (process group {key[0] or '?'})"
         for segment in segments:
             seqs = {m: by_rank.get(m, {}).get(segment, []) for m in members}
             found = _first_difference(seqs, stopped)
@@ -227,6 +252,15 @@ def collective_mismatch(run: Run) -> list[Finding]:
                 findings.append(_mismatch_finding(mismatch, len(segments)))
                 break
     return findings
+
+
+def _shared_members(streams: dict[GroupKey, Any]) -> set[tuple[int, ...]]:
+    """Member lists that more than one process group has."""
+    seen: dict[tuple[int, ...], int] = {}
+    for key in streams:
+        if isinstance(key, tuple):
+            seen[key[1]] = seen.get(key[1], 0) + 1
+    return {ranks for ranks, n in seen.items() if n > 1}
 
 
 def _pending_text(p: PendingCollective | None) -> str:
@@ -386,6 +420,13 @@ def run_failed(run: Run) -> list[Finding]:
         if first.exit_reason.startswith("killed by signal")
         else "exit-status"
     )
+    fix = None
+    if reductions.static_graph_failure(first):
+        cause, fix = reductions.STATIC_FAILED_CAUSE, reductions.SNIPPETS["static-graph"]
+        message += (
+            "; DDP(static_graph=True) failed on a backward under no_sync(): its first "
+            "backward must sync"
+        )
     return [
         Finding(
             kind="run-failed",
@@ -404,5 +445,6 @@ def run_failed(run: Run) -> list[Finding]:
                 "per_rank": per_rank,
             },
             cost={},
+            fix=fix,
         )
     ]

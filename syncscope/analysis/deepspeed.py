@@ -163,7 +163,9 @@ _CONFIG = """ds_config = {
     "gradient_accumulation_steps": accum_steps,  # DeepSpeed counts the micro-batches
     "zero_optimization": {"stage": STAGE},
 }
-engine, optimizer, _, _ = deepspeed.initialize(model=model, config=ds_config, ...)
+engine, optimizer, _, _ = deepspeed.initialize(
+    model=model, config=ds_config, model_parameters=model.parameters()
+)
 for batch in loader:  # one micro-batch per iteration
     loss = engine(batch)
     engine.backward(loss)  # reduces at DeepSpeed's boundary (every micro-batch from ZeRO-2)
@@ -184,7 +186,10 @@ SNIPPETS: dict[str, Fix] = {
         "gradients, so DeepSpeed reduces them on every micro-batch. Where memory allows, "
         'ZeRO stage 1 ("zero_optimization": {"stage": 1}) keeps whole gradients between '
         "micro-batches and reduces once per window, at the boundary.",
-        _CONFIG.replace("STAGE", "1  # was 2 or 3: once per window, whole gradients held"),
+        _CONFIG.replace(
+            '{"stage": STAGE},',
+            '{"stage": 1},  # was 2 or 3: once per window, whole gradients held',
+        ),
     ),
     "deepspeed-manual-all-reduce": Fix(
         "deepspeed-manual-all-reduce",

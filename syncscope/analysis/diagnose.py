@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
-from syncscope.analysis import coverage, deepspeed
+from syncscope.analysis import coverage, deepspeed, reductions
 from syncscope.analysis.advice import SNIPPETS, fix_style, in_framework
 from syncscope.analysis.crossrank import collective_mismatch, hang, rank_divergence, run_failed
 from syncscope.analysis.helpers import (
@@ -127,7 +127,11 @@ def _redundant(rank: RankRun, window: Window) -> Iterator[Observation]:
     if not early or window.grad_syncs < 2:
         return  # a single reduction in the wrong place is a missing sync, not a redundant one
     positions = sorted({c.micro_batch for c in early})
-    cause, severity = _redundant_cause(rank, window, positions[0])
+    named = reductions.redundant_cause(rank, window, early)
+    if named == reductions.STATIC_FIRST_CAUSE and reductions.first_window(rank, window):
+        return  # static_graph=True: the first backward of training must sync
+    severity: Severity
+    cause, severity = (named, "warning") if named else _redundant_cause(rank, window, positions[0])
     helper = helper_no_op(window, positions[0]) if cause in REPLACED_CAUSES else None
     if helper is not None:  # the user's own helper was meant to skip these syncs
         cause, severity = HELPER_CAUSE, "warning"
@@ -143,29 +147,19 @@ def _redundant(rank: RankRun, window: Window) -> Iterator[Observation]:
         "projected_window_ns": max(0, window.duration_ns - wasted_ns),
     }
     fix = fix_style(rank, window)
-    if cause == "hsdp-all-reduce-every-micro-batch":
-        # keep the reduce-scatter (sharded gradients), skip only the cross-replica all-reduce;
-        # the alternative, set_requires_gradient_sync, also skips the reduce-scatter and holds
-        # unsharded gradients between micro-batches: its memory cost, per rank
-        fsdp = [w for w in rank.wrappers if w.kind == "fsdp"]
-        unsharded = sum(w.param_bytes for w in fsdp)
-        shard = max((w.shard_world for w in fsdp), default=1)
-        cost["all_reduce_bytes_skipped_per_window"] = sum(
-            c.bytes for c in early if c.op == "all_reduce"
-        )
-        if unsharded:  # unknown (traces record no wrapper): said so after grouping, never 0
-            cost["extra_memory_bytes_if_gradient_sync_skipped"] = int(
-                unsharded * (1 - 1 / max(shard, 1))
-            )
-        fix = "hsdp"
-    elif cause == "fsdp-sharded-accumulation":
-        fsdp = [w for w in rank.wrappers if w.kind == "fsdp"]
-        unsharded = sum(w.param_bytes for w in fsdp)
-        shard = max((w.shard_world for w in fsdp), default=1)
-        if unsharded:  # unknown (traces record no wrapper): said so after grouping, never 0
-            cost["extra_memory_bytes_if_skipped"] = int(unsharded * (1 - 1 / max(shard, 1)))
-        # HSDP: the cross-replica all-reduce can be skipped while keeping shards reduced
-        fix = "hsdp" if any(c.op == "all_reduce" for c in early) else "fsdp-sharded"
+    evidence = reductions.cause_evidence(cause, window, early)
+    sites = _sites(window, positions[0]) + ([("sync_helper", helper)] if helper else [])
+    if helper is not None or cause == reductions.NOT_FSDP_CAUSE:
+        evidence.update(_helper_targets(rank))
+    missed = reductions.setter_missed(rank, window)
+    if cause == reductions.NOT_FSDP_CAUSE and missed is not None:
+        sites = [("sync_toggle", missed.setter_sites[0]), *sites]
+    if named:
+        fix = reductions.fix_for(named) or fix
+    elif reductions.static_graph_ddp(rank) is not None and fix.startswith("ddp-"):
+        fix = "static-graph"  # never no_sync on the first backward of a static-graph DDP
+    elif cause in ("hsdp-all-reduce-every-micro-batch", "fsdp-sharded-accumulation"):
+        fix = _sharded_cost(rank, cause, early, cost)
     elif cause == "sync-each-batch":
         fix = "sync-each-batch"
     elif cause == HELPER_CAUSE and {"reduce_scatter", "all_reduce"} <= {c.op for c in early}:
@@ -188,11 +182,73 @@ def _redundant(rank: RankRun, window: Window) -> Iterator[Observation]:
             "grad_sync_micro_batches": window.grad_sync_micro_batches,
             "grad_sync_collectives": len(window.grad_sync_collectives),
             **({"sync_helper": helper_text(helper)} if helper else {}),
+            **evidence,
         },
         cost,
-        _sites(window, positions[0]) + ([("sync_helper", helper)] if helper else []),
+        sites,
         fix,
     )
+
+
+def _sharded_cost(
+    rank: RankRun, cause: str, early: list[Collective], cost: dict[str, float]
+) -> str:
+    """FSDP's trade-off figures, added to ``cost``; returns the fix style."""
+    fsdp = [w for w in rank.wrappers if w.kind == "fsdp"]
+    unsharded = sum(w.param_bytes for w in fsdp)
+    shard = max((w.shard_world for w in fsdp), default=1)
+    extra = int(unsharded * (1 - 1 / max(shard, 1)))
+    if cause == "hsdp-all-reduce-every-micro-batch":
+        # keep the reduce-scatter (sharded gradients), skip only the cross-replica all-reduce;
+        # the alternative, set_requires_gradient_sync, also skips the reduce-scatter and holds
+        # unsharded gradients between micro-batches: its memory cost, per rank
+        cost["all_reduce_bytes_skipped_per_window"] = sum(
+            c.bytes for c in early if c.op == "all_reduce"
+        )
+        if unsharded:  # unknown (traces record no wrapper): said so after grouping, never 0
+            cost["extra_memory_bytes_if_gradient_sync_skipped"] = extra
+        return "hsdp"
+    if unsharded:  # unknown (traces record no wrapper): said so after grouping, never 0
+        cost["extra_memory_bytes_if_skipped"] = extra
+    # HSDP: the cross-replica all-reduce can be skipped while keeping shards reduced
+    return "hsdp" if any(c.op == "all_reduce" for c in early) else "fsdp-sharded"
+
+
+def _helper_targets(rank: RankRun) -> dict[str, object]:
+    """What a no-op sync helper was given, as the run saw the FSDP roots: the user's module
+    around them when it is not an FSDPModule, and the FSDP modules inside."""
+    fsdp = [w for w in rank.wrappers if w.kind == "fsdp"]
+    outer = next((w.outer for w in fsdp if w.outer), "")
+    modules = [m or "(root)" for w in fsdp for m in w.fsdp_modules]
+    out: dict[str, object] = {}
+    if outer:
+        out["helper_target"] = outer
+    if modules:
+        out["fsdp_modules"] = modules[:16]
+    return out
+
+
+def _reduced_twice(rank: RankRun, window: Window) -> Iterator[Observation]:
+    """The same gradients reduced by a wrapper and by hand on one micro-batch."""
+    for position, hand in reductions.reduced_twice(rank, window):
+        wasted_ns = sum(c.duration_ns for c in hand)
+        yield Observation(
+            "redundant-sync",
+            "warning",
+            reductions.TWICE_CAUSE,
+            rank.rank,
+            window.index,
+            reductions.twice_evidence(window, position, hand),
+            {
+                "wasted_bytes_per_window": sum(c.bytes for c in hand),
+                "redundant_collectives_per_window": len(hand),
+                "reduced_twice_time_ns_per_window": wasted_ns,
+                "share_of_window_time": min(1.0, wasted_ns / max(window.duration_ns, 1)),
+                "window_ns": window.duration_ns,
+            },
+            [("all_reduce", c.site) for c in hand[:1] if c.site] + _sites(window, position),
+            "reduced-twice",
+        )
 
 
 def _missing_cause(rank: RankRun, window: Window) -> str:
@@ -214,12 +270,26 @@ def _missing_cause(rank: RankRun, window: Window) -> str:
     return "misplaced-sync"
 
 
+def _alone_in_shard_group(rank: RankRun, window: Window) -> bool:
+    """FSDP2 with a shard group of one and no reduction at all: with nobody to reduce with,
+    FSDP issues none (measured on CUDA and CPU); that is not a missing sync."""
+    fsdp = [w for w in rank.wrappers if w.kind == "fsdp"]
+    return (
+        bool(fsdp)
+        and all(w.shard_world <= 1 for w in fsdp)
+        and window.micro_batches[-1].wrapper == "fsdp"
+        and not window.grad_sync_collectives
+    )
+
+
 def _missing(rank: RankRun, window: Window) -> Iterator[Observation]:
     n = len(window.micro_batches)
     if n == 0 or any(c.micro_batch == n - 1 for c in window.grad_sync_collectives):
         return
+    if _alone_in_shard_group(rank, window):
+        return
     cause = _missing_cause(rank, window)
-    fix = in_framework(rank, fix_style(rank, window))
+    fix = reductions.fix_for(cause) or in_framework(rank, fix_style(rank, window))
     yield Observation(
         "missing-sync",
         "error",
@@ -235,11 +305,23 @@ def _missing(rank: RankRun, window: Window) -> Iterator[Observation]:
             "unsynced_micro_batches": [
                 i for i in range(n) if i > max(window.grad_sync_micro_batches, default=-1)
             ],
+            **_bypass_evidence(rank, cause),
         },
         {"window_ns": window.duration_ns},
         _sites(window, n - 1),
         fix,
     )
+
+
+def _bypass_evidence(rank: RankRun, cause: str) -> dict[str, object]:
+    if cause != "wrapper-bypassed":
+        return {}
+    wrapper = rank.wrappers[0]
+    return {
+        "bypassed_wrapper": wrapper.label,
+        "reductions_lost": "every gradient reduction of the window: the wrapper's forward "
+        "never ran, so nothing armed its reduction",
+    }
 
 
 def _grad_reset(rank: RankRun, window: Window) -> Iterator[Observation]:
@@ -281,7 +363,8 @@ def _fragmented(rank: RankRun, window: Window) -> Iterator[Observation]:
     own = {"fsdp", "deepspeed"} if small_buckets else {"fsdp", "deepspeed", "ddp", "autograd"}
     rounds: dict[tuple[int, str, str], list[Collective]] = {}
     for c in window.grad_sync_collectives:
-        if c.issuer not in own:
+        # a reduction DDP makes too is reduced twice (reduced-twice): removed, not bucketed
+        if c.issuer not in own and not c.also_reduced_by:
             rounds.setdefault((c.micro_batch, c.phase, c.issuer), []).append(c)
     ideal = {k: -(-sum(c.bytes for c in r) // FRAGMENT_BUCKET_BYTES) for k, r in rounds.items()}
     small = {
@@ -413,6 +496,7 @@ def _deepspeed(rank: RankRun, window: Window) -> Iterator[Observation]:
 
 WINDOW_RULES: tuple[Callable[[RankRun, Window], Iterator[Observation]], ...] = (
     _redundant,
+    _reduced_twice,
     _missing,
     _grad_reset,
     _fragmented,
@@ -422,7 +506,7 @@ WINDOW_RULES: tuple[Callable[[RankRun, Window], Iterator[Observation]], ...] = (
 
 
 def _irregular(rank: RankRun) -> Iterator[Observation]:
-    complete = [w for w in rank.windows if w.complete and w.micro_batches]
+    complete = [w for w in rank.windows if w.complete and w.micro_batches and not w.records_dropped]
     if len(complete) < 2:
         return
     sizes = Counter(len(w.micro_batches) for w in complete)
@@ -451,6 +535,15 @@ MESSAGES = {
     "fragmented-sync": "many small gradient collectives where one bucketed collective would do",
     "unsharded-grad-memory": "FSDP holds unsharded gradients between micro-batches",
     "irregular-window": "windows of unequal size",
+}
+
+
+# where a cause says more than its kind's message
+CAUSE_MESSAGES = {
+    reductions.TWICE_CAUSE: "the same gradients reduced twice in one window, by DDP and by hand",
+    reductions.PIPELINE_CAUSE: (
+        "gradients reduced at the end of every pipeline schedule step(), several per window"
+    ),
 }
 
 
@@ -489,7 +582,7 @@ def _group(observations: list[Observation], steady: Steady | None = None) -> lis
                 kind=kind,
                 severity=min((o.severity for o in items), key=severity_rank),
                 cause=cause,
-                message=f"{MESSAGES.get(kind, kind)} ({cause})",
+                message=f"{CAUSE_MESSAGES.get(cause) or MESSAGES.get(kind, kind)} ({cause})",
                 ranks=tuple(ranks),
                 windows=tuple(windows),
                 evidence={
@@ -520,8 +613,8 @@ def diagnose(run: Run) -> list[Finding]:
     if sync_applies(run):
         for rank in run.ranks:
             for window in rank.windows:
-                if not window.complete:
-                    continue
+                if not window.complete or window.records_dropped:
+                    continue  # an incomplete record draws no finding (a note says why)
                 for rule in WINDOW_RULES:
                     observations.extend(rule(rank, window))
         if any(o.kind == "redundant-sync" for o in observations):

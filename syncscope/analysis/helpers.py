@@ -32,15 +32,33 @@ _WHAT_IT_MISSED = {
         "it sets is not DDP's: set require_backward_grad_sync on the DDP module"
     ),
     "fsdp2": (
-        "it only handles DistributedDataParallel; under FSDP2 it enters nothing: call "
-        "model.set_requires_gradient_sync(is_last) in it (before the backward)"
+        "under FSDP2 nothing it did reached an FSDP module: FSDP decides at backward from "
+        "each FSDP module's own flag, so call set_requires_gradient_sync(is_last) on the "
+        "FSDP modules themselves (before the backward)"
     ),
     "hsdp": (
-        "it only handles DistributedDataParallel; under HSDP it enters nothing: call "
-        "model.set_requires_all_reduce(is_last) in it (keeps the reduce-scatter, gradients "
-        "stay sharded), or set_requires_gradient_sync(is_last) to skip both at a memory cost"
+        "under HSDP nothing it did reached an FSDP module: call "
+        "set_requires_all_reduce(is_last) on the FSDP modules themselves (keeps the "
+        "reduce-scatter, gradients stay sharded), or set_requires_gradient_sync(is_last) to "
+        "skip both at a memory cost"
     ),
 }
+
+
+def _fsdp_target(finding: Finding) -> str:
+    """What the run saw the helper's model to be, where that explains the no-op."""
+    outer = finding.evidence.get("helper_target")
+    modules = finding.evidence.get("fsdp_modules")
+    names = ", ".join(map(str, modules)) if isinstance(modules, list) and modules else ""
+    text = ""
+    if isinstance(outer, str) and outer:
+        text = (
+            f"; the model the forward went through is a {outer}, not an FSDPModule, so a "
+            "sync setter looked up on it is not FSDP's"
+        )
+    if names:
+        text += f"; the FSDP modules inside it: {names}"
+    return text
 
 
 def helper_no_op(window: Window, position: int) -> SourceLocation | None:
@@ -76,11 +94,13 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 
 @contextlib.contextmanager
 def {name}(model, is_boundary):
-    if isinstance(model, FSDPModule):  # fully_shard: decides at backward
-        model.{setter}(is_boundary)  # True again on the boundary
-        yield
-    elif isinstance(model, DDP) and not is_boundary:
-        with model.no_sync():
+    # the wrappers wherever they sit: model may be a module around them (PEFT, your own)
+    for module in model.modules():
+        if isinstance(module, FSDPModule):  # fully_shard: decides at backward
+            module.{setter}(is_boundary, recurse=False)  # True again on the boundary
+    ddp = next((m for m in model.modules() if isinstance(m, DDP)), None)
+    if ddp is not None and not is_boundary:
+        with ddp.no_sync():
             yield
     else:
         yield""",
@@ -94,6 +114,8 @@ def name_helper(finding: Finding) -> Finding:
         return finding
     style = finding.fix.style
     missed = _WHAT_IT_MISSED.get(style, "check what it does under this wrapper")
+    if style in ("fsdp2", "hsdp"):
+        missed += _fsdp_target(finding)
     summary = (
         f"Forward and backward already run inside your helper {helper_text(helper)}, but "
         f"it changed no sync state, so every micro-batch synced: {missed}."

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from syncscope.errors import BadRunDirectory, SyncscopeError
-from syncscope.model import Finding, Run, compress_ranks, severity_rank
+from syncscope.model import FAILED_KINDS, Finding, Run, compress_ranks, severity_rank
 from syncscope.rundir import is_run_dir
 
 
@@ -82,6 +82,32 @@ def _trace_notes(run_dirs: Sequence[Path]) -> list[str]:
     return notes
 
 
+def split_dumps(paths: Sequence[Path | str]) -> tuple[list[Path | str], list[Path]]:
+    """(the other paths, the torch Flight Recorder dumps among them): a dump file given
+    alone, the dumps in a directory (a run directory's ``flight/`` too). A directory of dumps
+    and Kineto traces gives its trace files; one of dumps only, nothing else."""
+    from syncscope.trace.flight import find_dumps, is_dump_file
+    from syncscope.trace.read import is_trace_file
+
+    rest: list[Path | str] = []
+    dumps: list[Path] = []
+    for p in paths:
+        if not isinstance(p, Path):
+            rest.append(p)
+        elif p.is_file() and is_dump_file(p):
+            dumps.append(p)
+        elif p.is_dir() and (found := find_dumps([p])):
+            dumps.extend(found)
+            if is_run_dir(p):
+                rest.append(p)
+            else:
+                traces = sorted(f for f in p.iterdir() if f.is_file() and is_trace_file(f))
+                rest.extend(f for f in traces if f not in found)
+        else:
+            rest.append(p)
+    return rest, dumps
+
+
 def findings_for(run: Run, hta: dict[str, Any] | None = None) -> list[Finding]:
     """syncscope's diagnoses plus exposed communication, where a trace measured it."""
     from syncscope.analysis.diagnose import diagnose
@@ -99,4 +125,29 @@ def load_and_diagnose(run_dir: Path) -> tuple[Run, list[Finding]]:
     if not run_dir.exists():
         raise BadRunDirectory(f"{run_dir}: no such run directory")
     run, _files = load([run_dir], skip_bad=False, progress=False)
-    return run, findings_for(run)
+    return with_flight_dumps(run, findings_for(run), [run_dir])
+
+
+def with_flight_dumps(
+    run: Run, findings: list[Finding], run_dirs: Sequence[Path]
+) -> tuple[Run, list[Finding]]:
+    """The run and its findings with what the ranks' Flight Recorder dumps of a hang say
+    (``RUN/flight/``, written by ``syncscope profile``); unchanged where there are none. An
+    unreadable dump is a note: the run's own report stands."""
+    from syncscope.trace.flight import find_dumps
+
+    dumps = find_dumps([d / "flight" for d in run_dirs if (d / "flight").is_dir()])
+    if not dumps:
+        return run, findings
+    from syncscope.analysis.flight import analyze_dumps, merge_findings, with_dump_notes
+    from syncscope.trace.flight import read_dumps
+
+    try:
+        flight = analyze_dumps(read_dumps(dumps), " ".join(map(str, run_dirs)))
+    except SyncscopeError as exc:
+        note = f"Flight Recorder dumps not read: {exc}"
+        meta = dataclasses.replace(run.meta, notes=(*run.meta.notes, note))
+        return dataclasses.replace(run, meta=meta), findings
+    findings = merge_findings(findings, flight)
+    findings.sort(key=lambda f: (f.kind not in FAILED_KINDS, severity_rank(f.severity)))
+    return with_dump_notes(run, flight), findings

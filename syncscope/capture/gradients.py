@@ -153,6 +153,35 @@ class GradientIndex:
             numel = numel or (t.is_floating_point() and t.numel() in self._grad_numels)
         return storage, numel
 
+    def _grad_names(self, tensors: list[torch.Tensor]) -> dict[str, Any] | None:
+        """Which parameters' gradients a user reduction sharing their storage reduces, by
+        name, and whether a DDP module also reduces them (they are its parameters and not
+        in its ``parameters_to_ignore``). Called only for such reductions (rare, by hand)."""
+        ptrs: set[int] = set()
+        for t in tensors:
+            with contextlib.suppress(Exception):
+                ptrs.add(t.untyped_storage().data_ptr())
+        names: list[str] = []
+        by_ddp = 0
+        size = 0
+        for module in list(self.ddp_modules):
+            ignored = set(getattr(module, "parameters_to_ignore", ()) or ())
+            for name, p in module.module.named_parameters():
+                g = p.grad
+                if g is None or g.untyped_storage().data_ptr() not in ptrs:
+                    continue
+                names.append(name)
+                size += g.numel() * g.element_size()
+                by_ddp += name not in ignored and p.requires_grad
+        if not names:
+            return None
+        return {
+            "grad_params": names[:32],
+            "grad_param_count": len(names),
+            "grad_param_bytes": size,
+            "also_reduced_by": "ddp" if by_ddp else "",
+        }
+
     def note_ddp_bucket(self, buffer: torch.Tensor) -> None:
         """A DDP comm hook was handed this bucket: collectives on it reduce gradients."""
         with contextlib.suppress(Exception):

@@ -18,12 +18,13 @@ import functools
 import sys
 import time
 from collections.abc import Callable, Iterator
+from types import FrameType
 from typing import Any
 
 import torch
 
 from syncscope.capture import collectives, sites
-from syncscope.capture.opaque import opaque
+from syncscope.capture.opaque import no_frame, opaque
 from syncscope.capture.recorder import Recorder
 
 Undo = Callable[[], None]
@@ -177,18 +178,66 @@ def _patch_ddp_init(rec: Recorder, undo: list[Undo], ddp: Any) -> None:
         init(self, *args, **kwargs)
         self.__dict__.pop("_syncscope_init", None)
         params = [p for p in self.module.parameters() if p.requires_grad]
-        rec.on_wrapper(
+        label = rec.on_wrapper(
             "ddp",
             self,
             {
                 "params": len(params),
                 "param_bytes": sum(p.numel() * p.element_size() for p in params),
                 "bucket_cap_bytes": getattr(self, "bucket_bytes_cap", None),
+                "static_graph": bool(getattr(self, "static_graph", False)),
                 "site": sites.user_site(1),
             },
         )
+        _watch_bypass(rec, self.module, label, undo)
 
     _patch(ddp, "__init__", ddp_init, undo)
+
+
+def _watch_bypass(rec: Recorder, inner: Any, label: str, undo: list[Undo]) -> None:
+    """A forward of the module DDP wraps called around DDP (``ddp_model.module(x)``): DDP's
+    reducer is never armed, so the backward reduces nothing. Recorded as a forward of no
+    wrapper, at the user's call line.
+
+    The call is seen through the module's ``_compiled_call_impl``, the slot
+    ``nn.Module.__call__`` calls first when set: unlike a forward hook it is never pickled or
+    deep-copied with the module (``Module.__getstate__`` drops it), and DDP's own call of its
+    module (inside DDP's forward, ``fwd_depth`` > 0) passes straight through."""
+    from torch.nn.parallel import DistributedDataParallel as DDP
+
+    previous = inner.__dict__.get("_compiled_call_impl")
+    call = previous if previous is not None else inner._call_impl
+    is_compiling = torch.compiler.is_compiling
+    is_grad_enabled = torch.is_grad_enabled
+    bypass_label = f"bypass:{label}"
+    # kept out of Dynamo: under a compiled frame (a graph break's callee) these run eagerly
+    begin = opaque(lambda: rec.on_forward_begin("none", bypass_label, None))
+    end = opaque(rec.on_forward_end)
+
+    def bypass_call(*args: Any, **kwargs: Any) -> Any:
+        # inside DDP's forward (recorded, or compiled: DDP marks its active module itself)
+        if (
+            rec.fwd_depth
+            or is_compiling()
+            or DDP._active_ddp_module is not None
+            or rec.detaching
+            or not is_grad_enabled()
+        ):
+            return call(*args, **kwargs)
+        begin()
+        try:
+            return call(*args, **kwargs)
+        finally:
+            end()
+
+    no_frame(bypass_call)  # a compiled job's frames and graphs stay its own
+    object.__setattr__(inner, "_compiled_call_impl", bypass_call)
+
+    def restore() -> None:
+        if inner.__dict__.get("_compiled_call_impl") is bypass_call:
+            object.__setattr__(inner, "_compiled_call_impl", previous)
+
+    undo.append(restore)
 
 
 def _patch_ddp_forward(rec: Recorder, undo: list[Undo], ddp: Any) -> None:
@@ -352,7 +401,7 @@ def _patch_fsdp2(rec: Recorder, undo: list[Undo]) -> None:
         ctx = getattr(self, "_state_ctx", None)
         if not was_root and ctx is not None and ctx.iter_forward_root is self:
             label = rec.fsdp_roots.get(self) or rec.on_wrapper(
-                "fsdp", module, _fsdp_info(self), key=self
+                "fsdp", module, {**_fsdp_info(self), **_fsdp_outer(module)}, key=self
             )
             extra = {"accelerate": acc} if (acc := _accelerate_state()) else None
             rec.on_forward_begin("fsdp", label, fsdp_reduce_grads(self), extra)
@@ -384,7 +433,10 @@ def _patch_fsdp2(rec: Recorder, undo: list[Undo]) -> None:
                 result = original(self, value, *args, **kwargs)
                 state = self._get_fsdp_state()
                 label = rec.fsdp_roots.get(state, f"fsdp:{type(self).__name__}")
-                rec.on_toggle(how, bool(value), label)
+                # recurse=False sets this module's own flag only: its FSDP children keep
+                # theirs (and reduce-scatter as before)
+                recurse = kwargs.get("recurse", args[0] if args else True)
+                rec.on_toggle(how, bool(value), label, None if recurse else {"recurse": False})
                 return result
 
             return wrapper
@@ -425,6 +477,29 @@ def _fsdp_info(state: Any) -> dict[str, Any]:
                 params += 1
                 param_bytes += int(size.numel()) * sharded.element_size()
     return {"params": params, "param_bytes": param_bytes, "shard_world": shard_world}
+
+
+def _fsdp_outer(root: Any) -> dict[str, Any]:
+    """Where an FSDP2 root sits (once, when it is registered): the FSDP modules under it,
+    and the user's outermost module whose ``forward`` is running, when that is not an
+    FSDPModule (a sync setter looked up on such a wrapper toggles nothing)."""
+    from torch.distributed.fsdp import FSDPModule
+
+    names = [name for name, m in root.named_modules() if isinstance(m, FSDPModule)]
+    outer = ""
+    frame: FrameType | None = sys._getframe(2)
+    while frame is not None:
+        owner = frame.f_locals.get("self") if frame.f_code.co_name == "forward" else None
+        if isinstance(owner, torch.nn.Module) and owner is not root:
+            outer = "" if isinstance(owner, FSDPModule) else type(owner).__name__
+        frame = frame.f_back
+    info: dict[str, Any] = {"fsdp_modules": names[:64], "outer": outer}
+    if outer:  # does the loop around it name a sync setter (that then never reached FSDP)?
+        info["setter_mentions"] = sites.setter_mentions(_SETTERS, 2)
+    return info
+
+
+_SETTERS = ("set_requires_gradient_sync", "set_requires_all_reduce")
 
 
 def _install_dist(rec: Recorder, undo: list[Undo]) -> None:

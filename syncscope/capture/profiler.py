@@ -87,6 +87,7 @@ class ProfilerTrace:
         self._micro_label = ""
         self._lock = threading.Lock()
         self._restore: Callable[[], None] | None = None
+        self._last = -1  # the last window begun
 
     @property
     def active(self) -> bool:
@@ -144,6 +145,7 @@ class ProfilerTrace:
 
     def window_begin(self, index: int) -> None:
         with self._lock:
+            self._last = max(self._last, index)
             if self._done or not self._in_range(index):
                 return
             if self._profiler is None:
@@ -194,6 +196,13 @@ class ProfilerTrace:
             self._close_range("_window")
             if self._profiler is not None:
                 self._finish()
+            elif not self._done and self.windows is not None:
+                first, stop = self.windows
+                ran = f"window {self._last} was its last" if self._last >= 0 else "no window ran"
+                self._say(
+                    f"no trace: --trace-windows {first}:{stop}, and the job ended before window "
+                    f"{first} ({ran}); the counting report is complete"
+                )
             self._done = True
 
     # -- internals ---------------------------------------------------------------------

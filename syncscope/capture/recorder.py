@@ -285,7 +285,7 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork, StepHooks):
                 self.trace.window_begin(self.window)
 
     def on_forward_begin(
-        self, wrapper: str, label: str, sync: bool, extra: dict[str, Any] | None = None
+        self, wrapper: str, label: str, sync: bool | None, extra: dict[str, Any] | None = None
     ) -> None:
         depth = self.fwd_depth
         self.fwd_depth += 1
@@ -373,15 +373,19 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork, StepHooks):
             )
         )
 
-    def on_toggle(self, how: str | None, value: bool, label: str) -> None:
+    def on_toggle(
+        self, how: str | None, value: bool, label: str, extra: dict[str, Any] | None = None
+    ) -> None:
         """A sync flag was set. ``how`` None: DDP's ``require_backward_grad_sync``, set by
-        ``no_sync`` when a frame of it is among the setter's few callers."""
+        ``no_sync`` when a frame of it is among the setter's few callers. ``extra``: further
+        fields of the event (an FSDP setter's ``recurse=False``)."""
         if how is None:
             site, in_no_sync = sites.user_site_through(2, "no_sync", 4, "toggle")
             how = "no_sync" if in_no_sync else "require_backward_grad_sync"
         else:
             site = sites.user_site(1)
-        self.hold(("toggle", _perf_ns() + self._clock_offset, how, bool(value), label, site))
+        record = ("toggle", _perf_ns() + self._clock_offset, how, bool(value), label, site)
+        self.hold(record if extra is None else (*record, extra))
 
     # -- collectives --------------------------------------------------------------------------
     def phase(self) -> str:
@@ -394,6 +398,33 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork, StepHooks):
         if self.after_backward:
             return "after-backward"
         return "other"
+
+    def _user_grad_facts(self, tensors: list[torch.Tensor]) -> tuple[bool, bool, bool]:
+        """(grad_storage, grad_numel, grad_content) of a user all-reduce/reduce-scatter."""
+        grad_storage, grad_numel = self._grad_facts(tensors)
+        grad_content = False
+        if not grad_storage and self._content_hits:
+            with contextlib.suppress(Exception):
+                grad_content = any(
+                    t.untyped_storage().data_ptr() in self._content_hits for t in tensors
+                )
+        return grad_storage, grad_numel, grad_content
+
+    def _reduction_facts(
+        self, issuer: str, tensors: list[torch.Tensor], grad_storage: bool
+    ) -> dict[str, Any] | None:
+        """Rare reductions, described further: FSDP reducing outside autograd (what drove
+        it: a pipelining schedule after the step's last backward; the stack is walked only
+        here), and a user reduction of the gradients (which, and who else reduces them: for
+        a flat copy, DDP when a DDP module ignores none of its parameters)."""
+        if issuer == "fsdp":
+            via = sites.driver_of_collective(3)
+            return {"via": via} if via else None
+        if grad_storage:
+            return self._grad_names(tensors)
+        ddps = list(self.ddp_modules)
+        whole = ddps and not any(getattr(m, "parameters_to_ignore", None) for m in ddps)
+        return {"also_reduced_by": "ddp" if whole else ""}
 
     def on_collective(
         self,
@@ -429,12 +460,7 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork, StepHooks):
             self.bucket += 1
         grad_storage = grad_numel = grad_content = False
         if issuer == "user" and op in ("all_reduce", "reduce_scatter"):
-            grad_storage, grad_numel = self._grad_facts(tensors)
-            if not grad_storage and self._content_hits:
-                with contextlib.suppress(Exception):
-                    grad_content = any(
-                        t.untyped_storage().data_ptr() in self._content_hits for t in tensors
-                    )
+            grad_storage, grad_numel, grad_content = self._user_grad_facts(tensors)
         if self._content_hits:
             self._content_hits = set()
         group_name = self._group_ranks(pg)[0] if pg is not None else ""
@@ -442,6 +468,10 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork, StepHooks):
             seq = self.seq
             self.seq += 1
         self._window_activity = True
+        rare = (issuer == "fsdp" and phase != "backward") or (
+            issuer == "user" and (grad_storage or grad_content)
+        )
+        extra = self._reduction_facts(issuer, tensors, grad_storage) if rare else None
         self.hold(
             (
                 "coll",
@@ -461,16 +491,26 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork, StepHooks):
                 grad_content,
                 grad_numel,
                 site,
+                extra,
             )
         )
-        grad_sync = bucket is not None or grad_storage or grad_content
-        grad_sync = grad_sync or (
-            issuer in ("fsdp", "deepspeed") and phase == "backward" and floating
-        )
-        if self.trace is not None and grad_sync:
+        if self.trace is not None and (
+            bucket is not None
+            or grad_storage
+            or grad_content
+            or (floating and _wrapper_reduction(issuer, phase))
+        ):
             self.trace.grad_sync(op, nbytes)
         if work is not None:
             self._watch(work, seq)
+
+
+def _wrapper_reduction(issuer: str, phase: str) -> bool:
+    """A floating-point reduction of FSDP's or DeepSpeed's that reduces gradients: during
+    backward, or FSDP's after it, from outside autograd (a pipelining schedule)."""
+    return (issuer in ("fsdp", "deepspeed") and phase == "backward") or (
+        issuer == "fsdp" and phase == "after-backward"
+    )
 
 
 _LIVE: weakref.WeakSet[Recorder] = weakref.WeakSet()  # every recorder not yet collected

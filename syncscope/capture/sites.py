@@ -1,8 +1,12 @@
 """Find the user's call site and the library that issued a call, from the Python stack.
 
-A frame is *library* when its file lies in the standard library, in site-packages, in torch
-or in syncscope itself; the first non-library frame up the stack is the user's call site.
-Results are cached per code object, so a lookup costs a short walk of the stack.
+A frame is *library* when its file lies in the interpreter's own directories (the standard
+library, site-packages), in syncscope itself, under a ``site-packages``/``dist-packages``
+directory, or in a top-level package of an installed distribution found through another
+``sys.path`` entry (``PYTHONPATH``, ``pip --target``, a module system's tree), unless it lies
+in the user's script directory; the first non-library frame up the stack is the user's call
+site. What was imported decides, never a substring of the path. Results are cached per code
+object, so a lookup costs a short walk of the stack.
 """
 
 from __future__ import annotations
@@ -43,15 +47,49 @@ def _user_file(code: CodeType) -> str:
     if name is None:
         filename = code.co_filename
         path = "" if filename.startswith("<") else os.path.abspath(filename)
-        library = (
-            not path
-            or "site-packages" in filename
-            or "dist-packages" in filename
-            or path.startswith(_LIBRARY_PREFIXES)
-        )
-        name = "" if library else path
+        name = "" if not path or is_library_path(path) else path
         _user_files[code] = name
     return name
+
+
+_PACKAGE_DIRS = (f"{os.sep}site-packages{os.sep}", f"{os.sep}dist-packages{os.sep}")
+_distributions: dict[str, list[str]] | None = None  # top-level name -> distributions
+
+
+def _installed(top: str) -> bool:
+    """Whether ``top`` is a top-level package or module of an installed distribution."""
+    global _distributions
+    if _distributions is None:
+        try:
+            from importlib.metadata import packages_distributions
+
+            _distributions = dict(packages_distributions())
+        except Exception:  # a broken distribution's metadata: judge by the paths alone
+            _distributions = {}
+    return top in _distributions
+
+
+def _script_dir() -> str:
+    main = sys.modules.get("__main__")
+    file = getattr(main, "__file__", None) or (sys.argv[0] if sys.argv else "")
+    return os.path.dirname(os.path.abspath(file)) if file else ""
+
+
+def is_library_path(path: str) -> bool:
+    """Whether the absolute ``path`` is library code (see the module's docstring)."""
+    if path.startswith(_LIBRARY_PREFIXES) or any(d in path for d in _PACKAGE_DIRS):
+        return True
+    script_dir = _script_dir()
+    if script_dir and path.startswith(script_dir + os.sep):
+        return False  # the user's own, even where an installed name matches
+    for entry in sys.path:
+        root = os.path.abspath(entry or os.curdir)
+        if root == script_dir or not path.startswith(root + os.sep):
+            continue
+        top = path[len(root) + 1 :].split(os.sep, 1)[0].removesuffix(".py")
+        if _installed(top):
+            return True
+    return False
 
 
 def _is_library(code: CodeType) -> bool:
@@ -331,6 +369,47 @@ def issuer_of_collective(skip: int = 1) -> tuple[str, SiteDict | None, str]:
     ):
         return ("autograd", None, "")
     return ("torch", None, "")
+
+
+def setter_mentions(names: tuple[str, ...], skip: int = 1) -> list[dict[str, object]]:
+    """Where the user's function that called the model (the innermost user frame that is
+    not a ``forward``) names one of ``names`` (an FSDP sync setter): file and line of each
+    mention. Read once, when an FSDP root is first seen: whether the loop meant to toggle a
+    sync the run then never saw toggled (a setter looked up on a module that is not FSDP's)."""
+    import inspect
+
+    frame: FrameType | None = sys._getframe(skip + 1)
+    while frame is not None:
+        code = frame.f_code
+        file = _user_file(code)
+        if file and code.co_name != "forward":
+            try:
+                lines, first = inspect.getsourcelines(code)
+            except (OSError, TypeError):
+                return []
+            calls = [i for i, text in enumerate(lines) if any(f".{n}(" in text for n in names)]
+            named = [i for i, text in enumerate(lines) if any(n in text for n in names)]
+            ordered = calls + [i for i in named if i not in calls]  # the calls first
+            return [{"file": file, "line": max(first, 1) + i} for i in ordered[:8]]
+        frame = frame.f_back
+    return []
+
+
+_DRIVERS = (("/torch/distributed/pipelining/", "pipelining"),)
+
+
+def driver_of_collective(skip: int = 1) -> str:
+    """What drives a wrapper's collective issued outside autograd: "pipelining" when a frame
+    of ``torch.distributed.pipelining`` (a schedule's reduction after its last backward) is
+    on the stack, else "". Walks the whole stack: called for such rare collectives only."""
+    frame: FrameType | None = sys._getframe(skip + 1)
+    while frame is not None:
+        filename = frame.f_code.co_filename.replace("\\", "/")
+        for part, name in _DRIVERS:
+            if part in filename:
+                return name
+        frame = frame.f_back
+    return ""
 
 
 def _fsdp_module(frame: FrameType | None) -> str:

@@ -15,7 +15,7 @@ from typing import Any
 
 import orjson
 
-from syncscope.rundir import STOPPED_SUFFIX
+from syncscope.rundir import STOPPED_SUFFIX, utf8
 
 FAULT_ENV = "SYNCSCOPE_FAULT_WRITE_ENOSPC"  # test seam: the N-th event write fails (ENOSPC)
 
@@ -138,7 +138,11 @@ class EventWriter:
 
         items = [held.popleft() for _ in range(len(held))]  # appends meanwhile stay held
         mem = rss_bytes() if needs_mem(items) else 0  # one read per drain, not per step
-        self._put(b"".join([orjson.dumps(event_of(e, mem), option=_LINE) for e in items]))
+        try:
+            data = b"".join([orjson.dumps(event_of(e, mem), option=_LINE) for e in items])
+        except TypeError:  # a file name that is not UTF-8 (surrogates): written as \xNN
+            data = b"".join([orjson.dumps(utf8(event_of(e, mem)), option=_LINE) for e in items])
+        self._put(data)
 
     def _put(self, data: bytes) -> None:
         """Write ``data`` (the lock is held)."""

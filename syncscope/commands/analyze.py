@@ -18,11 +18,15 @@ from typing import TYPE_CHECKING
 from syncscope.render.outputs import FAIL_ON
 
 if TYPE_CHECKING:
+    from syncscope.analysis.flight import FlightResult
     from syncscope.cli import Parser
 
 __all__ = ["add_parser", "analyze", "run"]
 
-SUMMARY = "Report on a saved run, or on torch.profiler (Kineto) traces of a training job."
+SUMMARY = (
+    "Report on a saved run, on torch.profiler (Kineto) traces of a training job, or on "
+    "torch Flight Recorder dumps."
+)
 
 
 def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
@@ -31,7 +35,8 @@ def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
         "paths",
         nargs="+",
         metavar="PATH",
-        help="Run directories, trace directories or trace files; with --scheduler also "
+        help="Run directories, trace directories or trace files, torch Flight Recorder dumps "
+        "(files or their directory); with --scheduler also "
         "fsspec URLs (s3://, gs://, file://) of trace files or directories.",
     )
     parser.add_argument(
@@ -88,12 +93,17 @@ def analyze(
     """Report on saved runs or torch.profiler (Kineto) traces: report files in ``out``, the
     summary on stdout; the exit status by ``fail_on``. ``scheduler``: read the traces on
     that Dask cluster (``local``, an address or a scheduler file; paths may be URLs)."""
-    from syncscope.analysis.inputs import findings_for, load
+    from syncscope.analysis.inputs import findings_for, load, split_dumps
     from syncscope.files import new_folder
     from syncscope.render.outputs import finish
     from syncscope.render.safe import visible
 
-    run, files = load(paths, skip_bad, progress=not quiet, scheduler=scheduler)
+    rest, dumps = split_dumps(paths)
+    flight = _flight(dumps, paths, skip_bad)
+    if rest or flight is None:
+        run, files = load(rest, skip_bad, progress=not quiet, scheduler=scheduler)
+    else:
+        run, files = flight.run, {}
     extra = None
     if hta:
         from syncscope.trace.overlap import hta_overlap
@@ -108,6 +118,40 @@ def analyze(
             print(
                 visible(f"syncscope: warning: --hta not applied: {extra['error']}"), file=sys.stderr
             )
-    findings = findings_for(run, extra)
+    findings = findings_for(run, extra) if rest or flight is None else []
+    if flight is not None:
+        from syncscope.analysis.flight import merge_findings, with_dump_notes
+        from syncscope.model import severity_rank
+
+        if rest:
+            run = with_dump_notes(run, flight)
+        findings = merge_findings(findings, flight)
+        findings.sort(key=lambda f: severity_rank(f.severity))
     out_dir = out or new_folder(Path("syncscope-out") / f"analyze-{time.strftime('%Y%m%d-%H%M%S')}")
     return finish(run, findings, out_dir, fail_on, quiet, summary="text", where="reports in")
+
+
+def _flight(
+    dumps: Sequence[Path], paths: Sequence[Path | str], skip_bad: bool
+) -> FlightResult | None:
+    """What the torch Flight Recorder dumps among the inputs say (None: there are none).
+    ``skip_bad``: unreadable dumps are left out and named in the notes."""
+    if not dumps:
+        return None
+    from syncscope.analysis.flight import analyze_dumps
+    from syncscope.errors import SyncscopeError
+    from syncscope.trace.flight import read_dumps
+
+    skipped: list[str] = []
+    read = read_dumps(dumps, skipped if skip_bad else None)
+    if not read:
+        raise SyncscopeError(f"no readable Flight Recorder dump ({'; '.join(skipped)})")
+    result = analyze_dumps(read, " ".join(str(p) for p in paths))
+    notes = tuple(f"skipped (--skip-bad): {s}" for s in skipped)
+    if notes:
+        import dataclasses
+
+        meta = dataclasses.replace(result.run.meta, notes=(*result.run.meta.notes, *notes))
+        run = dataclasses.replace(result.run, meta=meta)
+        result = dataclasses.replace(result, run=run, notes=(*result.notes, *notes))
+    return result

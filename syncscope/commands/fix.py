@@ -2,6 +2,8 @@
 
 Dry run by default: a unified diff on stdout and one line per problem on stderr. Exit
 status: 0 nothing to fix, 1 problems found (dry run) or left unfixed (``--apply``), 2 error.
+``--check PATH...``: the problems of every file given or under every directory given, on
+stdout, nothing written (syncscope/fixes/check.py): for CI and pre-commit.
 The work is syncscope/fixes/pipeline.py's.
 """
 
@@ -39,6 +41,13 @@ def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
     )
     parser.add_argument("--apply", action="store_true", help="Write the change.")
     parser.add_argument(
+        "--check",
+        action="store_true",
+        help="CI/pre-commit check: SCRIPT and the arguments after it are files or directories; "
+        "read the code only, print file:line: SYNxxx message per loop it would rewrite; exit 1 "
+        "if any, 0 if none, 2 on bad input.",
+    )
+    parser.add_argument(
         "--style",
         default="auto",
         choices=STYLES,
@@ -70,6 +79,8 @@ def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    if args.check:
+        return _check(args)
     from syncscope.fixes.pipeline import fix
 
     return fix(
@@ -83,3 +94,15 @@ def run(args: argparse.Namespace) -> int:
         backup=not args.no_backup,
         allow_outside=args.allow_outside,
     )
+
+
+def _check(args: argparse.Namespace) -> int:
+    from syncscope.errors import SyncscopeError
+    from syncscope.fixes.check import check_paths
+
+    others = [
+        f"--{k.replace('_', '-')}" for k in ("apply", "verify", "from_run") if getattr(args, k)
+    ]
+    if others:
+        raise SyncscopeError(f"--check reads the code only: it does not take {', '.join(others)}")
+    return check_paths([args.script, *(Path(p) for p in args.program)])

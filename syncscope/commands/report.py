@@ -58,6 +58,7 @@ def report(run_dir: Path, fmt: str = "html", output: str | None = None) -> None:
     from syncscope.render.outputs import render, writer
     from syncscope.render.safe import visible
 
+    _check_not_running(run_dir, fmt, output)
     run, findings = load_and_diagnose(run_dir)
     if output is None and fmt == "html":
         output = str(run_dir / "report.html")
@@ -73,3 +74,31 @@ def report(run_dir: Path, fmt: str = "html", output: str | None = None) -> None:
     except OSError as exc:
         raise SyncscopeError(f"{output}: cannot write it ({exc.strerror or exc})") from None
     print(visible(f"syncscope: wrote {output}"), file=sys.stderr)
+
+
+def _check_not_running(run_dir: Path, fmt: str, output: str | None) -> None:
+    """A run whose ``syncscope profile`` still runs: its own report.html is written when the
+    job ends, so none is written there now; another output is made with a warning that it
+    covers what is on disk so far."""
+    from syncscope.errors import SyncscopeError
+    from syncscope.rundir import running_profile
+
+    pid = running_profile(run_dir)
+    if pid is None:
+        return
+    if output is None and fmt == "html":
+        raise SyncscopeError(
+            f"{run_dir}: syncscope profile (pid {pid}) is still running there and writes its "
+            "report.html when the job ends; for what is on disk now: "
+            f"syncscope report {run_dir} -f text, or -o FILE"
+        )
+    from syncscope.render.safe import visible
+
+    print(
+        visible(
+            f"syncscope: warning: {run_dir}: syncscope profile (pid {pid}) is still running: "
+            "this covers what is on disk so far (ranks without an exit record may still be "
+            "running)"
+        ),
+        file=sys.stderr,
+    )

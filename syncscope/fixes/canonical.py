@@ -44,6 +44,12 @@ class Context:
     # the profile (``--from``) saw HSDP: ``set_requires_all_reduce`` skips only the
     # cross-replica all-reduce and keeps gradients sharded (sync-semantics.md)
     hsdp: bool = False
+    # the profile saw the model is not an FSDPModule: the setter goes to the FSDP modules
+    # inside it (a setter looked up on the model itself raises or does nothing)
+    setter_on_modules: bool = False
+    # the profile saw DDP(static_graph=True): no rewrite may put its first backward of
+    # training under no_sync (torch's reducer fails an internal assert there)
+    static_graph: bool = False
 
 
 class _Names(cst.CSTVisitor):
@@ -219,6 +225,11 @@ def canonical_rewrite(ctx: Context) -> tuple[Edit | None, str]:
     """The form that matches the script, added to a loop that has no sync toggle."""
     if ctx.wrapper == "accelerate":
         return accelerate_rewrite(ctx)
+    if ctx.wrapper == "ddp" and ctx.static_graph:
+        return None, (
+            "DDP(static_graph=True) needs the first backward of training synced; "
+            "not rewritten: see the finding's advice (syncscope profile)"
+        )
     binding = is_last_binding(ctx)
     if binding is None:
         return None, "cannot tell, before the forward, whether a micro-batch is the last"
@@ -226,12 +237,20 @@ def canonical_rewrite(ctx: Context) -> tuple[Edit | None, str]:
     model = ctx.loop.model
     guard = ctx.guard
 
-    def guarded(line: str) -> str:
-        return f"if {guard}:\n    {line}" if guard else line
+    def guarded(code: str) -> str:
+        indented = "\n".join("    " + line for line in code.splitlines())
+        return f"if {guard}:\n{indented}" if guard else code
 
     if ctx.wrapper == "fsdp2":
         setter = "set_requires_all_reduce" if ctx.hsdp else "set_requires_gradient_sync"
-        lines = [*setup, guarded(f"{model}.{setter}({name})")]
+        call = f"{model}.{setter}({name})"
+        if ctx.setter_on_modules:
+            call = (
+                f"for _fsdp_module in {model}.modules():  # the FSDP modules inside\n"
+                f"    if hasattr(_fsdp_module, {setter!r}):\n"
+                f"        _fsdp_module.{setter}({name}, recurse=False)"
+            )
+        lines = [*setup, guarded(call)]
         return edits.insert_before_forward(ctx.loop, lines, None, gate), ""
     if ctx.wrapper == "ddp" and ctx.ddp_form == "flag":
         lines = [*setup, guarded(f"{model}.require_backward_grad_sync = {name}")]

@@ -36,6 +36,16 @@ DISTRIBUTED_WORDS = ("torch.distributed", "accelerate", "DistributedDataParallel
 
 
 @dataclass(frozen=True)
+class RunFinding:
+    """An error or warning of the profiled run (``--from``), at its first line here."""
+
+    kind: str
+    cause: str
+    line: int
+    summary: str
+
+
+@dataclass(frozen=True)
 class RunHints:
     """What a profile (``--from``) says about the script."""
 
@@ -44,6 +54,12 @@ class RunHints:
     lines: frozenset[int] = frozenset()  # source lines of findings, in this script
     helper_codes: frozenset[str] = frozenset()  # statements that toggle sync via a helper
     hsdp: bool = False  # the run was HSDP: skip the cross-replica all-reduce only
+    # the run's model is not an FSDPModule (a module around the FSDP roots, e.g. PEFT's):
+    # an FSDP setter is called on the FSDP modules inside it, never on it
+    toggle_target: str = ""
+    bypass_lines: frozenset[int] = frozenset()  # forwards through ``ddp_model.module``
+    findings: tuple[RunFinding, ...] = ()  # the run's errors and warnings
+    static_graph: bool = False  # DDP(static_graph=True): its first backward must sync
 
 
 @dataclass(frozen=True)
@@ -183,6 +199,8 @@ class _Driver:
                 loop, kind, form, resolution, wrapper.module, why, self.distributed, guard
             )
             ctx.hsdp = kind == "fsdp2" and hints is not None and hints.hsdp
+            ctx.setter_on_modules = hints is not None and bool(hints.toggle_target)
+            ctx.static_graph = hints is not None and hints.static_graph
             for rule in ALL_RULES:
                 violation = rule.check(ctx)
                 if violation is not None:
@@ -341,6 +359,14 @@ def _focused(source: str, path: str) -> Focus:
     lines = source.count("\n") + 1
     if lines > MAX_FILE_LINES:
         raise _too_long(lines, MAX_FILE_LINES, path, "")
+    nul = source.find("\0")
+    if nul >= 0:  # Python's own error names no line for it
+        line = source.count("\n", 0, nul) + 1
+        column = nul - source.rfind("\n", 0, nul)
+        raise SyncscopeError(
+            f"{path}: a NUL byte at line {line}, column {column}: not Python source; "
+            "fix it before running syncscope fix"
+        )
     try:
         return focus(source, path)
     except SyntaxError as exc:

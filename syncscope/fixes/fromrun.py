@@ -14,7 +14,7 @@ from typing import Any
 
 from syncscope.errors import BadRunDirectory, SyncscopeError
 from syncscope.fixes.canonical import DdpForm
-from syncscope.fixes.codemod import RunHints
+from syncscope.fixes.codemod import RunFinding, RunHints
 from syncscope.fixes.resolve import WrapperKind
 from syncscope.validate import field_int, field_of
 
@@ -49,6 +49,8 @@ def _read_report(run_dir: Path) -> dict[str, Any]:
         report = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, UnicodeDecodeError, json.JSONDecodeError) as exc:
         raise BadRunDirectory(f"{path}: cannot read it ({exc})") from None
+    except RecursionError:
+        raise BadRunDirectory(f"{path}: not a syncscope report (JSON nested too deeply)") from None
     if not isinstance(report, dict) or report.get("schema_version") != 1:
         raise BadRunDirectory(f"{path}: not a syncscope report of schema version 1")
     return report
@@ -59,6 +61,39 @@ def _same_file(a: str, b: Path) -> bool:
         return Path(a).resolve() == b.resolve()
     except OSError:
         return False
+
+
+def _findings_here(
+    findings: list[Any], script: Path, text: list[str]
+) -> tuple[frozenset[int], str, tuple[RunFinding, ...]]:
+    """(forward lines that bypassed DDP, the toggle target that is not an FSDPModule, the
+    run's errors and warnings with their first line in this script)."""
+    bypass: set[int] = set()
+    target = ""
+    here: list[RunFinding] = []
+    for finding in findings:
+        if not isinstance(finding, dict):
+            continue
+        lines = {
+            str(s.get("role", "")): int(s["line"])
+            for s in finding.get("sources") or ()
+            if isinstance(s, dict)
+            and isinstance(s.get("line"), int)
+            and _same_file(str(s.get("file", "")), script)
+            and 0 < s["line"] <= len(text)
+        }
+        cause = str(finding.get("cause", ""))
+        if cause == "wrapper-bypassed" and "forward" in lines:
+            bypass.add(lines["forward"])
+        evidence = finding.get("evidence")
+        if isinstance(evidence, dict) and isinstance(evidence.get("helper_target"), str):
+            target = target or evidence["helper_target"]
+        if finding.get("severity") in ("error", "warning"):
+            fix = finding.get("fix") if isinstance(finding.get("fix"), dict) else {}
+            summary = str((fix or {}).get("summary") or finding.get("message", ""))
+            line = next(iter(lines.values()), 0)  # the finding's first source here
+            here.append(RunFinding(str(finding.get("kind", "")), cause, line, summary))
+    return frozenset(bypass), target, tuple(here)
 
 
 def load_hints(run_dir: Path, script: Path, data: bytes) -> RunHints:
@@ -104,4 +139,20 @@ def load_hints(run_dir: Path, script: Path, data: bytes) -> RunHints:
             lines.add(line)
             if source.get("role") in TOGGLE_ROLES:
                 helper_codes.add(text[line - 1].strip())
-    return RunHints(wrapper, form, frozenset(lines), frozenset(helper_codes), hsdp)
+    bypass, target, run_findings = _findings_here(findings, script, text)
+    return RunHints(
+        wrapper,
+        form,
+        frozenset(lines),
+        frozenset(helper_codes),
+        hsdp,
+        toggle_target=target,
+        bypass_lines=bypass,
+        findings=run_findings,
+        static_graph=any(
+            isinstance(f, dict)
+            and isinstance(f.get("fix"), dict)
+            and f["fix"].get("style") == "static-graph"
+            for f in findings
+        ),
+    )

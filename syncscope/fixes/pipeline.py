@@ -9,6 +9,9 @@ Exit status: 0 nothing to fix, 1 problems found (dry run) or left unfixed (``app
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -45,7 +48,14 @@ def fix(
         from syncscope.fixes.fromrun import load_hints
 
         hints = load_hints(from_run, script, data)
-    result = fix_source(source, FixOptions(style, hints), path=str(script))
+    unaddressed: list[str] = []
+    if hints is not None:
+        from syncscope.fixes.runfindings import fix_with_run, unaddressed_lines
+
+        result = fix_with_run(source, FixOptions(style, hints), str(script))
+        unaddressed = unaddressed_lines(result, hints.findings)
+    else:
+        result = fix_source(source, FixOptions(style, hints), path=str(script))
     if result.changed and not apply:
         diff = result.diff(str(script))
         sys.stdout.write(diff if diff.endswith("\n") else diff + "\n")
@@ -60,15 +70,14 @@ def fix(
     _print_problems(result, str(script), written=apply)  # "(fixed)" once the file is written
     if apply and result.changed:
         print(f"syncscope: wrote {script}", file=sys.stderr)
+    for line in unaddressed:  # the run's problems that are no loop rewrite: never a silent 0
+        print(f"{script}:{line}", file=sys.stderr)
     unfixed = any(not p.fixed for p in result.problems)
-    return 1 if result.problems and (not apply or unfixed) else 0
+    return 1 if (result.problems and (not apply or unfixed)) or unaddressed else 0
 
 
 def _read(script: Path) -> bytes:
-    if script.is_dir():
-        raise SyncscopeError(f"{script}: is a directory; give the training script's file")
-    if not script.is_file():
-        raise SyncscopeError(f"{script}: no such file")
+    _check_regular(script)
     try:
         with script.open("rb") as stream:
             data = stream.read(MAX_SCRIPT_BYTES + 1)
@@ -80,6 +89,38 @@ def _read(script: Path) -> bytes:
             "give it the file that holds the loop"
         )
     return data
+
+
+_KINDS = {
+    stat.S_IFIFO: "a FIFO",
+    stat.S_IFCHR: "a character device",
+    stat.S_IFBLK: "a block device",
+    stat.S_IFSOCK: "a socket",
+}
+
+
+def _check_regular(script: Path) -> None:
+    """The script is a regular file (through symlinks), or one line says what it is."""
+    link = f"a symbolic link to {os.readlink(script)}, " if script.is_symlink() else ""
+    try:
+        mode = script.stat().st_mode
+    except OSError as exc:
+        if exc.errno == errno.ELOOP:
+            raise SyncscopeError(
+                f"{script}: a loop of symbolic links (no file at its end)"
+            ) from None
+        if isinstance(exc, FileNotFoundError):
+            raise SyncscopeError(
+                f"{script}: no such file" + (f" ({link}which does not exist)" if link else "")
+            ) from None
+        raise SyncscopeError(f"{script}: cannot read it ({exc.strerror})") from None
+    if stat.S_ISDIR(mode):
+        raise SyncscopeError(f"{script}: is a directory; give the training script's file")
+    if not stat.S_ISREG(mode):
+        kind = _KINDS.get(stat.S_IFMT(mode), "not a regular file")
+        raise SyncscopeError(
+            f"{script}: {link}{kind}, not a file syncscope fix reads; give the training script's file"
+        )
 
 
 def _decode(script: Path, data: bytes) -> tuple[str, str]:
@@ -98,8 +139,6 @@ def _decode(script: Path, data: bytes) -> tuple[str, str]:
 
 
 def _check_writable(script: Path) -> None:
-    import os
-
     target = script.resolve()
     if not os.access(target, os.W_OK) or not os.access(target.parent, os.W_OK):
         raise SyncscopeError(f"{script}: cannot write it (read-only); nothing was changed")
@@ -158,6 +197,23 @@ def _write(script: Path, text: bytes, backup: bool) -> None:
         except OSError as exc:
             raise SyncscopeError(f"{script}: cannot write it ({exc.strerror})") from None
     try:
-        atomic_write(script, text, durable=True)
+        links = target.stat().st_nlink
+        if links > 1:  # replacing it would leave its other names on the old text
+            _write_in_place(target, text)
+            print(
+                f"syncscope: {script} has {links} hard links: written in place, so every "
+                "name sees the fix",
+                file=sys.stderr,
+            )
+        else:
+            atomic_write(script, text, durable=True)
     except OSError as exc:
         raise SyncscopeError(f"{script}: cannot write it ({exc.strerror})") from None
+
+
+def _write_in_place(target: Path, text: bytes) -> None:
+    with target.open("r+b") as out:
+        out.write(text)
+        out.truncate()
+        out.flush()
+        os.fsync(out.fileno())

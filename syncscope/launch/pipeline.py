@@ -89,8 +89,11 @@ def _profile(request: Request, plan: _Plan) -> int:
 
     write_meta(plan.run_dir, meta)
     early = _EarlyReport(plan.run_dir, request.fail_on, request.quiet)
+    build_after = _native_kernel(request.quiet)
     result = _launch(request, plan, early)
     early.wait()
+    if build_after:  # the job's measurements never shared the CPU with the compiler
+        _build_in_background()
     if early.code is not None:  # reported when the windows were in; the job then ran on
         return _ran_on(result.status, early.code)
     if result.error:
@@ -148,12 +151,19 @@ def _check(request: Request) -> _Plan:
     module = request.module
     target, script_args = (module, positional) if module else (positional[0], positional[1:])
     _check_trace_windows(request.trace_windows)
-    if not 0 <= request.hang_timeout < float("inf"):  # NaN fails both comparisons
+    if request.trace_windows is not None and not request.trace:
         raise SyncscopeError(
-            "--hang-timeout must be a number of seconds >= 0 (0: never), "
+            f"--trace-windows {request.trace_windows} picks the windows --trace records: add "
+            "--trace (or leave --trace-windows out)"
+        )
+    _check_native()
+    from syncscope.validate import SANE_MAX, check_bounds
+
+    if not 0 <= request.hang_timeout <= SANE_MAX:  # NaN fails both; meta.json's reader's bound
+        raise SyncscopeError(
+            f"--hang-timeout must be a number of seconds from 0 (0: never) to {SANE_MAX:g}, "
             f"not {request.hang_timeout!r}"
         )
-    from syncscope.validate import check_bounds
 
     try:
         max_windows, first_window, then = check_bounds(
@@ -168,6 +178,16 @@ def _check(request: Request) -> _Plan:
     # absolute now: the ranks write there whatever the script does with its cwd
     run_dir = Path(os.path.abspath(request.out or _default_out(target)))
     return _Plan(target, script_args, script, sha, max_windows, first_window, then, run_dir)
+
+
+def _check_native() -> None:
+    """``SYNCSCOPE_NATIVE`` is a value it takes (a usual true or false word)."""
+    from syncscope.capture.native import setting
+
+    try:
+        setting()
+    except ValueError as exc:
+        raise SyncscopeError(str(exc)) from None
 
 
 def _check_trace_windows(trace_windows: str | None) -> None:
@@ -316,7 +336,6 @@ def _launch(request: Request, plan: _Plan, early: _EarlyReport) -> LaunchResult:
     if plan.max_windows is not None:
         attach_options += ["--windows", str(plan.max_windows)]
     run_on = plan.max_windows is not None and plan.then == "run"
-    _native_kernel(request.quiet)
     progress = _Progress(request.quiet)
     try:
         return launch(
@@ -336,29 +355,27 @@ def _launch(request: Request, plan: _Plan, early: _EarlyReport) -> LaunchResult:
         progress.close()
 
 
-def _native_kernel(quiet: bool) -> None:
-    """Build the compiled collective kernel once per torch (syncscope.capture.native) and
-    hand it to the ranks; without one they record the same with the Python kernel."""
+def _native_kernel(quiet: bool) -> bool:
+    """Hand the ranks the compiled collective kernel where it is built and verified, or say
+    in one line why this run records with the Python kernel (syncscope.capture.native);
+    waits on no compiler. True: build it in the background once the run ends."""
     from syncscope.capture import native
 
-    if native.disabled():
-        return
-    if not native.built_path().is_file() and not quiet:
-        print(
-            "syncscope: building the compiled collective kernel for this torch (once, ~25 s)",
-            file=sys.stderr,
-            flush=True,
-        )
-    path, why = native.build()
-    if path is not None:
-        os.environ[native.NATIVE_PATH_ENV] = str(path)
-    elif not quiet:
-        print(
-            f"syncscope: note: no compiled collective kernel ({visible(why)}); capture records "
-            "the same with its Python kernel, at a higher cost per collective",
-            file=sys.stderr,
-            flush=True,
-        )
+    ready = native.readiness()
+    if ready.path is not None:
+        os.environ[native.NATIVE_PATH_ENV] = str(ready.path)
+    if ready.note and not quiet:
+        print(f"syncscope: note: {visible(ready.note)}", file=sys.stderr, flush=True)
+    return ready.build
+
+
+def _build_in_background() -> None:
+    from syncscope.capture import native
+
+    try:
+        native.start_background()
+    except OSError as exc:  # no process could be started: the next run says so again
+        print(f"syncscope: note: the kernel build did not start: {exc}", file=sys.stderr)
 
 
 def _ran_on(status: int, code: int) -> int:
@@ -377,11 +394,11 @@ def _ran_on(status: int, code: int) -> int:
 def report_run(run_dir: Path, status: int, failed: int | None, fail_on: str, quiet: bool) -> int:
     """Diagnose the run in ``run_dir``, write its reports, show the summary; the exit status
     (the job's own when it failed, else by ``fail_on``)."""
-    from syncscope.analysis.inputs import findings_for, load
+    from syncscope.analysis.inputs import findings_for, load, with_flight_dumps
     from syncscope.render.outputs import finish, show_summary
 
     run, _ = load([run_dir], skip_bad=True, progress=False)  # with --trace: both sources
-    findings = findings_for(run)
+    run, findings = with_flight_dumps(run, findings_for(run), [run_dir])  # dumps of a hang
     try:
         code = finish(
             run, findings, run_dir, fail_on, quiet, summary="terminal", where="run directory"

@@ -285,6 +285,9 @@ class Monitor(threading.Thread):
                 continue
             if running:
                 self.hung = True
+                from syncscope.launch.flight import request_dumps
+
+                request_dumps(self.run_dir, [self._ranks.get(p, -1) for p in running])
                 self._stop_workers(running)
                 return
             if self._stop_lingering():
@@ -368,6 +371,9 @@ def launch(
     args = parse_args([*options.torchrun_args(), "-m", "syncscope.attach", *program])
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ["SYNCSCOPE_PROFILE_PID"] = str(os.getpid())  # ranks end when this process does
+    from syncscope.launch.flight import enable
+
+    enable()  # torch's Flight Recorder in the ranks, dumped on a hang (unless the user chose)
     if trace_windows is not None:
         os.environ["SYNCSCOPE_TRACE_WINDOWS"] = trace_windows
     from syncscope.launch.rendezvous import RendezvousWatch

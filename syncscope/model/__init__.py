@@ -125,6 +125,11 @@ class Collective:
     bucket: int | None = None  # DDP bucket index (order within one backward)
     module: str = ""  # FSDP module name or DDP wrapper label
     site: SourceLocation | None = None  # user call site, when the user issued it
+    via: str = ""  # what drove a wrapper's reduction outside autograd ("pipelining")
+    # a user reduction of ``.grad`` tensors: the parameters (names, at most 32), and the
+    # wrapper that also reduces them ("ddp": they are its parameters, not ignored by it)
+    grad_params: tuple[str, ...] = ()
+    also_reduced_by: str = ""
 
     @property
     def duration_ns(self) -> int:
@@ -173,6 +178,7 @@ class SyncToggle:
     micro_batch: int  # backward passes already done in the window when it happened
     before_forward: bool  # True if made before this micro-batch's forward
     site: SourceLocation | None = None
+    recurse: bool = True  # FSDP2 setters: False sets the module's own flag, not its children's
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +201,9 @@ class Window:
     fingerprint: tuple[float, ...] | None = None
     fingerprint_sharded: bool = False
     fingerprint_match: bool | None = None  # filled in across ranks
+    # lines of the rank's file read in this window that were no event (dropped): no finding
+    # is drawn from such a window, whose record is known to be incomplete
+    records_dropped: int = 0
     # Overlap, where a trace could measure it (None: not measured).
     comm_ns: int | None = None  # union of time in collectives (kernels on GPU)
     exposed_comm_ns: int | None = None  # of which not overlapped with compute
@@ -249,6 +258,14 @@ class WrapperInfo:
     site: SourceLocation | None = None
     zero_stage: int | None = None  # DeepSpeed engine: its ZeRO stage (0-3)
     accumulation_steps: int | None = None  # DeepSpeed engine: gradient_accumulation_steps
+    static_graph: bool = False  # DDP built with static_graph=True
+    # FSDP2: the class of the user's module whose forward called the root, when it is not
+    # an FSDPModule (a PEFT-style wrapper: a sync setter looked up on it toggles nothing),
+    # and the FSDP modules under the root (fully-qualified names, "" for the root)
+    outer: str = ""
+    fsdp_modules: tuple[str, ...] = ()
+    # where the user's loop around an ``outer`` module names an FSDP sync setter
+    setter_sites: tuple[SourceLocation, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -86,6 +86,9 @@ def rank_dict(r: RankRun) -> dict[str, Any]:
                 "label": w.label,
                 "params": w.param_count,
                 "param_bytes": w.param_bytes,
+                **({"static_graph": True} if w.static_graph else {}),
+                **({"outer": w.outer} if w.outer else {}),
+                **({"fsdp_modules": list(w.fsdp_modules)} if w.fsdp_modules else {}),
             }
             for w in r.wrappers
         ],

@@ -282,6 +282,7 @@ LABELS: dict[str, tuple[str, str]] = {
     "wasted_bytes_per_window": ("redundant bytes per window", "bytes"),
     "redundant_collectives_per_window": ("redundant collectives per window", "count"),
     "redundant_time_ns_per_window": ("exposed sync time before the last micro-batch", "ns"),
+    "reduced_twice_time_ns_per_window": ("time in the second reduction per window", "ns"),
     "share_of_window_time": ("share of window time", "share"),
     "window_ns": ("window time (median, steady windows)", "ns"),
     "projected_window_ns": ("projected window time after the fix", "ns"),

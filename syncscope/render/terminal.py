@@ -215,6 +215,12 @@ def _cost_line(f: Finding) -> str:
             f"{human_ns(_num(c['redundant_time_ns_per_window']))} of exposed sync time before "
             f"the last micro-batch ({share:.0%} of window time)"
         )
+    if "reduced_twice_time_ns_per_window" in c:
+        share = _num(c.get("share_of_window_time", 0.0))
+        parts.append(
+            f"{human_ns(_num(c['reduced_twice_time_ns_per_window']))} in the second reduction "
+            f"({share:.0%} of window time)"
+        )
     if "projection_omitted" in c:
         parts.append(f"window time not projected: {c['projection_omitted']}")
     elif "projected_window_ns" in c and "window_ns" in c:

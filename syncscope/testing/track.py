@@ -14,9 +14,10 @@ then leave ``track()`` together, as they entered it.
 
 from __future__ import annotations
 
+import atexit
 import contextlib
 import datetime
-from collections.abc import Iterator
+import threading
 from typing import Any
 
 from syncscope.analysis.assemble import build_run
@@ -128,31 +129,101 @@ def _gather(events: list[dict[str, Any]], world_size: int) -> dict[int, list[dic
     return {rank: list(ev or []) for rank, ev in enumerate(gathered)}
 
 
-@contextlib.contextmanager
-def track(*, gather: bool = True) -> Iterator[Stats]:
+def track(*, gather: bool = True) -> Track:
     """Record every collective, micro-batch and optimizer step in the block.
 
     ``gather=False`` keeps each rank's view local (no collective at exit). Gathering happens
     only when the block exits normally and a process group of several ranks is still up.
     An exception inside the block propagates unchanged; the hooks are removed either way.
     """
-    rank, world_size = _process_group()
-    session, sink = CaptureSession.in_memory(rank=rank, world_size=world_size)
-    stats = Stats(sink, rank, world_size)
-    session.start()
-    failed = False
-    try:
-        yield stats
-    except BaseException:
-        failed = True
-        raise
-    finally:
+    return Track(gather=gather)
+
+
+_open: list[Track] = []  # the blocks entered and not yet exited, in this process
+_open_lock = threading.Lock()
+
+
+class Track:
+    """A ``track()`` block. Entering it starts recording and returns the ``Stats``;
+    leaving it removes the hooks and finishes them. The same object may be entered again
+    once it has exited (a new block, new ``Stats``), not while it is open. Blocks in one
+    thread may nest or overlap (each sees what happens while it is open); a block in a
+    second thread while one is open in another is refused: the hooks see the whole process,
+    so each block would count the other thread's collectives and steps. A block never
+    exited (``__enter__()`` alone) records until the interpreter exits, then closes."""
+
+    def __init__(self, *, gather: bool = True) -> None:
+        self.gather = gather
+        self._state: tuple[CaptureSession, MemorySink, Stats] | None = None
+        self._thread = 0
+
+    def __enter__(self) -> Stats:
+        if self._state is not None:
+            raise RuntimeError(
+                "this track() block is open already: a block nested inside it needs a "
+                "track() of its own (with syncscope.track() as inner: ...)"
+            )
+        _claim(self)
+        try:
+            rank, world_size = _process_group()
+            session, sink = CaptureSession.in_memory(rank=rank, world_size=world_size)
+            stats = Stats(sink, rank, world_size)
+            session.start()
+        except BaseException:
+            _release(self)
+            raise
+        self._state = (session, sink, stats)
+        return stats
+
+    def __exit__(self, kind: type[BaseException] | None, *_: object) -> None:
+        state, self._state = self._state, None
+        if state is None:
+            return
+        _release(self)
+        session, sink, stats = state
+        failed = kind is not None
         session.close(1 if failed else 0, "exception" if failed else "finished")
         if failed:
             with contextlib.suppress(Exception):  # never mask the user's exception
                 _finish(stats, sink, gather=False)
         else:
-            _finish(stats, sink, gather=gather)
+            _finish(stats, sink, gather=self.gather)
+
+
+def _claim(block: Track) -> None:
+    """Count ``block`` open in this thread; refuse it while another thread has one open."""
+    me = threading.get_ident()
+    with _open_lock:
+        other = next((b for b in _open if b._thread != me), None)
+        if other is not None:
+            names = {t.ident: t.name for t in threading.enumerate()}
+            raise RuntimeError(
+                f"syncscope.track() is open in another thread "
+                f"({names.get(other._thread, 'ended')!r}): its hooks see the whole process, "
+                "so each block would count the other thread's collectives and steps; open "
+                "one block around both threads' work, or track them one after the other"
+            )
+        if not _open:
+            atexit.register(_close_open)
+        block._thread = me
+        _open.append(block)
+
+
+def _release(block: Track) -> None:
+    with _open_lock:
+        if block in _open:
+            _open.remove(block)
+        if not _open:
+            atexit.unregister(_close_open)
+
+
+def _close_open() -> None:
+    """At the interpreter's exit: close blocks never exited (hooks removed while every
+    module is still there; nothing gathered)."""
+    for block in reversed(list(_open)):
+        with contextlib.suppress(Exception):
+            block.gather = False
+            block.__exit__(None, None, None)
 
 
 def _finish(stats: Stats, sink: MemorySink, *, gather: bool) -> None:

@@ -112,6 +112,11 @@ def _check_events(path: Path, events: RankEvents, notes: list[str]) -> None:
             f"{path}: {events.unplaced_comms} collective event(s) without a usable time (ts "
             "missing or not a finite time, or dur negative): this rank's syncs cannot be counted"
         )
+    if events.unnamed:
+        notes.append(
+            f"{path.name}: {len(events.unnamed)} event(s) whose name is not a string were "
+            "dropped; no finding is drawn from the windows that held them"
+        )
     if events.unplaced:
         notes.append(
             f"{path.name}: {events.unplaced} event(s) without a usable time (ts missing or not "

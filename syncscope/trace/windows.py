@@ -145,6 +145,7 @@ class _Sorted:
         marks = sorted(((w.start + w.end) // 2, i, w) for i, w in enumerate(ev.window_marks))
         self.mark_mids = [m[0] for m in marks]
         self.marks = [(i, w) for _, i, w in marks]
+        self.unnamed = sorted(ev.unnamed)  # events that could not be read, by time
 
     def window_mark(self, lo: int, hi: int) -> Span | None:
         """The first (in trace order) syncscope.window# mark centred in [lo, hi)."""
@@ -342,6 +343,7 @@ def _window_fields(
         comm_ns=measure.comm if measure else None,
         exposed_comm_ns=measure.exposed if measure else None,
         compute_ns=measure.compute if measure else None,
+        records_dropped=bisect_left(idx.unnamed, hi) - bisect_left(idx.unnamed, lo),
     )
 
 

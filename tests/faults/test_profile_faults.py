@@ -107,9 +107,14 @@ def test_sigkill_of_profile_leaves_no_orphans(tmp_path: Path) -> None:
     ("options", "message"),
     [
         (["--trace", "--trace-windows", "5:2"], "--trace-windows 5:2: B must be greater than A"),
-        (["--hang-timeout", "nan"], "--hang-timeout must be a number of seconds >= 0"),
-        (["--hang-timeout", "-5"], "--hang-timeout must be a number of seconds >= 0"),
-        (["--hang-timeout", "inf"], "--hang-timeout must be a number of seconds >= 0"),
+        # was: ignored without a word
+        (["--trace-windows", "0:2"], "--trace-windows 0:2 picks the windows --trace records"),
+        (["--hang-timeout", "nan"], "--hang-timeout must be a number of seconds from 0"),
+        (["--hang-timeout", "-5"], "--hang-timeout must be a number of seconds from 0"),
+        (["--hang-timeout", "inf"], "--hang-timeout must be a number of seconds from 0"),
+        # was accepted, and the run's own meta.json was then refused by every reader
+        (["--hang-timeout", "1e308"], "from 0 (0: never) to 1e+18, not 1e+308"),
+        (["--hang-timeout", "1.1e18"], "from 0 (0: never) to 1e+18, not 1.1e+18"),
     ],
 )
 def test_bad_option_values_stop_before_any_rank(

@@ -3,7 +3,8 @@
 It must record exactly what the Python kernel records (only the cost differs), take the
 calls it is meant for, hand every other call on, and, where it cannot be had, leave capture
 on the Python kernel with the reason in the header and one line from ``syncscope profile``.
-Building it takes about 25 s once per torch (cached in torch's extension directory).
+It is built once per torch (cached in torch's extension directory) by tests/conftest.py
+before the slow tests, as ``syncscope build-kernel`` builds it.
 """
 
 from __future__ import annotations

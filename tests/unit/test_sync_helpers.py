@@ -80,11 +80,15 @@ def test_a_ddp_only_helper_under_fsdp2_and_hsdp_is_named_in_their_terms() -> Non
     assert f.cause == "sync-helper-no-op"  # not fsdp-sharded-accumulation (info)
     assert f.fix is not None and f.fix.style == "fsdp2"
     assert "grad_sync_context() at /u/train.py:30" in f.fix.summary
-    assert "model.set_requires_gradient_sync(is_boundary)" in f.fix.snippet
+    # the FSDP modules themselves, wherever they sit (the helper's model may be a wrapper
+    # around them that is not an FSDPModule: a setter on it would do nothing)
+    assert "module.set_requires_gradient_sync(is_boundary, recurse=False)" in f.fix.snippet
+    assert "for module in model.modules()" in f.fix.snippet
+    assert "only handles DistributedDataParallel" not in f.fix.summary
     (h,) = _findings(("fsdp",), wrapper="fsdp", ops=("reduce_scatter", "all_reduce"))
     assert h.cause == "sync-helper-no-op"
     assert h.fix is not None and h.fix.style == "hsdp"
-    assert "model.set_requires_all_reduce(is_boundary)" in h.fix.snippet
+    assert "module.set_requires_all_reduce(is_boundary, recurse=False)" in h.fix.snippet
 
 
 def test_a_with_around_one_of_forward_and_backward_only_is_no_helper() -> None:

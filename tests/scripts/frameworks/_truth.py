@@ -1,7 +1,11 @@
-"""Ground truth for the DeepSpeed test scripts, taken without syncscope: a counting wrapper
-of the ``torch.distributed`` Python API (op, bytes, window, micro-batch and phase of every
-collective), and a wrapper of the engine's methods that keeps the window, micro-batch and
-phase (``deepspeed_zero.py``, ``hf_trainer_deepspeed.py``).
+"""Ground truth for the test scripts, taken without syncscope: a counting wrapper of the
+``torch.distributed`` Python API (op, bytes, window, micro-batch and phase of every
+collective), a pass-through DDP comm hook that counts the buckets DDP reduces (DDP's own
+reducer calls c10d from C++, out of the Python API's sight: the hook hands each bucket to
+torch's ``allreduce_hook``, which reduces it as DDP would), and a wrapper of a DeepSpeed
+engine's methods that keeps the window, micro-batch and phase (``deepspeed_zero.py``,
+``hf_trainer_deepspeed.py``, ``tests/scripts/cuda_loops.py``; the counting itself is checked
+on CPU by tests/unit/test_ground_truth.py).
 
 The wrappers are compiled under a file name in angle brackets: syncscope takes such code for
 library code, so a collective DeepSpeed issues through them is still DeepSpeed's and the
@@ -25,13 +29,16 @@ OPS = (
     "broadcast",
     "reduce",
 )
+# the newer entry points, where this torch has them (torch 2.13's FSDP2 reduce-scatters with
+# reduce_scatter_single and all-gathers with all_gather_single)
+NEWER_OPS = ("reduce_scatter_single", "all_gather_single", "all_reduce_coalesced")
 
 _SOURCE = """
 def make(name, original, state, log, nbytes):
     def counted(*args, **kwargs):
         if state["counting"]:
             second = name in ("all_gather_into_tensor", "reduce_scatter_tensor", "all_gather",
-                              "reduce_scatter")
+                              "reduce_scatter", "reduce_scatter_single", "all_gather_single")
             payload = kwargs.get("input_tensor", kwargs.get("input", kwargs.get("tensor")))
             if payload is None and args:
                 payload = args[1] if second and len(args) > 1 else args[0]
@@ -39,6 +46,16 @@ def make(name, original, state, log, nbytes):
                         "micro": state["micro"], "phase": state["phase"]})
         return original(*args, **kwargs)
     return counted
+
+def bucket_hook(inner, state, buckets):
+    def hook(process_group, bucket):
+        if state["counting"]:
+            buffer = bucket.buffer()
+            buckets.append({"bytes": buffer.numel() * buffer.element_size(),
+                            "window": state["window"], "micro": state["micro"],
+                            "phase": state["phase"]})
+        return inner(process_group, bucket)
+    return hook
 
 def phase(name, original, state, boundaries):
     def wrapped(self, *args, **kwargs):
@@ -71,10 +88,27 @@ def nbytes(value: object) -> int:
     return 0
 
 
-def count_collectives(state: dict[str, object], log: list[dict[str, object]]) -> None:
-    """Wrap every op in OPS; call before DeepSpeed binds the API (before importing it)."""
-    for name in OPS:
+def all_ops() -> tuple[str, ...]:
+    """OPS and those of NEWER_OPS that this torch has."""
+    return OPS + tuple(name for name in NEWER_OPS if hasattr(dist, name))
+
+
+def count_collectives(
+    state: dict[str, object], log: list[dict[str, object]], ops: tuple[str, ...] = OPS
+) -> None:
+    """Wrap every op in ``ops``; call before a framework binds the API (before importing
+    it). ``state`` holds "counting", "window", "micro" and "phase"."""
+    for name in ops:
         setattr(dist, name, _ns["make"](name, getattr(dist, name), state, log, nbytes))
+
+
+def count_buckets(model: Any, state: dict[str, object], buckets: list[dict[str, object]]) -> None:
+    """Register on the DDP ``model`` a comm hook that logs each bucket (bytes, window,
+    micro-batch, phase) and reduces it with torch's ``allreduce_hook``: what DDP's built-in
+    reduction does (divide by the group's size, all-reduce), through the Python API."""
+    from torch.distributed.algorithms.ddp_comm_hooks.default_hooks import allreduce_hook
+
+    model.register_comm_hook(None, _ns["bucket_hook"](allreduce_hook, state, buckets))
 
 
 def phase(
