@@ -77,7 +77,7 @@ def compare_fingerprints(ranks: Sequence[RankRun]) -> tuple[RankRun, ...]:
 def assemble(meta: RunMeta, ranks: Iterable[RankRun]) -> Run:
     ordered = sorted(ranks, key=lambda r: r.rank)
     notes = list(meta.notes)
-    if ordered and not any(r.dist_initialized for r in ordered):
+    if len(ordered) == 1 and not ordered[0].dist_initialized:
         notes.append("torch.distributed was never initialised: the script ran as world size 1")
     missing, absent = missing_ranks((r.rank for r in ordered), meta.world_size)
     if missing:

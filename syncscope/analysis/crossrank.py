@@ -86,7 +86,12 @@ def _agreed(entry: Entry | None) -> tuple[str, int] | None:
 def _streams(run: Run, per_window: bool) -> dict[GroupKey, dict[int, dict[int, list[Entry]]]]:
     """group -> rank -> segment -> entries in issue order; a segment is a window's index
     (``per_window``) or 0, the whole run. Point-to-point and unknown ops are left out: ranks
-    legitimately differ there. Equal entries are one shared tuple (a pointer a collective)."""
+    legitimately differ there. Equal entries are one shared tuple (a pointer a collective).
+
+    A trace that names no process group (old-style ``record_param_comms``) lumps every group
+    into one stream, where collectives of different groups (pipelined all-to-alls beside the
+    gradient all-reduces) interleave differently on each rank without any fault: there each
+    op is its own stream, and only the order within an op is compared."""
     out: dict[GroupKey, dict[int, dict[int, list[Entry]]]] = defaultdict(dict)
     shared: dict[Entry, Entry] = {}
     # a group's rank tuple is hashed once per distinct object, not once per collective (a
@@ -110,7 +115,9 @@ def _streams(run: Run, per_window: bool) -> dict[GroupKey, dict[int, dict[int, l
                 members = by_id.get(ident) if ranks is not None else None
                 if members is None:
                     key: GroupKey = (
-                        (c.group_name, ranks) if ranks is not None else c.group_name or "default"
+                        (c.group_name, ranks)
+                        if ranks is not None
+                        else c.group_name or _unnamed(c.op, per_window)
                     )
                     members = out[key]
                     if ranks is not None:
@@ -119,6 +126,11 @@ def _streams(run: Run, per_window: bool) -> dict[GroupKey, dict[int, dict[int, l
                 by_segment = members.setdefault(r.rank, {})
                 by_segment.setdefault(segment, []).append(shared.setdefault(entry, entry))
     return out
+
+
+def _unnamed(op: str, per_window: bool) -> str:
+    """The stream of a collective whose group is not recorded: one per op in traces."""
+    return f"{op}s of unnamed groups" if per_window else "default"
 
 
 def _first_difference(
@@ -384,13 +396,9 @@ def run_failed(run: Run) -> list[Finding]:
         return []
     own = [r for r in failed if not _stopped_by_others(r)] or failed
     first = min(own, key=lambda r: (r.last_event_ns or 0, r.rank))
-    complete = [sum(1 for w in r.windows if w.complete) for r in run.ranks]
-    low, high = min(complete), max(complete)
-    windows = f"{low}" if low == high else f"{low}-{high}"
-    captured = (
-        f"{windows} complete window{'s' if high != 1 else ''} captured on "
-        f"{len(run.ranks)} rank{'s' if len(run.ranks) != 1 else ''}"
-    )
+    # what was still measured (complete windows on how many ranks) is the evidence here and
+    # said once by each summary (the verdict line, the page's banner), not in this message
+    low = min(sum(1 for w in r.windows if w.complete) for r in run.ranks)
     others = [r.rank for r in failed if r not in own]
     if len(own) == 1:
         message = f"the run failed: rank {first.rank} stopped ({_how(first)}) {last_seen(first)}"
@@ -399,7 +407,6 @@ def run_failed(run: Run) -> list[Finding]:
             f"the run failed on ranks {compress_ranks([r.rank for r in own])}: rank "
             f"{first.rank} first ({_how(first)}) {last_seen(first)}"
         )
-    message += f"; {captured}"
     if others:
         message += f"; rank(s) {compress_ranks(others)} were then stopped by the launcher"
     per_rank = {

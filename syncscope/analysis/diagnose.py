@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
-from syncscope.analysis import deepspeed, reductions
+from syncscope.analysis import coverage, deepspeed, reductions
 from syncscope.analysis.advice import SNIPPETS, fix_style, in_framework
 from syncscope.analysis.crossrank import collective_mismatch, hang, rank_divergence, run_failed
 from syncscope.analysis.helpers import (
@@ -28,6 +28,7 @@ from syncscope.analysis.helpers import (
 )
 from syncscope.model import (
     FAILED_KINDS,
+    INCOMPLETE_KINDS,
     Collective,
     Finding,
     RankRun,
@@ -204,9 +205,11 @@ def _sharded_cost(
         cost["all_reduce_bytes_skipped_per_window"] = sum(
             c.bytes for c in early if c.op == "all_reduce"
         )
-        cost["extra_memory_bytes_if_gradient_sync_skipped"] = extra
+        if unsharded:  # unknown (traces record no wrapper): said so after grouping, never 0
+            cost["extra_memory_bytes_if_gradient_sync_skipped"] = extra
         return "hsdp"
-    cost["extra_memory_bytes_if_skipped"] = extra
+    if unsharded:  # unknown (traces record no wrapper): said so after grouping, never 0
+        cost["extra_memory_bytes_if_skipped"] = extra
     # HSDP: the cross-replica all-reduce can be skipped while keeping shards reduced
     return "hsdp" if any(c.op == "all_reduce" for c in early) else "fsdp-sharded"
 
@@ -620,13 +623,47 @@ def diagnose(run: Run) -> list[Finding]:
         observations.extend(_irregular(rank))
     steady = steady_windows(run)
     grouped = _redundant_figures(run, _fragmented_figures(_group(observations, steady)), steady)
-    findings = [name_helper(f) for f in grouped]
-    findings.extend(rank_divergence(run, findings))
+    findings = [unknown_memory(name_helper(f)) for f in grouped]
+    findings.extend(coverage_findings(run))
+    if not coverage.independent_copies(run):  # their gradients differ by design
+        findings.extend(rank_divergence(run, findings))
     findings.extend(collective_mismatch(run))
     findings.extend(hang(run))
     findings.extend(run_failed(run))
-    # a run that did not finish says so first; what its complete windows show follows
+    # a run that did not finish says so first; what its complete windows show follows, and
+    # what could not be judged comes first among the warnings
     findings.sort(
-        key=lambda f: (f.kind not in FAILED_KINDS, severity_rank(f.severity), f.kind, f.cause)
+        key=lambda f: (
+            f.kind not in FAILED_KINDS,
+            severity_rank(f.severity),
+            f.kind not in INCOMPLETE_KINDS,
+            f.kind,
+            f.cause,
+        )
     )
     return findings
+
+
+# memory costs of keeping FSDP gradients unsharded, by cause: null (unknown) where the run
+# recorded no parameter sizes (traces), rather than a 0 that reads as "no cost"
+UNSHARDED_MEMORY_COSTS = {
+    "fsdp-sharded-accumulation": "extra_memory_bytes_if_skipped",
+    "hsdp-all-reduce-every-micro-batch": "extra_memory_bytes_if_gradient_sync_skipped",
+}
+
+
+def unknown_memory(finding: Finding) -> Finding:
+    key = UNSHARDED_MEMORY_COSTS.get(finding.cause)
+    if finding.kind != "redundant-sync" or key is None or key in finding.cost:
+        return finding
+    return replace(finding, cost={**finding.cost, key: None})
+
+
+def coverage_findings(run: Run) -> list[Finding]:
+    """What the run lets syncscope judge (syncscope.analysis.coverage): no optimizer step,
+    ranks without data, ranks that never joined a process group."""
+    return [
+        *coverage.no_optimizer_step(run),
+        *coverage.ranks_missing(run),
+        *coverage.no_process_group(run),
+    ]

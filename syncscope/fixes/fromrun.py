@@ -106,6 +106,8 @@ def load_hints(run_dir: Path, script: Path, data: bytes) -> RunHints:
         raise SyncscopeError(
             f"{script} changed since the run in {run_dir} (sha256 differs): profile it again"
         )
+    # the content matched: a renamed or moved copy of the profiled script is that script
+    profiled = str(recorded.get("path", "") or script)
     lines: set[int] = set()
     helper_codes: set[str] = set()
     wrapper: WrapperKind | None = None
@@ -130,7 +132,9 @@ def load_hints(run_dir: Path, script: Path, data: bytes) -> RunHints:
             label = f"findings[{i}].sources[{j}]"
             field_of({"s": source}, "s", where, dict, label=label)
             line = field_int(source, "line", where, default=0, label=f"{label}.line")
-            if not _same_file(str(source.get("file", "")), script) or not 0 < line <= len(text):
+            file = str(source.get("file", ""))
+            ours = _same_file(file, script) or _same_file(file, Path(profiled))
+            if not ours or not 0 < line <= len(text):
                 continue
             lines.add(line)
             if source.get("role") in TOGGLE_ROLES:

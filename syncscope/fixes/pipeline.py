@@ -67,7 +67,7 @@ def fix(
         _verify(script, result, nproc_per_node, args, encoding)
     if apply and result.changed:
         _write(script, result.fixed.encode(encoding), backup)
-    _print_problems(result, str(script))  # "(fixed)" only once the file is written
+    _print_problems(result, str(script), written=apply)  # "(fixed)" once the file is written
     if apply and result.changed:
         print(f"syncscope: wrote {script}", file=sys.stderr)
     for line in unaddressed:  # the run's problems that are no loop rewrite: never a silent 0
@@ -152,10 +152,10 @@ def _check_inside(path: Path, allow_outside: bool) -> None:
         )
 
 
-def _print_problems(result: FixResult, shown: str) -> None:
+def _print_problems(result: FixResult, shown: str, written: bool) -> None:
     for problem in result.problems:
         if problem.fixed:
-            tail = "(fixed)" if result.changed else ""
+            tail = "" if not result.changed else "(fixed)" if written else "(--apply fixes it)"
         else:
             tail = (
                 f"(not rewritten: {problem.suggestion})"

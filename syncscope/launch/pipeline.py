@@ -78,6 +78,12 @@ def profile(request: Request) -> int:
 
 
 def _profile(request: Request, plan: _Plan) -> int:
+    if "nproc_per_node" not in request.launcher.values:  # said once every input is good
+        print(  # torchrun's default, 1 rank per node, is seldom what a profile is run for
+            "syncscope: no --nproc-per-node given: running 1 rank per node (world size 1 on "
+            "one node); add --nproc-per-node N to run N",
+            file=sys.stderr,
+        )
     meta = _meta(request, plan)
     from syncscope.rundir import write_meta
 

@@ -25,7 +25,7 @@ Severity = Literal["info", "warning", "error"]
 # Most severe first: the order findings are listed and counted in.
 SEVERITIES: tuple[Severity, ...] = ("error", "warning", "info")
 _SEVERITY_RANK: dict[str, int] = {s: i for i, s in enumerate(SEVERITIES)}
-Verdict = Literal["clean", "warnings", "errors", "failed"]
+Verdict = Literal["clean", "warnings", "incomplete", "errors", "failed"]
 Source = Literal["live", "trace"]
 
 OPS: tuple[str, ...] = (
@@ -321,6 +321,7 @@ class RunMeta:
     hang_timeout_s: float | None = None
     hung: bool = False  # the launcher stopped the job because it made no progress
     notes: tuple[str, ...] = ()  # what the data cannot tell, said plainly
+    one_rank_view: bool = False  # track(gather=False): this rank's events only, by choice
 
 
 @dataclass(frozen=True, slots=True)
@@ -370,6 +371,10 @@ class Finding:
 # Findings that say the job itself did not run to its end: the verdict is "failed", above
 # "errors", whatever else was measured before it stopped.
 FAILED_KINDS = frozenset({"run-failed", "hang"})
+# Findings that say the report could not judge all of the run (a rank's data is missing, no
+# window was closed by an optimizer step): the verdict is "incomplete" unless an error was
+# found in what could be judged; they are warnings, so ``--fail-on warning`` fails on them.
+INCOMPLETE_KINDS = frozenset({"ranks-missing", "no-optimizer-step"})
 
 
 def rank_failed(rank: RankRun) -> bool:
@@ -383,6 +388,8 @@ def verdict_of(findings: list[Finding] | tuple[Finding, ...]) -> Verdict:
     severities = {f.severity for f in findings}
     if "error" in severities:
         return "errors"
+    if any(f.kind in INCOMPLETE_KINDS for f in findings):
+        return "incomplete"
     if "warning" in severities:
         return "warnings"
     return "clean"

@@ -294,7 +294,7 @@ class Projection:
 
     window: Stat | None  # measured, over the windows used
     projected: Stat | None
-    speedup: Stat | None  # per (rank, window) ratios
+    speedup: Stat | None  # range of per (rank, window) ratios; median: window / projected medians
     steady_windows: int
     basis: str
     omitted: str = ""  # why no gain is claimed ("" when it is)
@@ -310,6 +310,17 @@ class Projection:
         s = self.speedup
         span = f"{s.low:.2f}-{s.high:.2f}x" if s.high - s.low >= 0.005 else f"{s.median:.2f}x"
         return f"{span} (median {s.median:.2f}x) over {s.n} steady rank-windows"
+
+
+def _speedup(durations: list[float], projected: list[float], ratios: list[float]) -> Stat | None:
+    """The range of the per-(rank, window) ratios, and as its middle figure the ratio of the
+    two medians shown beside it (window -> projected window), so that the figures a reader
+    sees divide to the speed-up claimed (a median of ratios does not: 13.9/9.2 ms vs 1.55x)."""
+    if not ratios:
+        return None
+    low, high = min(ratios), max(ratios)
+    at_medians = median(durations) / median(projected)
+    return Stat(min(max(at_medians, low), high), low, high, len(ratios))
 
 
 def projection(
@@ -350,7 +361,7 @@ def projection(
     return Projection(
         window=Stat.of(durations),
         projected=Stat.of(projected),
-        speedup=Stat.of(ratios),
+        speedup=_speedup(durations, projected, ratios),
         steady_windows=len(steady.windows),
         basis=BASIS,
         omitted=omitted,

@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from syncscope.render.summary import Grid, window_means
-from syncscope.render.units import escape_html
+from syncscope.render.units import bytes_unit, escape_html
 
 OK = "#2f9e6e"  # synced where it belongs
 EXTRA = "#e8a33d"  # an extra sync
@@ -211,18 +211,18 @@ def placement_figure(grid: Grid) -> Figure:
         "Where the gradient syncs landed (each dot a micro-batch)", 120 + 34 * len(grid.ranks)
     )
     groups: dict[str, tuple[list[float], list[int]]] = {
-        k: ([], []) for k in ("idle", "ok", "extra", "missing")
+        k: ([], []) for k in ("idle", "ok", "extra", "missing", "open")
     }
     for rank, row in zip(grid.ranks, grid.rows, strict=True):
         for w, cell in enumerate(row):
             if cell is None or not cell.micro_batches:
                 continue
             for m in range(cell.micro_batches):
-                x = w + (m + 0.5) / cell.micro_batches
+                x = grid.first_window + w + (m + 0.5) / cell.micro_batches
                 synced = m in cell.sync_micro_batches
                 expected = m == cell.expected_micro_batch
                 kind = (
-                    ("ok" if expected else "extra")
+                    ("ok" if expected else "extra" if cell.complete else "open")
                     if synced
                     else ("missing" if expected else "idle")
                 )
@@ -236,10 +236,12 @@ def placement_figure(grid: Grid) -> Figure:
             "missing sync",
             {"color": MISSING, "size": 12, "symbol": "circle-open", "line": {"width": 2.5}},
         ),
+        # a window no optimizer step closed: where its syncs belong is not known
+        "open": ("sync, window not closed by a step", {"color": ACCENT, "size": 9}),
     }
     for kind, (label, marker) in styles.items():
         xs, ys = groups[kind]
-        if xs or kind != "idle":
+        if xs or kind not in ("idle", "open"):
             add_trace(
                 fig,
                 "scatter",
@@ -256,8 +258,8 @@ def placement_figure(grid: Grid) -> Figure:
         "x",
         title={"text": "window"},
         dtick=1,
-        range=[0, min(grid.windows, PLACEMENT_WINDOWS_SHOWN)],
-        tick0=0,
+        range=[grid.first_window, grid.first_window + min(grid.windows, PLACEMENT_WINDOWS_SHOWN)],
+        tick0=grid.first_window,
     )
     update_axes(fig, "y", title={"text": "rank"}, autorange="reversed", dtick=1)
     return fig
@@ -273,12 +275,13 @@ def _placement_heatmap(grid: Grid) -> Figure:
             for m in cell.sync_micro_batches:
                 share[m][w] += 1 / len(column)
         lasts = {c.expected_micro_batch for c in column if c.expected_micro_batch is not None}
-        expected.extend((w, m) for m in lasts)
+        expected.extend((grid.first_window + w, m) for m in lasts)
     fig = styled("Share of ranks that synced, per window and micro-batch", 160 + 28 * depth)
     add_trace(
         fig,
         "heatmap",
         z=typed2d(share),
+        x=typed(grid.window_numbers, "i4"),
         zmin=0,
         zmax=1,
         colorscale=[[0, "#f4f6f8"], [1, ACCENT]],
@@ -309,7 +312,7 @@ def syncs_per_window_figure(grid: Grid, expected: float = 1.0) -> Figure:
         add_trace(
             fig,
             "bar",
-            x=typed(range(len(row)), "i4"),
+            x=typed(range(grid.first_window, grid.first_window + len(row)), "i4"),
             y=typed([c.syncs if c else None for c in row]),
             name=f"rank {rank}",
             marker={"color": RANK_COLORS[i % len(RANK_COLORS)]},
@@ -368,6 +371,7 @@ def _syncs_heatmap(grid: Grid, expected: float) -> Figure:
         "heatmap",
         z=typed2d(z, smallest_dtype([v for row in z for v in row])),
         y=typed(labels, "i4"),
+        x=typed(grid.window_numbers, "i4"),
         zmin=-0.5,
         zmax=zmax + 0.5,
         colorscale=_sync_colorscale(zmax),
@@ -377,6 +381,27 @@ def _syncs_heatmap(grid: Grid, expected: float) -> Figure:
     update_axes(fig, "x", title={"text": "window"})
     update_axes(fig, "y", title={"text": "rank"}, autorange="reversed")
     return fig
+
+
+def _memory_series(grid: Grid) -> list[tuple[str, list[float | None]]]:
+    """Peak memory per window in MiB: per rank, or max/min over ranks for many ranks."""
+    per_mib = 2**20
+    if grid.large or len(grid.ranks) > len(RANK_COLORS):
+        columns = [  # 0: not measured, never drawn as 0 MiB
+            [c.peak_memory_bytes / per_mib for c in grid.column(w) if c.peak_memory_bytes]
+            for w in range(grid.windows)
+        ]
+        return [
+            ("max over ranks", [max(col) if col else None for col in columns]),
+            ("min over ranks", [min(col) if col else None for col in columns]),
+        ]
+    return [
+        (
+            f"rank {r}",
+            [c.peak_memory_bytes / per_mib if c and c.peak_memory_bytes else None for c in row],
+        )
+        for r, row in zip(grid.ranks, grid.rows, strict=True)
+    ]
 
 
 def window_metrics_figure(grid: Grid) -> Figure:
@@ -395,18 +420,20 @@ def window_metrics_figure(grid: Grid) -> Figure:
         vertical_spacing=0.07,
     )
     styled("Per window: bytes, time, memory", 580, fig, top=80, showlegend=True)
-    x = typed(range(grid.windows), "i4")
-    mib = [None if v is None else v / 2**20 for v in window_means(grid, "bytes")]
+    x = typed(grid.window_numbers, "i4")
+    synced = window_means(grid, "bytes")
+    # the unit the tiles use for these bytes (33.0 KiB, not 0.03 MiB)
+    unit, size = bytes_unit(max((v for v in synced if v is not None), default=0.0))
     add_trace(
         fig,
         "bar",
         1,
         x=x,
-        y=typed(mib),
+        y=typed([None if v is None else v / size for v in synced]),
         marker={"color": ACCENT},
-        name="MiB synced",
+        name=f"{unit} synced",
         showlegend=False,
-        hovertemplate="window %{x}: %{y:.1f} MiB<extra></extra>",
+        hovertemplate="window %{x}: %{y:.1f} " + unit + "<extra></extra>",
     )
     ms = [None if v is None else v / 1e6 for v in window_means(grid, "duration_ns")]
     add_trace(
@@ -421,26 +448,7 @@ def window_metrics_figure(grid: Grid) -> Figure:
         showlegend=False,
         hovertemplate="window %{x}: %{y:.2f} ms<extra></extra>",
     )
-    per_mib = 2**20
-    series: list[tuple[str, list[float | None]]]
-    if grid.large or len(grid.ranks) > len(RANK_COLORS):
-        columns = [  # 0: not measured, never drawn as 0 MiB
-            [c.peak_memory_bytes / per_mib for c in grid.column(w) if c.peak_memory_bytes]
-            for w in range(grid.windows)
-        ]
-        series = [
-            ("max over ranks", [max(col) if col else None for col in columns]),
-            ("min over ranks", [min(col) if col else None for col in columns]),
-        ]
-    else:
-        series = [
-            (
-                f"rank {r}",
-                [c.peak_memory_bytes / per_mib if c and c.peak_memory_bytes else None for c in row],
-            )
-            for r, row in zip(grid.ranks, grid.rows, strict=True)
-        ]
-    for n, (label, ys) in enumerate(series):
+    for n, (label, ys) in enumerate(_memory_series(grid)):
         add_trace(
             fig,
             "scatter",
@@ -452,9 +460,10 @@ def window_metrics_figure(grid: Grid) -> Figure:
             line={"color": RANK_COLORS[n % len(RANK_COLORS)]},
             hovertemplate=label + ", window %{x}: %{y:.0f} MiB<extra></extra>",
         )
-    update_axes(fig, "y", 1, title={"text": "MiB"}, rangemode="tozero")
+    update_axes(fig, "y", 1, title={"text": unit}, rangemode="tozero")
     update_axes(fig, "y", 2, title={"text": "ms"}, rangemode="tozero")
-    update_axes(fig, "y", 3, title={"text": "MiB"})
+    # from 0, as the other two: a 0.25 MiB wobble on 306 MiB must not fill the panel
+    update_axes(fig, "y", 3, title={"text": "MiB"}, rangemode="tozero")
     update_axes(fig, "x", 3, title={"text": "window"})
     if grid.windows <= 20:
         update_axes(fig, "x", dtick=1)

@@ -132,8 +132,10 @@ class RunDiff:
             return "failed"
         if any(f.severity == "error" for f in self.new):
             return "errors"
+        if self.after.verdict in ("errors", "incomplete"):
+            return self.after.verdict
         if any(f.severity == "warning" for f in self.new) or self.after.verdict != "clean":
-            return "warnings" if self.after.verdict != "errors" else "errors"
+            return "warnings"
         return "clean"
 
     @property
@@ -258,7 +260,7 @@ def diff_figure(a: Grid, b: Grid, labels: tuple[str, str] = ("before", "after"))
     )
     styled("Before and after, window by window", 460, fig, top=100)
     for grid, label, color in ((a, labels[0], MUTED), (b, labels[1], ACCENT)):
-        x = typed(range(grid.windows), "i4")
+        x = typed(grid.window_numbers, "i4")
         syncs = window_means(grid, "syncs")
         ms = [None if v is None else v / 1e6 for v in window_means(grid, "duration_ns")]
         add_trace(
@@ -292,7 +294,13 @@ def diff_figure(a: Grid, b: Grid, labels: tuple[str, str] = ("before", "after"))
 
 
 STYLES = {"better": "green", "worse": "red", "same": "dim", "within noise": "dim", "n/a": "dim"}
-TONES = {"clean": "green", "warnings": "yellow", "errors": "red", "failed": "bold red"}
+TONES = {
+    "clean": "green",
+    "warnings": "yellow",
+    "incomplete": "yellow",
+    "errors": "red",
+    "failed": "bold red",
+}
 
 
 def render_diff_text(diff: RunDiff, *, color: bool = False, width: int = 100) -> str:

@@ -22,18 +22,21 @@ from syncscope.render.summary import (
     Headline,
     grid_of,
     headline,
+    hta_lines,
     html_text,
     human_share,
     human_value,
     label_of,
     title_of,
     window_basis,
+    window_time_text,
 )
 from syncscope.render.units import human_bytes, human_ns
 
 VERDICT_TITLES = {
     "clean": "No gradient synchronization problems found",
     "warnings": "Training is correct, but wastes communication or memory",
+    "incomplete": "Incomplete: part of the run could not be judged",
     "errors": "Gradient synchronization is broken: training results are affected",
     "failed": "The run failed: the script did not run to its end",
 }
@@ -82,7 +85,9 @@ def _header(run: Run, head: Headline) -> str:
     m = run.meta
     facts = [
         f"{head.world_size:,} rank{'s' if head.world_size != 1 else ''}",
-        f"{head.windows} windows x {_micro_batches(head)} micro-batches",
+        f"{head.windows} windows x {_micro_batches(head)} micro-batches"
+        if head.windows
+        else "no complete window",
         "/".join(head.wrappers),
         f"{'live capture' if m.source == 'live' else 'from traces'}",
         f"torch {m.torch_version}" if m.torch_version else "",
@@ -124,6 +129,13 @@ def _verdict(head: Headline, findings: Sequence[Finding], ranks: int) -> str:
             sub += (
                 f" (and {len(findings) - 1} more finding{'s' if len(findings) > 2 else ''} below)"
             )
+    elif not head.rank_windows:
+        sub = "No optimizer step or backward pass was recorded: there was nothing to judge."
+    elif not head.seen_syncs_max:
+        sub = (
+            "No gradient sync was recorded and none was expected: the script ran without a "
+            "process group or a data-parallel wrapper."
+        )
     else:
         sub = (
             f"{head.seen_syncs_per_window:.3g} gradient sync per window across "
@@ -142,7 +154,7 @@ def _tile(label: str, value: str, sub: str = "", tone: str = "") -> str:
     )
 
 
-def _tiles(head: Headline) -> str:
+def _sync_tile(head: Headline) -> str:
     seen, expected = head.seen_syncs_per_window, head.expected_syncs_per_window
     synced = f"{human_bytes(head.grad_sync_bytes_per_window)} synced per window"
     if head.seen_syncs_min == head.seen_syncs_max:
@@ -151,14 +163,41 @@ def _tiles(head: Headline) -> str:
         value = f"{head.seen_syncs_min}-{head.seen_syncs_max}"
         spread = f"{head.rank_windows_off:,} of {head.rank_windows:,} rank-windows off; {synced}"
     tone = "good" if not head.rank_windows_off else ("bad" if seen < expected else "warn")
-    tiles = [
-        _tile(
-            "grad syncs per window",
-            f"{value} <small>seen / {expected:.3g} expected</small>",
-            spread,
-            tone,
-        ),
-    ]
+    if not head.rank_windows:  # nothing closed a window: nothing to count syncs against
+        value, spread, tone = "-", "no window was closed by an optimizer step", "warn"
+    shown = f"{value} <small>({expected:.3g} expected)</small>"
+    return _tile("grad syncs per window", shown, spread, tone)
+
+
+def _speedup_tile(head: Headline) -> str:
+    """The projected gain in a few words; how it is taken is under the tiles (_basis)."""
+    p = head.projection
+    if p is None:
+        return ""
+    if not p.shown or p.speedup is None:
+        return _tile("projected speed-up", "not projected", p.omitted)
+    s = p.speedup
+    spread = f"range {s.low:.2f}-{s.high:.2f}x; " if s.high - s.low >= 0.005 else ""
+    return _tile(
+        "projected speed-up",
+        esc(f"{s.median:.2f}x"),
+        f"{spread}window {human_ns(head.baseline_window_ns)} -> "
+        f"{human_ns(head.projected_window_ns)} after the fix",
+        "good",
+    )
+
+
+def _comm_tile(head: Headline) -> str:
+    if head.comm_ns is None:
+        return ""
+    sub = "per window"
+    if head.exposed_comm_share is not None:
+        sub += f"; {human_share(head.exposed_comm_share)} of the window exposed"
+    return _tile("communication time", esc(human_ns(head.comm_ns)), sub)
+
+
+def _tiles(head: Headline) -> str:
+    tiles = [_sync_tile(head)]
     if head.wasted_bytes_per_window is not None or head.wasted_ns_per_window is not None:
         share = f", {human_share(head.wasted_share)} of the window" if head.wasted_share else ""
         tiles.append(
@@ -169,46 +208,43 @@ def _tiles(head: Headline) -> str:
                 "warn",
             )
         )
-    tiles.append(_tile("window time", esc(human_ns(head.window_ns)), window_basis(head)))
-    p = head.projection
-    if p is not None and p.shown and p.speedup is not None:
-        s = p.speedup
-        value = f"{s.low:.2f}-{s.high:.2f}x" if s.high - s.low >= 0.005 else f"{s.median:.2f}x"
-        tiles.append(
-            _tile(
-                "projected speed-up",
-                esc(value),
-                f"median {s.median:.2f}x: window {human_ns(head.baseline_window_ns)} -> "
-                f"{human_ns(head.projected_window_ns)}, from {p.steady_windows} steady windows "
-                f"({s.n} rank-windows); basis: {p.basis}",
-                "good",
-            )
-        )
-    elif p is not None:
-        tiles.append(_tile("projected speed-up", "not projected", p.omitted))
-    if head.comm_ns is not None:
-        tiles.append(
-            _tile(
-                "communication time",
-                esc(human_ns(head.comm_ns)),
-                "per window with a collective in flight (union, median over ranks and "
-                "steady windows)",
-            )
-        )
-    if head.exposed_comm_share is not None:
-        tiles.append(
-            _tile(
-                "exposed communication",
-                esc(human_share(head.exposed_comm_share)),
-                "of window time, not hidden behind compute",
-            )
-        )
+    steady = f"median of {head.steady_windows} steady" if head.steady_windows else ""
+    window_sub = steady + (" windows" if head.steady_windows != 1 else " window")
+    if not head.windows or not head.steady_windows:
+        window_sub = window_basis(head)
+    tiles.append(_tile("window time", esc(window_time_text(head)), window_sub))
+    tiles.append(_speedup_tile(head))
+    tiles.append(_comm_tile(head))
     tiles.append(
         _tile("peak memory", esc(human_bytes(head.peak_memory_bytes)), "highest on any rank")
         if head.peak_memory_bytes is not None
         else _tile("peak memory", "not measured", "no memory data in this run")
     )
-    return f'<div class="tiles" id="headline">{"".join(tiles)}</div>'
+    shown = [t for t in tiles if t]
+    # one row of up to 6 on a wide page; narrower, rows of 3 (or 2), never one tile alone
+    return f'<div class="tiles n{len(shown)}" id="headline">{"".join(shown)}</div>' + _basis(head)
+
+
+def _basis(head: Headline) -> str:
+    """How the headline figures were taken, in full, under the tiles."""
+    parts = [f"Window time: {window_basis(head)}."] if head.windows else []
+    if head.comm_ns is not None:
+        parts.append(
+            "Communication time: union of the time with a collective in flight, median over "
+            "ranks and steady windows."
+        )
+    if head.exposed_comm_share is not None:
+        parts.append(
+            "Of which exposed communication: the part not overlapped with compute, as a share "
+            "of window time."
+        )
+    p = head.projection
+    if p is not None and p.shown:
+        parts.append(
+            f"Projected speed-up: {p.text()}, from {p.steady_windows} steady windows; "
+            f"basis: {p.basis}."
+        )
+    return f'<p class="basis">{esc(" ".join(parts))}</p>' if parts else ""
 
 
 def _charts_top(grid: Grid, head: Headline) -> list[str]:
@@ -245,7 +281,13 @@ def _charts_detail(run: Run, grid: Grid, findings: Sequence[Finding]) -> list[st
     if not grid.windows:
         return []
     flagged = [r for f in findings if f.severity != "info" for r in f.ranks]
-    windows = [w for f in findings for w in f.windows if w < grid.windows]
+    # findings name windows by index; the timeline takes a column (grid.first_window: 0)
+    windows = [
+        w - grid.first_window
+        for f in findings
+        for w in f.windows
+        if 0 <= w - grid.first_window < grid.windows
+    ]
     first = max(0, min(min(windows, default=0), grid.windows - timeline.TIMELINE_WINDOWS))
     ranks = timeline.timeline_ranks(run, flagged)
     shown = (
@@ -337,6 +379,8 @@ def _mapping(values: dict[str, object]) -> str:
 
 
 def _value(key: str, value: object) -> str:
+    if key == "hta":
+        return "<br>".join(esc(line) for line in hta_lines(value))
     if isinstance(value, dict):
         return _mapping({str(k): v for k, v in value.items()})
     if isinstance(value, list | tuple | set | frozenset):

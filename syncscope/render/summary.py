@@ -78,6 +78,15 @@ class Grid:
     ranks: tuple[int, ...]
     windows: int
     rows: tuple[tuple[Cell | None, ...], ...]
+    # the index of the window in column 0: windows keep their run numbering on every chart
+    # (traces number them from the first traced step, syncscope.window#N), as in the
+    # terminal and report.json
+    first_window: int = 0
+
+    @property
+    def window_numbers(self) -> range:
+        """The windows' indices, column by column (the x axis of every per-window chart)."""
+        return range(self.first_window, self.first_window + self.windows)
 
     @property
     def large(self) -> bool:
@@ -108,7 +117,8 @@ def grid_of(run: Run) -> Grid:
         for i, window in enumerate(r.windows):
             by_index[i] = cell_of(window)
         rows.append(tuple(by_index))
-    return Grid(ranks=tuple(r.rank for r in ranks), windows=n, rows=tuple(rows))
+    first = min((r.windows[0].index for r in ranks if r.windows), default=0)
+    return Grid(ranks=tuple(r.rank for r in ranks), windows=n, rows=tuple(rows), first_window=first)
 
 
 @dataclass(frozen=True)
@@ -231,15 +241,23 @@ def headline(run: Run, findings: Sequence[Finding], grid: Grid | None = None) ->
 
 def window_basis(head: Headline) -> str:
     """How the window time was taken, and the windows shown apart."""
+    if not head.windows:
+        return "no window was closed by an optimizer step"
     if not head.steady_windows:
         return "the first window only: no steady window to measure"
-    text = f"median over ranks and {head.steady_windows} steady windows"
+    plural = "s" if head.steady_windows != 1 else ""
+    text = f"median over ranks and {head.steady_windows} steady window{plural}"
     if head.warmup:
         apart = ", ".join(f"{i} ({why})" for i, why in head.warmup[:3])
         more = f" and {len(head.warmup) - 3} more" if len(head.warmup) > 3 else ""
         warm = f", {human_ns(head.warmup_window_ns)}" if head.warmup_window_ns else ""
         text += f"; apart: window {apart}{more}{warm}"
     return text
+
+
+def window_time_text(head: Headline) -> str:
+    """The headline window time, or "not measured" when no window closed."""
+    return human_ns(head.window_ns) if head.windows else "not measured"
 
 
 def window_means(grid: Grid, attr: str) -> list[float | None]:
@@ -343,6 +361,8 @@ def unit_of(key: str) -> str:
 
 def human_value(key: str, value: object) -> str:
     """Format a cost or evidence value by its unit (LABELS, else what its key says)."""
+    if value is None:
+        return "unknown"
     number = _number(value)
     if number is None:
         return str(value)
@@ -358,6 +378,40 @@ def human_value(key: str, value: object) -> str:
     if unit == "x":
         return f"{number:.2f}x"
     return f"{number:g}" if isinstance(value, float) else f"{int(number):,}"
+
+
+def _us_figure(row: dict[str, object], name: str) -> str:
+    time, share = row.get(f"{name}_time(us)"), row.get(f"{name}_time_pctg")
+    if not isinstance(time, int | float):
+        return ""
+    pct = f" ({share:.1f}%)" if isinstance(share, int | float) else ""
+    return f"{name.replace('_', '-')} {human_ns(time * 1e3)}{pct}"
+
+
+def hta_lines(hta: object) -> list[str]:
+    """``analyze --hta``'s figures (HTA's overlap and temporal breakdown) as sentences, one
+    per line: the same words in the terminal and the page (report.json keeps the data)."""
+    if not isinstance(hta, dict):
+        return [str(hta)]
+    lines: list[str] = []
+    if "error" in hta:
+        lines.append(f"not applied: {hta['error']}")
+    overlap = hta.get("comm_comp_overlap_pct")
+    if isinstance(overlap, dict) and overlap:
+        shares = ", ".join(f"rank {r} {v:.1f}%" for r, v in overlap.items())
+        lines.append(f"communication overlapped with compute: {shares}")
+    breakdown = hta.get("temporal_breakdown")
+    for row in breakdown if isinstance(breakdown, list) else []:
+        if not isinstance(row, dict):
+            continue
+        rank = row.get("rank")
+        parts = [_us_figure(row, name) for name in ("idle", "compute", "non_compute")]
+        kernels = row.get("kernel_time(us)")
+        if isinstance(kernels, int | float):
+            parts.append(f"GPU kernel time {human_ns(kernels * 1e3)}")
+        label = f"rank {int(rank)}" if isinstance(rank, int | float) else "rank ?"
+        lines.append(f"{label}: " + ", ".join(p for p in parts if p))
+    return lines
 
 
 def plain_text(text: str) -> str:

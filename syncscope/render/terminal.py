@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import io
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import IO
 
 from rich.console import Console, Group, RenderableType
@@ -19,6 +20,7 @@ from syncscope.model import (
     Finding,
     RankRun,
     Run,
+    SourceLocation,
     Window,
     compress_ranks,
     figures,
@@ -29,11 +31,13 @@ from syncscope.render import units
 from syncscope.render.safe import visible
 from syncscope.render.summary import (
     headline,
+    hta_lines,
     human_value,
     label_of,
     plain_text,
     title_of,
     window_basis,
+    window_time_text,
 )
 from syncscope.render.units import human_bytes
 
@@ -60,6 +64,7 @@ SEVERITY_STYLE = {"error": "bold red", "warning": "yellow", "info": "cyan"}
 VERDICT_STYLE = {
     "failed": "bold white on dark_red",
     "errors": "bold white on red",
+    "incomplete": "bold black on yellow",
     "warnings": "bold black on yellow",
     "clean": "bold white on green",
 }
@@ -146,7 +151,7 @@ def figures_line(run: Run, findings: Sequence[Finding]) -> Text:
     head = headline(run, findings)
     line = VisibleText()
     line.append("window time ", style="bold")
-    line.append(f"{human_ns(head.window_ns)} ({window_basis(head)})")
+    line.append(f"{window_time_text(head)} ({window_basis(head)})")
     if head.comm_ns is not None:
         line.append("\ncomm time ", style="bold")
         line.append(f"{human_ns(head.comm_ns)} (a collective in flight, union per window)")
@@ -191,6 +196,14 @@ def _fragment_cost(c: dict[str, object]) -> str:
     )
 
 
+def _memory_cost(value: object, what: str, per: str = "") -> str:
+    """``skipping would hold ~4.1 KiB more gradient memory``; an unknown amount (a trace
+    records no parameter sizes) said so, never ~0 B."""
+    if value is None:
+        return f"{what} more gradient memory{per}: unknown (no parameter sizes recorded)"
+    return f"{what} ~{human_bytes(_num(value))} more gradient memory{per}"
+
+
 def _cost_line(f: Finding) -> str:
     parts = []
     c = f.cost
@@ -215,14 +228,14 @@ def _cost_line(f: Finding) -> str:
             f"window {human_ns(_num(c['window_ns']))} -> ~{human_ns(_num(c['projected_window_ns']))} after the fix"
         )
     if "extra_memory_bytes_if_skipped" in c:
-        parts.append(
-            f"skipping would hold ~{human_bytes(_num(c['extra_memory_bytes_if_skipped']))} more gradient memory"
-        )
+        parts.append(_memory_cost(c["extra_memory_bytes_if_skipped"], "skipping would hold"))
     if "extra_memory_bytes_if_gradient_sync_skipped" in c:
         parts.append(
-            f"set_requires_gradient_sync instead would hold ~"
-            f"{human_bytes(_num(c['extra_memory_bytes_if_gradient_sync_skipped']))} more "
-            "gradient memory per rank"
+            _memory_cost(
+                c["extra_memory_bytes_if_gradient_sync_skipped"],
+                "set_requires_gradient_sync instead would hold",
+                " per rank",
+            )
         )
     if "estimated_extra_memory_bytes" in c:
         parts.append(
@@ -233,6 +246,18 @@ def _cost_line(f: Finding) -> str:
     if "lost_share_of_gradient" in c:
         parts.append(f"{_num(c['lost_share_of_gradient']):.0%} of the window's gradient lost")
     return "; ".join(parts)
+
+
+def _site_text(site: SourceLocation) -> str:
+    """``examples/train.py:18``: a path under the current directory relative to it, as a
+    compiler prints it (report.json keeps the absolute path)."""
+    try:
+        path = Path(site.file)
+        if path.is_absolute():
+            return f"{path.relative_to(Path.cwd())}:{site.line}"
+    except (ValueError, OSError):  # elsewhere, or no current directory
+        pass
+    return str(site)
 
 
 def finding_panel(f: Finding) -> Panel:
@@ -251,7 +276,10 @@ def finding_panel(f: Finding) -> Panel:
             )
         )
     for key, value in f.evidence.items():
-        if isinstance(value, dict):
+        if key == "hta":
+            body.append(VisibleText("HTA (Holistic Trace Analysis):"))
+            body.extend(VisibleText(f"  {line}") for line in hta_lines(value))
+        elif isinstance(value, dict):
             body.append(VisibleText(f"{key}:"))
             for k, v in list(value.items())[:8]:
                 body.append(VisibleText(f"  {k}: {v}"))
@@ -259,7 +287,7 @@ def finding_panel(f: Finding) -> Panel:
     if cost:
         body.append(VisibleText("cost: " + cost, style="bold"))
     for role, site in f.sites:
-        body.append(VisibleText(f"{role}: {site}", style="dim"))
+        body.append(VisibleText(f"{role}: {_site_text(site)}", style="dim"))
     if f.fix is not None:
         body.append(VisibleText("fix: " + plain_text(f.fix.summary), style="green"))
         body.append(Syntax(f.fix.snippet, "python", theme="ansi_dark", background_color="default"))

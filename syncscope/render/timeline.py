@@ -64,9 +64,10 @@ def timeline_figure(run: Run, ranks: Sequence[int], first_window: int = 0) -> Fi
         rr = run.rank(rank)
         for window in (rr.windows[w] for w in windows if rr and w < len(rr.windows)):
             _window_bars(bars, row, window)
+    base = min((r.windows[0].index for r in run.ranks if r.windows), default=0)  # run numbering
     fig = styled(
         f"Timeline, window{'s' if len(windows) > 1 else ''} "
-        f"{windows.start}{'-' + str(windows.stop - 1) if len(windows) > 1 else ''} "
+        f"{base + windows.start}{'-' + str(base + windows.stop - 1) if len(windows) > 1 else ''} "
         f"of {total}",
         120 + 46 * len(ranks),
         barmode="overlay",
@@ -156,7 +157,7 @@ def overlap_figure(grid: Grid) -> Figure:
         horizontal_spacing=0.1,
     )
     styled("Communication overlap (from the trace)", 380, fig, top=100, barmode="stack")
-    x = typed(range(grid.windows), "i4")
+    x = typed(grid.window_numbers, "i4")
     compute, comm, exposed = (
         window_means(grid, a) for a in ("compute_ns", "comm_ns", "exposed_comm_ns")
     )

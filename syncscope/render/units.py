@@ -25,6 +25,17 @@ def human_bytes(n: float | None) -> str:
     return f"{value:.1f} TiB"
 
 
+def bytes_unit(largest: float) -> tuple[str, int]:
+    """The unit ``human_bytes`` would show ``largest`` in, and its size: (``"KiB"``, 1024).
+    A chart's axis takes its unit from its largest value, so it reads as the tiles do."""
+    size = 1
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if abs(largest) < 1024 * size:
+            return unit, size
+        size *= 1024
+    return "TiB", size
+
+
 def human_ns(ns: float | None, *, whole_us: bool = False) -> str:
     """``2.50 s``, ``12.3 ms``, ``640 µs``; below 1 µs in nanoseconds (``800 ns``), or, with
     ``whole_us`` (the terminal's tables and findings), rounded to whole µs (``1 µs``);

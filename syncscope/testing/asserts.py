@@ -216,6 +216,7 @@ def assert_syncs(
     Only complete windows (ended by an optimizer step) are checked, and at least one is
     required. Bad arguments raise TypeError or ValueError, not AssertionError.
     """
+    __tracebackhide__ = True  # pytest shows the caller's line, not this helper's body
     from syncscope.testing.track import Stats
 
     if not isinstance(stats, Stats):

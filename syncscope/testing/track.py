@@ -232,7 +232,8 @@ def _finish(stats: Stats, sink: MemorySink, *, gather: bool) -> None:
         stats.rank, stats.world_size = live_rank, live_world
     events = list(sink.events)
     by_rank = {stats.rank: events}
-    if gather and live_world > 1:
+    gathered = gather and live_world > 1
+    if gathered:
         by_rank = _gather(events, live_world)
-    meta = RunMeta(world_size=stats.world_size, command=("track()",))
+    meta = RunMeta(world_size=stats.world_size, command=("track()",), one_rank_view=not gathered)
     stats._finish(build_run(meta, by_rank))

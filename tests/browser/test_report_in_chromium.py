@@ -321,3 +321,35 @@ def test_tile_text_is_never_cut_off(browser: DevTools, tmp_path: Path, width: in
     # THEN no tile's text overflows its box (it wraps instead of ending in "...")
     assert json.loads(browser.evaluate(CLIPPED_JS)) == []
     assert problems(browser) == []
+
+
+TILE_ROWS_JS = """JSON.stringify([...document.querySelectorAll('#headline .tile')]
+  .map(e => { const r = e.getBoundingClientRect(); return [Math.round(r.top), r.height]; }))"""
+
+
+@pytest.mark.parametrize(("width", "per_row"), [(1400, 6), (800, 3)])
+def test_headline_tiles_are_short_and_never_alone_on_a_row(
+    browser: DevTools, tmp_path: Path, width: int, per_row: int
+) -> None:
+    """Issue 42: the speed-up tile was a paragraph that stretched every tile to ~450 px,
+    and a seventh tile sat alone on a second row. Six tiles (communication and its exposed
+    share are one): one row at 1400 px, two rows of three at 800 px, none taller than 200 px;
+    how the figures are taken reads under the tiles."""
+    from syncscope.analysis.diagnose import diagnose
+
+    run = runs.traced()  # every tile: syncs, waste, window, speed-up, communication, memory
+    page = tmp_path / "report.html"
+    page.write_text(render_html(run, diagnose(run)), encoding="utf-8")
+    state = open_page(browser, page, width=width)
+    screenshot(browser, shots_dir(tmp_path) / f"headline-{width}.png", width, state["height"])
+    tiles = json.loads(browser.evaluate(TILE_ROWS_JS))
+    assert len(tiles) == 6, tiles
+    rows: dict[int, int] = {}
+    for top, _ in tiles:
+        rows[top] = rows.get(top, 0) + 1
+    assert sorted(rows.values()) == [per_row] * (6 // per_row), tiles
+    assert max(height for _, height in tiles) < 200, tiles
+    assert "basis: window time minus" in browser.evaluate(
+        "document.querySelector('.basis').textContent"
+    )
+    assert json.loads(browser.evaluate(CLIPPED_JS)) == []

@@ -97,3 +97,55 @@ def test_analyze_imports_only_what_it_runs(tmp_path: Path) -> None:
     assert proc.returncode == 0, proc.stderr
     status, loaded = proc.stdout.split(" ", 1)
     assert status in ("0", "1") and loaded.strip() == "[]"
+
+
+def test_traces_of_unnamed_groups_are_compared_op_by_op(tmp_path: Path) -> None:
+    """Issue 42: trace_filter's ranks interleave their all-to-alls (other process groups,
+    which the old-style trace does not name) and gradient all-reduces differently: no fault,
+    so no collective-mismatch and no exit 1; the report says which ranks it lacks instead."""
+    traces = _copy(tmp_path, "trace_filter")
+    out = tmp_path / "report"
+    status = main(["analyze", str(traces), "--out", str(out), "--quiet"])
+    report = json.loads((out / "report.json").read_text())
+    kinds = [f["kind"] for f in report["findings"]]
+    assert "collective-mismatch" not in kinds and status == 0
+    assert "ranks-missing" in kinds and report["verdict"] == "incomplete"
+
+
+def test_a_mismatch_within_one_op_of_an_unnamed_group_is_still_found(tmp_path: Path) -> None:
+    """The op-by-op comparison still finds a rank issuing one all-to-all fewer."""
+    import gzip
+
+    traces = _copy(tmp_path, "trace_filter")
+    path = traces / "sampled_rank-1.json.gz"
+    doc = json.loads(gzip.decompress(path.read_bytes()))
+    last = max(e["ts"] for e in doc["traceEvents"] if e.get("name") == "c10d::alltoall_base_")
+    doc["traceEvents"] = [  # its last all-to-all: the op, its record_param_comms and nccl: ops
+        e
+        for e in doc["traceEvents"]
+        if not (e.get("cat") == "cpu_op" and 0 <= e.get("ts", 0) - last < 100)
+    ]
+    path.write_bytes(gzip.compress(json.dumps(doc).encode()))
+    out = tmp_path / "report"
+    status = main(["analyze", str(traces), "--out", str(out), "--quiet"])
+    report = json.loads((out / "report.json").read_text())
+    mismatch = [f for f in report["findings"] if f["kind"] == "collective-mismatch"]
+    assert status == 1 and len(mismatch) == 1 and mismatch[0]["cause"] == "count"
+    assert "all_to_alls of unnamed groups" in mismatch[0]["message"]
+
+
+def test_fsdp_memory_cost_from_traces_is_unknown_not_zero(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """Issue 42: traces record no parameter sizes: the memory that skipping the reduce-scatter
+    would hold is unknown (null, "unknown"), never ~0 B."""
+    traces = _copy(tmp_path, "syncscope-gloo-fsdp2")
+    out = tmp_path / "report"
+    main(["analyze", str(traces), "--out", str(out)])
+    text = capsys.readouterr().out
+    report = json.loads((out / "report.json").read_text())
+    card = next(f for f in report["findings"] if f["cause"] == "fsdp-sharded-accumulation")
+    assert card["cost"]["extra_memory_bytes_if_skipped"] is None
+    assert "~0 B" not in text and "more gradient memory: unknown" in " ".join(text.split())
+    html = (out / "report.html").read_text()
+    assert "extra gradient memory if the sync is skipped</dt><dd>unknown</dd>" in html

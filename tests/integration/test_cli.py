@@ -72,6 +72,12 @@ def test_out_under_missing_parents_creates_them(tmp_path: Path) -> None:
     proc = run_syncscope("profile", "--out", str(out), str(SINGLE))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (out / "report.json").is_file()
+    # no --nproc-per-node: one line says so, with the flag to add (issue 42)
+    said = [line for line in proc.stderr.splitlines() if "--nproc-per-node" in line]
+    assert said == [
+        "syncscope: no --nproc-per-node given: running 1 rank per node (world size 1 on one "
+        "node); add --nproc-per-node N to run N"
+    ]
 
 
 def test_out_under_a_file(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

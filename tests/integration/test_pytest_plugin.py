@@ -246,3 +246,28 @@ def test_a_pytest_session_that_does_not_use_it_never_imports_torch(
     )
     result = pytester.runpytest_subprocess(*FAST)
     result.assert_outcomes(passed=1)
+
+
+def test_a_failing_assert_syncs_shows_the_callers_line_not_the_helper(
+    inner: pytest.Pytester,
+) -> None:
+    """Issue 42: the traceback stops at the test's own ``assert_syncs(...)`` line, as
+    pytest's own helpers do; the helper's body (its docstring, its checks) is not shown."""
+    inner.makepyfile(
+        """
+        from conftest import train
+        from syncscope import track
+        from syncscope.testing import assert_syncs
+
+        def test_wasteful(ddp_model):
+            with track() as stats:
+                train(ddp_model, no_sync=False)
+            assert_syncs(stats, per_window=1, at_micro_batch=-1)
+        """
+    )
+    result = inner.runpytest(*FAST)
+    result.assert_outcomes(failed=1)
+    out = result.stdout.str()
+    assert ">       assert_syncs(stats, per_window=1, at_micro_batch=-1)" in out
+    assert "syncscope: gradient syncs are not as expected" in out
+    assert "asserts.py" not in out and "problems = check(" not in out

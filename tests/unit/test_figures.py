@@ -266,3 +266,73 @@ def test_exposed_communication_never_exceeds_communication_one_definition() -> N
     assert f"{share:.0%}" in render_html(run, [f])
     # AND the message states both, exposed first
     assert re.search(r"[\d.]+ \w?s of the [\d.]+ \w?s of communication per window", f.message)
+
+
+def test_the_projected_speed_up_is_the_ratio_of_the_figures_shown_beside_it() -> None:
+    """Issue 42: "median 1.55x" beside "13.9 ms -> 9.2 ms" (1.51x): the speed-up's middle
+    figure is the shown window over the shown projected window; the range stays the range
+    of the per-(rank, window) ratios."""
+    run = runs.make_run(windows=6, sync_at=runs.every)
+    factors = {(0, 2): 1.3, (0, 3): 1.1, (1, 3): 1.45, (1, 4): 1.2, (1, 5): 1.6}
+    run = dataclasses.replace(
+        run,
+        ranks=tuple(
+            dataclasses.replace(
+                r,
+                windows=tuple(
+                    _stretch(w.index, factors.get((r.rank, w.index), 1.0))(w) for w in r.windows
+                ),
+            )
+            for r in run.ranks
+        ),
+    )
+    p = headline(run, diagnose(run)).projection
+    assert p is not None and p.speedup and p.window and p.projected
+    assert p.speedup.median == p.window.median / p.projected.median
+    assert p.speedup.low < p.speedup.median < p.speedup.high
+    text = " ".join(render_text(run, diagnose(run), width=200).split())
+    shown = re.search(r"median (\d\.\d\d)x\) .*?window ([\d.]+) ms -> ~([\d.]+) ms", text)
+    assert shown, text
+    window, after = float(shown[2]), float(shown[3])  # each rounded to 0.1 ms
+    assert (window - 0.05) / (after + 0.05) <= float(shown[1]) <= (window + 0.05) / (after - 0.05)
+
+
+def test_the_exposed_communication_card_uses_one_statistic() -> None:
+    """Issue 42: the card said 15.3 ms (a median) in its message and 16.1 ms (a mean) in its
+    evidence for the same quantity: one statistic, the medians of the cost, everywhere."""
+    from syncscope.analysis.exposed import exposed_communication
+
+    (finding,) = exposed_communication(runs.traced())
+    assert not any(k.startswith("mean_") for k in finding.evidence)
+    text = " ".join(render_text(runs.traced(), [finding], width=200).split())
+    comm = human_ns(float(str(finding.cost["comm_ns_per_window"])))
+    assert f"of the {comm} of communication per window" in text
+    assert "mean" not in text.split("exposed-communication", 1)[1]
+
+
+HTA = {
+    "comm_comp_overlap_pct": {0: 14.31, 1: 12.0},
+    "temporal_breakdown": [
+        {"rank": 0.0, "idle_time(us)": 338781.0, "compute_time(us)": 75169.0,
+         "non_compute_time(us)": 21636.0, "kernel_time(us)": 435586.0, "idle_time_pctg": 77.78,
+         "compute_time_pctg": 17.26, "non_compute_time_pctg": 4.97},
+    ],
+}  # fmt: skip
+
+
+def test_hta_figures_read_as_sentences_not_python_dicts() -> None:
+    """Issue 42: ``analyze --hta`` printed raw Python dicts; the terminal and the page say
+    the same sentences, and report.json keeps the data."""
+    from syncscope.analysis.exposed import exposed_communication
+
+    run = runs.traced()
+    findings = exposed_communication(run, HTA)
+    text = " ".join(render_text(run, findings, width=200).split())
+    page = render_html(run, findings)
+    for shown in (text, page):
+        assert "communication overlapped with compute: rank 0 14.3%, rank 1 12.0%" in shown
+        assert "rank 0: idle 338.8 ms (77.8%), compute 75.2 ms (17.3%)" in shown
+        assert "GPU kernel time 435.6 ms" in shown
+        assert "{" + "0: 14.31" not in shown and "'idle_time(us)'" not in shown
+        assert "idle_time(us)" not in shown.replace("&#x27;", "'")
+    assert report_dict(run, findings)["findings"][0]["evidence"]["hta"] == HTA

@@ -51,6 +51,8 @@ def test_dry_run_prints_diff_and_problems_exit_1(run: Run, script: Path) -> None
     assert done.stdout.startswith("--- a/train.py\n+++ b/train.py\n")
     assert "train.py:9: SYN101 no sync suppression" in done.stderr
     assert script.read_text() == (FIXTURES / "ddp_no_suppression_modulo.in.py").read_text()
+    # nothing was written: a problem reads "--apply fixes it", never "(fixed)" (issue 42)
+    assert "(fixed)" not in done.stderr and "(--apply fixes it)" in done.stderr
 
 
 def test_nothing_to_fix_exit_0(run: Run, tmp_path: Path) -> None:
@@ -65,6 +67,7 @@ def test_apply_writes_and_keeps_backup(run: Run, script: Path) -> None:
     assert done.returncode == 0, done.stderr
     assert script.read_text() == (FIXTURES / "ddp_no_suppression_modulo.out.py").read_text()
     assert script.with_name("train.py.bak").read_text() == original
+    assert "SYN101 no sync suppression" in done.stderr and "(fixed)" in done.stderr
     # running it again changes nothing
     again = run("train.py", cwd=script.parent)
     assert (again.returncode, again.stdout) == (0, "")

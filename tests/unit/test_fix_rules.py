@@ -199,3 +199,27 @@ def test_contextlib_import_goes_in_sorted_order_among_the_standard_library() -> 
 def test_contextlib_import_opens_its_own_section_before_third_party_imports() -> None:
     fixed = fix_source('"""A loop."""\n\n' + HEADER + "model = DDP(net)\n" + LOOP).fixed
     assert fixed.startswith('"""A loop."""\n\nimport contextlib\n\nimport torch\n')
+
+
+def test_from_run_applies_to_a_renamed_identical_copy(tmp_path: Path) -> None:
+    """Issue 42: the run profiled train.py; fix --from on copy.py, the same bytes, said
+    nothing to fix. The content hash matched, so the run's sources apply to the copy."""
+    script = tmp_path / "train.py"
+    body = LOOP.replace(
+        "    loss.backward()", "    set_sync(model, (i + 1) % accum == 0)\n    loss.backward()"
+    )
+    script.write_text(HEADER + "model = DDP(net)\n" + body)
+    finding = {
+        "kind": "missing-sync",
+        "sources": [{"role": "toggle", "file": str(script), "line": 7}],
+        "fix": {"style": "ddp-flag"},
+    }
+    run = _run_dir(tmp_path, script, [finding])
+    copy = tmp_path / "elsewhere" / "copy.py"
+    copy.parent.mkdir()
+    copy.write_bytes(script.read_bytes())
+    script.unlink()  # moved, not copied: the run's path no longer exists
+    hints = load_hints(run, copy, copy.read_bytes())
+    assert hints.lines == frozenset({7})
+    result = fix_source(copy.read_text(), FixOptions(hints=hints))
+    assert [p.code for p in result.problems] == ["SYN104"]

@@ -223,3 +223,58 @@ def test_numpy_is_a_core_dependency_because_torch_warns_without_it() -> None:
     # THEN: torch warns on every import, so the package declares numpy, which removes it
     assert "Failed to initialize NumPy" in done.stderr, done.stderr[-500:]
     assert "numpy" in _names(_pyproject()["project"]["dependencies"])
+
+
+# --- extras against the examples they exist for (issue 42) --------------------------------
+
+# example -> its extra; what the example imports, and what it needs at run time without
+# importing it (the HF Trainer refuses to run without accelerate: transformers' own "torch"
+# extra), must be installed by that extra alone
+EXAMPLE_EXTRAS = {
+    "hf_trainer_callback.py": ("transformers", {"accelerate"}),
+    "lightning_callback.py": ("lightning", set()),
+}
+
+
+def _requirement_closure(requirements: list[str]) -> set[str]:
+    """The distributions pip installs for ``requirements`` (names normalised), from the
+    installed distributions' metadata, extras and markers evaluated."""
+    from importlib import metadata
+
+    from packaging.requirements import Requirement
+
+    seen: set[str] = set()
+    todo = [Requirement(r) for r in requirements]
+    while todo:
+        req = todo.pop()
+        name = req.name.lower().replace("_", "-")
+        key = f"{name}[{','.join(sorted(req.extras))}]"
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            requires = metadata.requires(req.name) or []
+        except metadata.PackageNotFoundError:
+            continue
+        for line in requires:
+            sub = Requirement(line)
+            envs = [{"extra": e} for e in req.extras] or [{"extra": ""}]
+            if sub.marker is None or any(sub.marker.evaluate(env) for env in envs):
+                todo.append(sub)
+    return {k.split("[", 1)[0] for k in seen}
+
+
+@pytest.mark.parametrize("example", sorted(EXAMPLE_EXTRAS))
+def test_each_extra_installs_what_its_example_needs(example: str) -> None:
+    from importlib import metadata
+
+    extra, runtime = EXAMPLE_EXTRAS[example]
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    closure = _requirement_closure(project["optional-dependencies"][extra])
+    source = ast.parse((ROOT / "examples" / example).read_text())
+    imported = {name.split(".")[0] for node in ast.walk(source) for name in _imported(node)}
+    distributions = metadata.packages_distributions()
+    needed = set(runtime)
+    for module in imported - set(sys.stdlib_module_names) - {"syncscope", "torch"}:
+        needed.update(d.lower() for d in distributions.get(module, [module]))
+    assert needed <= closure, f"syncscope[{extra}] lacks {sorted(needed - closure)} ({example})"
