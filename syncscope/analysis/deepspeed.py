@@ -51,7 +51,7 @@ def redundant_cause(rank: RankRun, window: Window, position: int) -> tuple[str, 
         # DeepSpeed's boundary holds for every backward between the last two engine.step()
         # calls of a window: each of those backwards reduces
         return "deepspeed-step-every-n", "warning"
-    return "other", "warning"
+    return "deepspeed-reduced-before-boundary", "warning"  # what was seen, no known cause
 
 
 def redundant_cost(rank: RankRun, window: Window, cause: str) -> dict[str, float]:

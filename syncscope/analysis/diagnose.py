@@ -107,7 +107,11 @@ def _redundant_cause(rank: RankRun, window: Window, position: int) -> tuple[str,
             # gradients reduce-scattered each micro-batch stay sharded: deliberate (HSDP
             # skipping only its cross-replica all-reduce lands here too)
             return "fsdp-sharded-accumulation", "info"
-        return "other", "warning"
+        # what was seen: FSDP all-reduced (FSDP1 NO_SHARD, HSDP without its reduce-scatter)
+        # or reduced with its sync on, before the last micro-batch
+        return ("fsdp-all-reduce-early" if "all_reduce" in early_ops else "fsdp-sync-on-early"), (
+            "warning"
+        )
     if mb.wrapper == "ddp":
         if mb.forward_sync and (mb.in_no_sync_at_backward or mb.backward_sync is False):
             return "no_sync-backward-only", "warning"
@@ -115,8 +119,12 @@ def _redundant_cause(rank: RankRun, window: Window, position: int) -> tuple[str,
             return "no-no_sync", "warning"
         if mb.forward_sync is False and sum(w.kind == "ddp" for w in rank.wrappers) > 1:
             return "inner-wrapper", "warning"
-        return "other", "warning"
-    return ("no-no_sync" if not toggled else "other"), "warning"
+        if mb.forward_sync:  # the window toggled, but not around this micro-batch's forward
+            return "toggle-missed-micro-batch", "warning"
+        # DDP reduced with its reducer not armed at forward (a backward-time decision: the
+        # compiled-autograd reducer), or with no forward of it seen (a compiled forward)
+        return ("reduced-unarmed" if mb.forward_sync is False else "forward-not-seen"), "warning"
+    return ("no-no_sync" if not toggled else "toggled-yet-reduced"), "warning"
 
 
 def _redundant(rank: RankRun, window: Window) -> Iterator[Observation]:

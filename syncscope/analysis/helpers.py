@@ -18,7 +18,17 @@ from syncscope.model import Finding, Fix, SourceLocation, Window
 HELPER_CAUSE = "sync-helper-no-op"
 # causes a no-op helper explains better: the job meant to skip these syncs
 REPLACED_CAUSES = frozenset(
-    {"no-no_sync", "other", "fsdp-sharded-accumulation", "hsdp-all-reduce-every-micro-batch"}
+    {
+        "no-no_sync",
+        "toggled-yet-reduced",
+        "forward-not-seen",
+        "reduced-unarmed",
+        "toggle-missed-micro-batch",
+        "fsdp-sync-on-early",
+        "fsdp-all-reduce-early",
+        "fsdp-sharded-accumulation",
+        "hsdp-all-reduce-every-micro-batch",
+    }
 )
 
 _WHAT_IT_MISSED = {

@@ -50,7 +50,9 @@ def test_redundant_run_message_has_expected_vs_actual_positions_finding_and_fix(
             "expected 1 on [3]"
         )
     # ... and the diagnosis with its source lines and fix snippet
-    assert lines[8].startswith("finding: warning redundant-sync (other): gradients reduced")
+    assert lines[8].startswith(
+        "finding: warning redundant-sync (reduced-unarmed): gradients reduced"
+    )
     assert "  forward: train.py:42" in lines
     assert any(
         # the summary as text, its markdown marks stripped (issue 14)

@@ -254,3 +254,26 @@ def test_fsdp2_alone_in_its_shard_group_reduces_nothing_and_misses_nothing() -> 
             r.window([], wrapper="fsdp", op="reduce_scatter", labels=("fsdp:M#0",))
     findings = diagnose(run_of(*(r.finish() for r in r2)))
     assert [f.kind for f in findings if f.severity == "error"][:1] == ["missing-sync"]
+
+
+def test_no_cause_is_named_other_each_names_what_was_seen() -> None:
+    # DDP armed at forward although the window toggled elsewhere
+    r = Rank(0)
+    for _ in range(2):
+        r.add("toggle", how="no_sync", value=False, module="ddp:M#0")
+        r.add("toggle", how="no_sync", value=True, module="ddp:M#0")
+        r.window([0, 1, 2, 3])
+    (f,) = [f for f in _findings(r.finish()) if f.kind == "redundant-sync"]
+    assert f.cause == "toggle-missed-micro-batch"
+    # DDP not armed at forward, yet it reduced (one DDP module)
+    r = Rank(0)
+    for _ in range(2):
+        r.window([0, 1, 2, 3], fwd_sync=False)
+    (f,) = [f for f in _findings(r.finish()) if f.kind == "redundant-sync"]
+    assert f.cause == "reduced-unarmed"
+    # FSDP all-reducing on every micro-batch (FSDP1 NO_SHARD): no FSDP cause matches
+    r = Rank(0, wrappers=("fsdp",))
+    for _ in range(2):
+        r.window([0, 1, 2, 3], wrapper="fsdp", op="all_reduce", labels=("fsdp:M#0",))
+    (f,) = [f for f in _findings(r.finish()) if f.kind == "redundant-sync"]
+    assert f.cause == "fsdp-all-reduce-early"
