@@ -66,6 +66,7 @@ def fix(
         _check_inside(script, allow_outside)
         _verify(script, result, nproc_per_node, args, encoding)
     if apply and result.changed:
+        _check_unchanged(script, data)
         _write(script, result.fixed.encode(encoding), backup)
     _print_problems(result, str(script), written=apply)  # "(fixed)" once the file is written
     if apply and result.changed:
@@ -182,6 +183,18 @@ def _verify(
     print("\n".join(render(checked)))
     if not checked.ok:
         raise SyncscopeError("verification failed: the fix was not applied")
+
+
+def _check_unchanged(script: Path, data: bytes) -> None:
+    """Refuse to write over an edit made while fix ran (the rewrite is of what was read)."""
+    try:
+        now = _read(script)
+    except SyncscopeError:
+        now = b""
+    if now != data:
+        raise SyncscopeError(
+            f"{script} changed while syncscope fix ran; nothing was written (run it again)"
+        )
 
 
 def _write(script: Path, text: bytes, backup: bool) -> None:
