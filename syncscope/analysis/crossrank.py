@@ -4,7 +4,7 @@ Pure functions of the ``Run``, for live runs and traces alike."""
 
 from __future__ import annotations
 
-from collections import defaultdict
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -256,10 +256,7 @@ def collective_mismatch(run: Run) -> list[Finding]:
 
 def _shared_members(streams: dict[GroupKey, Any]) -> set[tuple[int, ...]]:
     """Member lists that more than one process group has."""
-    seen: dict[tuple[int, ...], int] = {}
-    for key in streams:
-        if isinstance(key, tuple):
-            seen[key[1]] = seen.get(key[1], 0) + 1
+    seen = Counter(key[1] for key in streams if isinstance(key, tuple))
     return {ranks for ranks, n in seen.items() if n > 1}
 
 

@@ -159,8 +159,8 @@ def _redundant(rank: RankRun, window: Window) -> Iterator[Observation]:
     sites = _sites(window, positions[0]) + ([("sync_helper", helper)] if helper else [])
     if helper is not None or cause == reductions.NOT_FSDP_CAUSE:
         evidence.update(_helper_targets(rank))
-    missed = reductions.setter_missed(rank, window)
-    if cause == reductions.NOT_FSDP_CAUSE and missed is not None:
+    missed = reductions.setter_missed(rank, window) if named == reductions.NOT_FSDP_CAUSE else None
+    if missed is not None:
         sites = [("sync_toggle", missed.setter_sites[0]), *sites]
     if named:
         fix = reductions.fix_for(named) or fix
@@ -238,7 +238,9 @@ def _helper_targets(rank: RankRun) -> dict[str, object]:
 
 def _reduced_twice(rank: RankRun, window: Window) -> Iterator[Observation]:
     """The same gradients reduced by a wrapper and by hand on one micro-batch."""
-    for position, hand in reductions.reduced_twice(rank, window):
+    hand = reductions.reduced_twice(window)
+    if hand:
+        position = hand[0].micro_batch
         wasted_ns = sum(c.duration_ns for c in hand)
         yield Observation(
             "redundant-sync",

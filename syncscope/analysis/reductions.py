@@ -14,12 +14,10 @@ The rules here look at what a window's reductions did to the gradients:
   whose first micro-batch syncs;
 - ``static_graph_failure``: a static-graph DDP that failed on a backward under ``no_sync``.
 
-Every fix named here is in ``SNIPPETS`` (each parses: tests/unit/test_advice_snippets.py).
+Every fix named here is in ``SNIPPETS`` (each parses: tests/unit/test_reductions.py).
 """
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 from syncscope.model import Collective, Fix, RankRun, Window, WrapperInfo
 
@@ -86,18 +84,16 @@ def cause_evidence(cause: str, window: Window, early: list[Collective]) -> dict[
     return {}
 
 
-def reduced_twice(rank: RankRun, window: Window) -> Iterator[tuple[int, list[Collective]]]:
-    """(micro-batch, hand reductions) where a wrapper reduced the same gradients on that
-    micro-batch too: each user reduction of ``.grad`` tensors that a DDP module also reduces
-    (its parameters, not ignored by it), on a micro-batch with a DDP reduction."""
+def reduced_twice(window: Window) -> list[Collective]:
+    """The hand reductions of gradients a wrapper reduced on the same micro-batch too: each
+    user reduction of ``.grad`` tensors that a DDP module also reduces (its parameters, not
+    ignored by it), on a micro-batch with a DDP reduction."""
     wrapped = {c.micro_batch for c in window.grad_sync_collectives if c.issuer == "ddp"}
-    hand = [
+    return [
         c
         for c in window.grad_sync_collectives
         if c.issuer == "user" and c.also_reduced_by == "ddp" and c.micro_batch in wrapped
     ]
-    if hand:
-        yield hand[0].micro_batch, hand
 
 
 def twice_evidence(window: Window, position: int, hand: list[Collective]) -> dict[str, object]:

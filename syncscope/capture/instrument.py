@@ -433,9 +433,9 @@ def _patch_fsdp2(rec: Recorder, undo: list[Undo]) -> None:
                 result = original(self, value, *args, **kwargs)
                 state = self._get_fsdp_state()
                 label = rec.fsdp_roots.get(state, f"fsdp:{type(self).__name__}")
-                # recurse=False sets this module's own flag only: its FSDP children keep
-                # theirs (and reduce-scatter as before)
-                recurse = kwargs.get("recurse", args[0] if args else True)
+                # recurse=False (keyword-only) sets this module's own flag only: its FSDP
+                # children keep theirs (and reduce-scatter as before)
+                recurse = kwargs.get("recurse", True)
                 rec.on_toggle(how, bool(value), label, None if recurse else {"recurse": False})
                 return result
 

@@ -40,14 +40,15 @@ class _CallWrapper(cst.CSTTransformer):
         return updated
 
 
-def call_wrapper(result: FixResult, lines: frozenset[int]) -> FixResult:
-    """``result`` with the forwards on ``lines`` that bypassed DDP calling the wrapper."""
+def call_wrapper(source: str, lines: frozenset[int]) -> tuple[str, list[Problem]]:
+    """``source`` with the forwards on ``lines`` that bypassed DDP calling the wrapper, and
+    a problem for each line (fixed, or not where no ``X.module(...)`` call is there)."""
     if not lines:
-        return result
+        return source, []
     try:
-        module = MetadataWrapper(cst.parse_module(result.fixed))
+        module = MetadataWrapper(cst.parse_module(source))
     except cst.ParserSyntaxError:
-        return result
+        return source, []
     transformer = _CallWrapper(lines)
     fixed = module.visit(transformer).code
     problems = [
@@ -71,7 +72,7 @@ def call_wrapper(result: FixResult, lines: frozenset[int]) -> FixResult:
         )
         for line in sorted(lines - transformer.done)
     ]
-    return FixResult(result.original, fixed, (*result.problems, *problems), result.notes)
+    return fixed, problems
 
 
 def fix_with_run(source: str, options: FixOptions, path: str) -> FixResult:
@@ -81,12 +82,12 @@ def fix_with_run(source: str, options: FixOptions, path: str) -> FixResult:
     from syncscope.fixes.codemod import fix_source
 
     hints = options.hints
-    called = call_wrapper(FixResult(source, source), hints.bypass_lines if hints else frozenset())
-    result = fix_source(called.fixed, options, path=path)
+    called, problems = call_wrapper(source, hints.bypass_lines if hints else frozenset())
+    result = fix_source(called, options, path=path)
     notes = result.notes
-    if called.problems:  # the profile's finding did point here: not a loop, a forward
+    if problems:  # the profile's finding did point here: not a loop, a forward
         notes = tuple(n for n in notes if not n.startswith("no finding of the profile"))
-    return FixResult(source, result.fixed, (*called.problems, *result.problems), notes)
+    return FixResult(source, result.fixed, (*problems, *result.problems), notes)
 
 
 def unaddressed_lines(result: FixResult, findings: tuple[RunFinding, ...]) -> list[str]:
