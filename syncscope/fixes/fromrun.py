@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
@@ -63,37 +64,30 @@ def _same_file(a: str, b: Path) -> bool:
         return False
 
 
-def _findings_here(
-    findings: list[Any], script: Path, text: list[str]
-) -> tuple[frozenset[int], str, tuple[RunFinding, ...]]:
-    """(forward lines that bypassed DDP, the toggle target that is not an FSDPModule, the
-    run's errors and warnings with their first line in this script)."""
-    bypass: set[int] = set()
-    target = ""
-    here: list[RunFinding] = []
-    for finding in findings:
-        if not isinstance(finding, dict):
-            continue
-        lines = {
-            str(s.get("role", "")): int(s["line"])
-            for s in finding.get("sources") or ()
-            if isinstance(s, dict)
-            and isinstance(s.get("line"), int)
-            and _same_file(str(s.get("file", "")), script)
-            and 0 < s["line"] <= len(text)
-        }
+@dataclass
+class _RunFacts:
+    """What ``fix --from`` takes from the run's findings beside the loop hints: the forwards
+    that bypassed DDP, the toggle target that is not an FSDPModule, a static-graph DDP, and
+    the run's errors and warnings at their first line in this script."""
+
+    bypass: set[int] = field(default_factory=set)
+    target: str = ""
+    static_graph: bool = False
+    findings: list[RunFinding] = field(default_factory=list)
+
+    def add(self, finding: dict[str, Any], fix: dict[str, Any], here: dict[str, int]) -> None:
+        """``here``: role -> line of the finding's first source of that role in this script."""
         cause = str(finding.get("cause", ""))
-        if cause == "wrapper-bypassed" and "forward" in lines:
-            bypass.add(lines["forward"])
+        if cause == "wrapper-bypassed" and "forward" in here:
+            self.bypass.add(here["forward"])
         evidence = finding.get("evidence")
         if isinstance(evidence, dict) and isinstance(evidence.get("helper_target"), str):
-            target = target or evidence["helper_target"]
+            self.target = self.target or evidence["helper_target"]
+        self.static_graph = self.static_graph or fix.get("style") == "static-graph"
         if finding.get("severity") in ("error", "warning"):
-            fix = finding.get("fix") if isinstance(finding.get("fix"), dict) else {}
-            summary = str((fix or {}).get("summary") or finding.get("message", ""))
-            line = next(iter(lines.values()), 0)  # the finding's first source here
-            here.append(RunFinding(str(finding.get("kind", "")), cause, line, summary))
-    return frozenset(bypass), target, tuple(here)
+            summary = str(fix.get("summary") or finding.get("message", ""))
+            line = next(iter(here.values()), 0)
+            self.findings.append(RunFinding(str(finding.get("kind", "")), cause, line, summary))
 
 
 def load_hints(run_dir: Path, script: Path, data: bytes) -> RunHints:
@@ -114,6 +108,7 @@ def load_hints(run_dir: Path, script: Path, data: bytes) -> RunHints:
     form: DdpForm | None = None
     hsdp = False
     text = data.decode("utf-8", errors="replace").splitlines()
+    facts = _RunFacts()
     findings = field_of(report, "findings", where, list, default=[])
     for i, finding in enumerate(findings):
         field_of({"f": finding}, "f", where, dict, label=f"findings[{i}]")
@@ -128,6 +123,7 @@ def load_hints(run_dir: Path, script: Path, data: bytes) -> RunHints:
         sources = field_of(
             finding, "sources", where, list, default=[], label=f"findings[{i}].sources"
         )
+        here: dict[str, int] = {}
         for j, source in enumerate(sources):
             label = f"findings[{i}].sources[{j}]"
             field_of({"s": source}, "s", where, dict, label=label)
@@ -137,22 +133,18 @@ def load_hints(run_dir: Path, script: Path, data: bytes) -> RunHints:
             if not ours or not 0 < line <= len(text):
                 continue
             lines.add(line)
+            here.setdefault(str(source.get("role", "")), line)
             if source.get("role") in TOGGLE_ROLES:
                 helper_codes.add(text[line - 1].strip())
-    bypass, target, run_findings = _findings_here(findings, script, text)
+        facts.add(finding, fix, here)
     return RunHints(
         wrapper,
         form,
         frozenset(lines),
         frozenset(helper_codes),
         hsdp,
-        toggle_target=target,
-        bypass_lines=bypass,
-        findings=run_findings,
-        static_graph=any(
-            isinstance(f, dict)
-            and isinstance(f.get("fix"), dict)
-            and f["fix"].get("style") == "static-graph"
-            for f in findings
-        ),
+        toggle_target=facts.target,
+        bypass_lines=frozenset(facts.bypass),
+        findings=tuple(facts.findings),
+        static_graph=facts.static_graph,
     )

@@ -159,3 +159,26 @@ def test_a_static_graph_ddp_loop_is_never_rewritten_to_no_sync_its_first_backwar
     result = fix_source(script.read_text(), FixOptions(hints=hints))
     assert not result.changed
     assert any("static_graph=True" in p.suggestion for p in result.problems)
+
+
+def test_a_renamed_copy_of_the_profiled_script_gets_the_bypass_rewrite_too(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN a run of train.py, and copy.py with the same bytes (a renamed or moved copy)
+    script = tmp_path / "train.py"
+    script.write_text(HEADER + BYPASS)
+    finding = {
+        "kind": "missing-sync",
+        "severity": "error",
+        "cause": "wrapper-bypassed",
+        "sources": [{"role": "forward", "file": str(script), "line": 6}],
+        "fix": {"style": "call-wrapper", "summary": "Call the DDP wrapper"},
+    }
+    run = _run_dir(tmp_path, script, [finding])
+    (tmp_path / "copy.py").write_text(script.read_text())
+    monkeypatch.chdir(tmp_path)
+    # WHEN the copy is fixed from the run THEN its forward calls the wrapper, as the original's
+    status, err = _fix(tmp_path, "copy.py", "--from", str(run), "--apply", capsys=capsys)
+    assert status == 0, err
+    assert "    loss = model(batch).sum()\n" in (tmp_path / "copy.py").read_text()
+    assert "SYN110" in err
