@@ -6,8 +6,6 @@ in a silent 0."""
 from __future__ import annotations
 
 import ast
-import hashlib
-import json
 from pathlib import Path
 
 import pytest
@@ -15,21 +13,9 @@ import pytest
 from syncscope import cli
 from syncscope.fixes import FixOptions, fix_source
 from syncscope.fixes.fromrun import load_hints
+from tests.helpers.reports import report_run_dir
 
 HEADER = "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
-
-
-def _run_dir(tmp_path: Path, script: Path, findings: list[dict[str, object]]) -> Path:
-    run = tmp_path / "run"
-    run.mkdir(exist_ok=True)
-    digest = hashlib.sha256(script.read_bytes()).hexdigest()
-    report = {
-        "schema_version": 1,
-        "script": {"path": str(script), "sha256": digest},
-        "findings": findings,
-    }
-    (run / "report.json").write_text(json.dumps(report))
-    return run
 
 
 def _fix(tmp_path: Path, *args: str, capsys: pytest.CaptureFixture[str]) -> tuple[int, str]:
@@ -61,7 +47,7 @@ def test_a_forward_around_ddp_is_rewritten_to_call_the_wrapper(
         "sources": [{"role": "forward", "file": str(script), "line": 6}],
         "fix": {"style": "call-wrapper", "summary": "Call the DDP wrapper"},
     }
-    run = _run_dir(tmp_path, script, [finding])
+    run = report_run_dir(tmp_path, script, [finding])
     monkeypatch.chdir(tmp_path)
     # WHEN fixed from it THEN the forward calls the wrapper, and the problem is said
     status, err = _fix(tmp_path, "train.py", "--from", str(run), "--apply", capsys=capsys)
@@ -85,7 +71,7 @@ def test_a_run_whose_errors_are_no_loop_rewrite_exits_1_with_one_line_each(
         "fix": {"style": "reduced-twice", "summary": "DDP already reduces these."},
     }
     info = {"kind": "fragmented-sync", "severity": "info", "cause": "unbucketed"}
-    run = _run_dir(tmp_path, script, [finding, info])
+    run = report_run_dir(tmp_path, script, [finding, info])
     monkeypatch.chdir(tmp_path)
     status, err = _fix(tmp_path, "train.py", "--from", str(run), capsys=capsys)
     assert status == 1
@@ -129,7 +115,7 @@ def test_an_fsdp_setter_goes_to_the_fsdp_modules_when_the_model_is_not_one(
         "sources": [{"role": "forward", "file": str(script), "line": 8}],
         "fix": {"style": "fsdp2"},
     }
-    hints = load_hints(_run_dir(tmp_path, script, [finding]), script, script.read_bytes())
+    hints = load_hints(report_run_dir(tmp_path, script, [finding]), script, script.read_bytes())
     result = fix_source(script.read_text(), FixOptions(hints=hints))
     # THEN the setter is never looked up on the model itself (AttributeError), but on the
     # FSDP modules inside it
@@ -155,7 +141,7 @@ def test_a_static_graph_ddp_loop_is_never_rewritten_to_no_sync_its_first_backwar
         "sources": [{"role": "forward", "file": str(script), "line": 5}],
         "fix": {"style": "static-graph"},
     }
-    hints = load_hints(_run_dir(tmp_path, script, [finding]), script, script.read_bytes())
+    hints = load_hints(report_run_dir(tmp_path, script, [finding]), script, script.read_bytes())
     result = fix_source(script.read_text(), FixOptions(hints=hints))
     assert not result.changed
     assert any("static_graph=True" in p.suggestion for p in result.problems)
@@ -174,7 +160,7 @@ def test_a_renamed_copy_of_the_profiled_script_gets_the_bypass_rewrite_too(
         "sources": [{"role": "forward", "file": str(script), "line": 6}],
         "fix": {"style": "call-wrapper", "summary": "Call the DDP wrapper"},
     }
-    run = _run_dir(tmp_path, script, [finding])
+    run = report_run_dir(tmp_path, script, [finding])
     (tmp_path / "copy.py").write_text(script.read_text())
     monkeypatch.chdir(tmp_path)
     # WHEN the copy is fixed from the run THEN its forward calls the wrapper, as the original's

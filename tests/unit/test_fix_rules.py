@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import pytest
@@ -11,6 +9,7 @@ import pytest
 from syncscope.errors import SyncscopeError
 from syncscope.fixes import FixOptions, fix_source
 from syncscope.fixes.fromrun import load_hints
+from tests.helpers.reports import report_run_dir
 
 HEADER = "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"
 LOOP = """
@@ -57,18 +56,6 @@ def test_gate_counter_changed_between_forward_and_gate_twice_is_not_rewritten() 
     assert "last" in problem.suggestion
 
 
-def _run_dir(
-    tmp_path: Path, script: Path, findings: list[dict[str, object]], sha: str = ""
-) -> Path:
-    run = tmp_path / "run"
-    run.mkdir()
-    digest = sha or hashlib.sha256(script.read_bytes()).hexdigest()
-    report = {"schema_version": 1, "script": {"path": str(script), "sha256": digest}}
-    report["findings"] = findings  # type: ignore[assignment]
-    (run / "report.json").write_text(json.dumps(report))
-    return run
-
-
 def test_from_run_names_a_wrapper_decided_elsewhere(tmp_path: Path) -> None:
     # GIVEN a model built in another file, and a profile that saw DDP sync every micro-batch
     script = tmp_path / "train.py"
@@ -79,7 +66,7 @@ def test_from_run_names_a_wrapper_decided_elsewhere(tmp_path: Path) -> None:
         "sources": [{"role": "forward", "file": str(script), "line": 5}],
         "fix": {"style": "ddp-no_sync"},
     }
-    hints = load_hints(_run_dir(tmp_path, script, [finding]), script, script.read_bytes())
+    hints = load_hints(report_run_dir(tmp_path, script, [finding]), script, script.read_bytes())
     # WHEN fixed with those hints THEN the loop gets the DDP no_sync form
     result = fix_source(script.read_text(), FixOptions(hints=hints))
     assert "with (model.no_sync() if not is_last else contextlib.nullcontext()):" in result.fixed
@@ -97,7 +84,7 @@ def test_from_run_moves_a_helper_toggle(tmp_path: Path) -> None:
         "sources": [{"role": "toggle", "file": str(script), "line": 7}],
         "fix": {"style": "ddp-flag"},
     }
-    hints = load_hints(_run_dir(tmp_path, script, [finding]), script, script.read_bytes())
+    hints = load_hints(report_run_dir(tmp_path, script, [finding]), script, script.read_bytes())
     result = fix_source(script.read_text(), FixOptions(hints=hints))
     lines = result.fixed.splitlines()
     assert lines.index("    set_sync(model, (i + 1) % accum == 0)") < lines.index(
@@ -109,7 +96,7 @@ def test_from_run_moves_a_helper_toggle(tmp_path: Path) -> None:
 def test_from_run_refuses_a_changed_script(tmp_path: Path) -> None:
     script = tmp_path / "train.py"
     script.write_text(HEADER + LOOP)
-    run = _run_dir(tmp_path, script, [], sha="0" * 64)
+    run = report_run_dir(tmp_path, script, [], sha="0" * 64)
     with pytest.raises(SyncscopeError, match="changed since the run"):
         load_hints(run, script, script.read_bytes())
 
@@ -161,7 +148,7 @@ def test_from_run_fixes_a_loop_in_a_function_whose_step_follows_it(
         for role, line in (("forward", 7), ("backward", 8), ("step", 9))
     ]
     report = [{"kind": "redundant-sync", "sources": sources, **finding}]
-    hints = load_hints(_run_dir(tmp_path, script, report), script, script.read_bytes())
+    hints = load_hints(report_run_dir(tmp_path, script, report), script, script.read_bytes())
     # WHEN fixed from the run THEN the loop is rewritten in the run's wrapper's terms
     result = fix_source(script.read_text(), FixOptions(hints=hints))
     assert not result.notes
@@ -214,7 +201,7 @@ def test_from_run_applies_to_a_renamed_identical_copy(tmp_path: Path) -> None:
         "sources": [{"role": "toggle", "file": str(script), "line": 7}],
         "fix": {"style": "ddp-flag"},
     }
-    run = _run_dir(tmp_path, script, [finding])
+    run = report_run_dir(tmp_path, script, [finding])
     copy = tmp_path / "elsewhere" / "copy.py"
     copy.parent.mkdir()
     copy.write_bytes(script.read_bytes())
