@@ -17,7 +17,7 @@ import sys
 from collections.abc import Callable, Sequence
 from typing import Any, NoReturn
 
-from syncscope import __version__
+from syncscope._version import __version__
 from syncscope.errors import SyncscopeError
 
 DESCRIPTION = "Find redundant, missing and misplaced gradient synchronizations in PyTorch training."
@@ -194,7 +194,7 @@ def build_parser(command: str | None = None) -> Parser:
 
 def error(message: str) -> None:
     """Print one error line to stderr."""
-    from syncscope.render.safe import visible  # a path or a script's text may carry escapes
+    from syncscope.text import visible  # a path or a script's text may carry escapes
 
     print(f"syncscope: error: {visible(message)}", file=sys.stderr)
 

@@ -218,6 +218,55 @@ def utf8(value: Any) -> Any:
     return value
 
 
+def run_meta(
+    *,
+    target: str,
+    module: bool,
+    script: str,
+    script_sha256: str,
+    script_args: list[str],
+    world_size: int,
+    torch_version: str,
+    launcher: dict[str, Any],
+    argv: list[str] | None = None,
+    hang_timeout_s: float | None = None,
+    trace: bool | None = None,
+    bounded: dict[str, Any] | None = None,
+) -> dict[str, Any]:
+    """meta.json's fields (docs/formats.md), from ``syncscope profile`` and from a rank that
+    describes its run under a foreign launcher (``attach``); the optional ones only where
+    given: profile's own command line, hang timeout, ``--trace`` and bounded capture."""
+    from datetime import datetime, timezone
+
+    from syncscope._version import __version__
+
+    meta: dict[str, Any] = {
+        "command": [target, *script_args],
+        "module": module,
+        "script": script,
+        "script_sha256": script_sha256,
+    }
+    if argv is not None:
+        meta["argv"] = argv
+    meta.update(
+        {
+            "world_size": world_size,
+            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
+            "syncscope_version": __version__,
+            "torch_version": torch_version,
+            "launcher": launcher,
+        }
+    )
+    if hang_timeout_s is not None:
+        meta["hang_timeout_s"] = hang_timeout_s
+    meta["hung"] = False
+    if trace is not None:
+        meta["trace"] = trace
+    if bounded is not None:
+        meta["bounded"] = bounded
+    return meta
+
+
 def write_meta(run_dir: Path, meta: dict[str, Any]) -> None:
     data = utf8({"format": RUN_FORMAT, "format_version": RUN_FORMAT_VERSION, **meta})
     atomic_write(run_dir / META_FILE, (json.dumps(data, indent=2) + "\n").encode("utf-8"))

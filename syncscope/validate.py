@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import itertools
 import math
-from collections.abc import Iterable
 from typing import Any
 
 from syncscope.errors import SyncscopeError
@@ -20,7 +19,6 @@ from syncscope.errors import SyncscopeError
 # ``--hang-timeout`` of 1e308) would make its own run unreadable
 SANE_MAX = 1e18
 _MISSING: Any = object()
-MAX_LISTED_MISSING = 64  # more absent ranks than this: counted, not listed
 # Nanosecond timestamps and byte counts beyond this are not from any real run (year 2262)
 MAX_INT = 2**63 - 1
 
@@ -172,26 +170,6 @@ def _short(value: object) -> str:
     return text if len(text) <= 40 else text[:37] + "..."
 
 
-def missing_ranks(present: Iterable[int], world: int) -> tuple[list[int], int]:
-    """Ranks below ``world`` not in ``present``: (the first few, how many in all).
-
-    Bounded by the ranks actually present, never by ``world`` (a header may say 10**12).
-    """
-    seen = sorted({r for r in present if 0 <= r < world})
-    count = world - len(seen)
-    listed: list[int] = []
-    candidate = 0
-    it = iter(seen)
-    nxt = next(it, None)
-    while len(listed) < MAX_LISTED_MISSING and candidate < world:
-        if nxt is not None and candidate == nxt:
-            nxt = next(it, None)
-        else:
-            listed.append(candidate)
-        candidate += 1
-    return listed, count
-
-
 # -- rank event files (ranks/rank-NNNNN.jsonl) ----------------------------------------------
 _EVENT_INTS = frozenset(
     {"t", "seq", "bytes", "t_end", "mem", "cuda_peak", "params", "param_bytes", "window"}
@@ -249,7 +227,7 @@ def check_bounds(
     names: tuple[str, str, str] = ("--windows", "--skip-windows", "--then"),
 ) -> tuple[int | None, int, str]:
     """Validate bounded-capture values: (windows or None, skip_windows, then), for
-    ``profile``'s options and a rank's environment alike (syncscope/attach.py).
+    ``profile``'s options and a rank's environment alike (syncscope/launch/attach.py).
 
     Raises ValueError with a one-line message naming the option (or variable) at fault."""
 

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from syncscope.analysis.deepspeed import SNIPPETS as DEEPSPEED_SNIPPETS
+from syncscope.analysis.deepspeed_zero import SNIPPETS as DEEPSPEED_SNIPPETS
 from syncscope.analysis.reductions import SNIPPETS as REDUCTION_SNIPPETS
 from syncscope.model import Fix, RankRun, Window
 

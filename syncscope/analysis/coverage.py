@@ -16,8 +16,7 @@ Pure: ``Run -> list[Finding]``.
 
 from __future__ import annotations
 
-from syncscope.model import Finding, Fix, Run, compress_ranks, rank_failed
-from syncscope.validate import missing_ranks
+from syncscope.model import Finding, Fix, Run, compress_ranks, missing_ranks, rank_failed
 
 STEP_FIX = Fix(
     style="optimizer-step",

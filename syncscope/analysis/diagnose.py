@@ -16,7 +16,7 @@ from collections import Counter
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 
-from syncscope.analysis import coverage, deepspeed, reductions
+from syncscope.analysis import coverage, deepspeed_zero, reductions
 from syncscope.analysis.advice import SNIPPETS, fix_style, in_framework
 from syncscope.analysis.crossrank import collective_mismatch, hang, rank_divergence, run_failed
 from syncscope.analysis.helpers import (
@@ -94,7 +94,7 @@ def _redundant_cause(rank: RankRun, window: Window, position: int) -> tuple[str,
         return "sync-each-batch", "info"
     toggled = bool(window.toggles)
     if mb.wrapper == "deepspeed":
-        return deepspeed.redundant_cause(rank, window, position)
+        return deepspeed_zero.redundant_cause(rank, window, position)
     if mb.wrapper == "fsdp":
         if mb.forward_sync is False and mb.backward_sync:
             return "no_sync-forward-only", "warning"
@@ -173,8 +173,8 @@ def _redundant(rank: RankRun, window: Window) -> Iterator[Observation]:
     elif cause == HELPER_CAUSE and {"reduce_scatter", "all_reduce"} <= {c.op for c in early}:
         fix = "hsdp"
     elif window.micro_batches[positions[0]].wrapper == "deepspeed":
-        cost.update(deepspeed.redundant_cost(rank, window, cause))
-        fix = deepspeed.fix_for(cause)
+        cost.update(deepspeed_zero.redundant_cost(rank, window, cause))
+        fix = deepspeed_zero.fix_for(cause)
     fix = in_framework(rank, fix)
     yield Observation(
         "redundant-sync",
@@ -496,8 +496,8 @@ def _unsharded_memory(rank: RankRun, window: Window) -> Iterator[Observation]:
 
 
 def _deepspeed(rank: RankRun, window: Window) -> Iterator[Observation]:
-    """DeepSpeed's own misuses (``syncscope.analysis.deepspeed``), as observations."""
-    for m in deepspeed.observations(rank, window):
+    """DeepSpeed's own misuses (``syncscope.analysis.deepspeed_zero``), as observations."""
+    for m in deepspeed_zero.observations(rank, window):
         sites = [*m.sites, *_sites(window, m.position)]
         yield Observation(
             m.kind, m.severity, m.cause, rank.rank, window.index, m.evidence, m.cost, sites, m.fix

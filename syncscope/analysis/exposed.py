@@ -10,7 +10,7 @@ from __future__ import annotations
 from typing import Any
 
 from syncscope.model import Finding, Run, Severity, figures
-from syncscope.render.units import human_ns
+from syncscope.text import human_ns
 
 EXPOSED_WARNING_SHARE = 0.10  # exposed communication above this share of a window warns
 

@@ -1,7 +1,7 @@
 """What torch Flight Recorder dumps say: ranks aligned per process group on collective
 sequence numbers, the first desync, where each rank stood, and the gradient-sync rounds.
 
-The dumps are read by ``syncscope.trace.flight``. Alignment is torch's own: within a process
+The dumps are read by ``syncscope.load.flight``. Alignment is torch's own: within a process
 group every member numbers its collectives 1, 2, ... (``collective_seq_id``), so entry ``s``
 of every member is the same collective, whatever else each rank did. The first sequence
 number where members differ is the desync:
@@ -38,7 +38,7 @@ from syncscope.model import (
     Window,
     compress_ranks,
 )
-from syncscope.trace.flight import FlightDump, FlightEntry, Frame
+from syncscope.model.flight import FlightDump, FlightEntry, Frame
 
 __all__ = ["FlightResult", "analyze_dumps", "merge_findings", "with_dump_notes"]
 

@@ -3,7 +3,7 @@
 The capture calls the ``ProfilerTrace`` hooks; this module starts ``torch.profiler`` on the
 first window of the range, marks windows, micro-batches and grad syncs with
 ``record_function`` ranges, and exports ``out_dir/traces/rank-R.json.gz`` when the range
-ends (or at ``close()``). The names it writes are the ones ``syncscope.trace`` reads back:
+ends (or at ``close()``). The names it writes are the ones ``syncscope.load.trace`` reads back:
 
 - ``syncscope.window#N`` around window N (N from 0);
 - ``syncscope.micro_batch#N.K`` around micro-batch K of window N;

@@ -7,7 +7,7 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from syncscope.capture.recorder import MemorySink, Recorder, Sink, TraceHooks
+from syncscope.capture.recorder.core import MemorySink, Recorder, Sink, TraceHooks
 from syncscope.capture.writer import EventWriter
 from syncscope.rundir import rank_events_path
 
@@ -67,7 +67,7 @@ class CaptureSession:
 
     def start(self) -> None:
         from syncscope.capture import native
-        from syncscope.capture.instrument import install
+        from syncscope.capture.hooks.install import install
 
         # which kernel records DDP's bucket all-reduces (what capture costs per collective)
         self.recorder.header({**self._header, "collective_kernel": native.describe()})

@@ -17,9 +17,7 @@ import sys
 import sysconfig
 from types import CodeType, FrameType
 
-import syncscope
-
-_SYNCSCOPE_DIR = os.path.dirname(os.path.abspath(syncscope.__file__))
+_SYNCSCOPE_DIR = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))  # syncscope/
 _LIBRARY_PREFIXES: tuple[str, ...] = tuple(
     {
         os.path.abspath(p)

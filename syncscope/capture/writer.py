@@ -98,7 +98,7 @@ class EventWriter:
 
     def buffer(self, event: dict[str, Any] | tuple[Any, ...]) -> None:
         """Hold ``event`` (not copied: the caller lets go of it), or a hot hook's record of
-        one (``syncscope.capture.records``), made into its event when written; the flusher
+        one (``syncscope.capture.recorder.records``), made into its event when written; the flusher
         writes it within ``FLUSH_INTERVAL_S``, or the next ``write`` or ``flush`` does,
         whichever comes first.
 
@@ -134,7 +134,7 @@ class EventWriter:
         held = self._held
         # only capture drains: analyze never imports these
         from syncscope.capture.fingerprint import rss_bytes
-        from syncscope.capture.records import event_of, needs_mem
+        from syncscope.capture.recorder.records import event_of, needs_mem
 
         items = [held.popleft() for _ in range(len(held))]  # appends meanwhile stay held
         mem = rss_bytes() if needs_mem(items) else 0  # one read per drain, not per step

@@ -93,10 +93,11 @@ def analyze(
     """Report on saved runs or torch.profiler (Kineto) traces: report files in ``out``, the
     summary on stdout; the exit status by ``fail_on``. ``scheduler``: read the traces on
     that Dask cluster (``local``, an address or a scheduler file; paths may be URLs)."""
-    from syncscope.analysis.inputs import findings_for, load, split_dumps
+    from syncscope.analysis.findings import findings_for
     from syncscope.files import new_folder
+    from syncscope.load.inputs import load, split_dumps
     from syncscope.render.outputs import finish
-    from syncscope.render.safe import visible
+    from syncscope.text import visible
 
     rest, dumps = split_dumps(paths)
     flight = _flight(dumps, paths, skip_bad)
@@ -106,7 +107,7 @@ def analyze(
         run, files = flight.run, {}
     extra = None
     if hta:
-        from syncscope.trace.overlap import hta_overlap
+        from syncscope.load.trace.overlap import hta_overlap
 
         if not files:
             extra = {"error": "--hta needs trace files"}
@@ -140,7 +141,7 @@ def _flight(
         return None
     from syncscope.analysis.flight import analyze_dumps
     from syncscope.errors import SyncscopeError
-    from syncscope.trace.flight import read_dumps
+    from syncscope.load.flight import read_dumps
 
     skipped: list[str] = []
     read = read_dumps(dumps, skipped if skip_bad else None)

@@ -82,7 +82,7 @@ def run(args: argparse.Namespace) -> int:
     from syncscope.capture import native
     from syncscope.capture.native import cache
     from syncscope.errors import SyncscopeError
-    from syncscope.render.safe import visible
+    from syncscope.text import visible
 
     try:
         native.setting()
@@ -111,7 +111,7 @@ def _start(where: Place, force: bool, progress: _Progress) -> None:
     import torch
 
     from syncscope.capture.native import cache
-    from syncscope.render.safe import visible
+    from syncscope.text import visible
 
     if force:
         cache.forget_built(where)

@@ -43,9 +43,9 @@ def run(args: argparse.Namespace) -> None:
 def diff(run_a: Path, run_b: Path, html: Path | None = None, color: bool | None = None) -> None:
     """Compare two runs on stdout (coloured on a terminal by default), and as an HTML page
     in ``html``."""
-    from syncscope.analysis.inputs import load_and_diagnose
+    from syncscope.commands.saved import load_and_diagnose
     from syncscope.render.diff import compare, render_diff_html, render_diff_text
-    from syncscope.render.safe import visible
+    from syncscope.text import visible
 
     run_1, findings_1 = load_and_diagnose(run_a)
     run_2, findings_2 = load_and_diagnose(run_b)

@@ -53,10 +53,10 @@ def report(run_dir: Path, fmt: str = "html", output: str | None = None) -> None:
     """Render a saved run again in format ``fmt`` (render/outputs.py's ``FORMATS``) to
     ``output``: a file, or ``-`` for stdout; by default RUN_DIR/report.html for html and
     stdout for the others."""
-    from syncscope.analysis.inputs import load_and_diagnose
+    from syncscope.commands.saved import load_and_diagnose
     from syncscope.errors import SyncscopeError
     from syncscope.render.outputs import render, writer
-    from syncscope.render.safe import visible
+    from syncscope.text import visible
 
     _check_not_running(run_dir, fmt, output)
     run, findings = load_and_diagnose(run_dir)
@@ -92,7 +92,7 @@ def _check_not_running(run_dir: Path, fmt: str, output: str | None) -> None:
             "report.html when the job ends; for what is on disk now: "
             f"syncscope report {run_dir} -f text, or -o FILE"
         )
-    from syncscope.render.safe import visible
+    from syncscope.text import visible
 
     print(
         visible(

@@ -16,12 +16,11 @@ import sys
 import time
 from collections.abc import Sequence
 from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from syncscope.errors import SyncscopeError
-from syncscope.render.safe import visible
+from syncscope.text import visible
 
 if TYPE_CHECKING:
     from syncscope.launch.torchrun import LaunchOptions, LaunchResult
@@ -300,30 +299,29 @@ def _meta(request: Request, plan: _Plan) -> dict[str, Any]:
     """The run's meta.json (docs/formats.md)."""
     import torch
 
-    import syncscope
+    from syncscope.rundir import run_meta
 
-    meta: dict[str, Any] = {
-        "command": [plan.target, *plan.script_args],
-        "module": request.module is not None,
-        "script": plan.script,
-        "script_sha256": plan.sha256,
-        "argv": ["syncscope", "profile", *sys.argv[2:]],
-        "world_size": _world_size(request.launcher.values),
-        "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-        "syncscope_version": syncscope.__version__,
-        "torch_version": str(torch.__version__),
-        "launcher": request.launcher.values,
-        "hang_timeout_s": request.hang_timeout,
-        "hung": False,
-        "trace": request.trace,
-    }
+    bounded = None
     if plan.bounded:
-        meta["bounded"] = {
+        bounded = {
             "skip_windows": plan.first_window,
             "windows": plan.max_windows,
             "then": plan.then,
         }
-    return meta
+    return run_meta(
+        target=plan.target,
+        module=request.module is not None,
+        script=plan.script,
+        script_sha256=plan.sha256,
+        script_args=plan.script_args,
+        argv=["syncscope", "profile", *sys.argv[2:]],
+        world_size=_world_size(request.launcher.values),
+        torch_version=str(torch.__version__),
+        launcher=request.launcher.values,
+        hang_timeout_s=request.hang_timeout,
+        trace=request.trace,
+        bounded=bounded,
+    )
 
 
 def _launch(request: Request, plan: _Plan, early: _EarlyReport) -> LaunchResult:
@@ -394,11 +392,13 @@ def _ran_on(status: int, code: int) -> int:
 def report_run(run_dir: Path, status: int, failed: int | None, fail_on: str, quiet: bool) -> int:
     """Diagnose the run in ``run_dir``, write its reports, show the summary; the exit status
     (the job's own when it failed, else by ``fail_on``)."""
-    from syncscope.analysis.inputs import findings_for, load, with_flight_dumps
+    from syncscope.analysis.findings import findings_for, with_flight_dumps
+    from syncscope.load.inputs import load, run_dumps
     from syncscope.render.outputs import finish, show_summary
 
     run, _ = load([run_dir], skip_bad=True, progress=False)  # with --trace: both sources
-    run, findings = with_flight_dumps(run, findings_for(run), [run_dir])  # dumps of a hang
+    dumps, problem = run_dumps([run_dir])  # the ranks' Flight Recorder dumps of a hang
+    run, findings = with_flight_dumps(run, findings_for(run), dumps, str(run_dir), problem)
     try:
         code = finish(
             run, findings, run_dir, fail_on, quiet, summary="terminal", where="run directory"

@@ -82,7 +82,7 @@ class RendezvousWatch:
             return None
 
     def message(self, joined: tuple[int, int, float | None] | None, elapsed: float) -> str:
-        from syncscope.render.safe import visible
+        from syncscope.text import visible
 
         endpoint = self.values.get("rdzv_endpoint") or "{}:{}".format(
             self.values.get("master_addr", "127.0.0.1"), self.values.get("master_port", "29500")

@@ -2,7 +2,7 @@
 
 ``syncscope profile`` takes torchrun's options from torch's own parser
 (``add_launcher_options``) and builds a torchrun command line from them (every option as the
-user gave it, multi-node rendezvous included), with ``-m syncscope.attach`` as the program so
+user gave it, multi-node rendezvous included), with ``-m syncscope.launch.attach`` as the program so
 each rank runs the user's script instrumented, and calls ``torch.distributed.run.run`` in
 this process. A monitor thread reads the rank event files as they grow: it shows progress
 and, when no rank has written anything for ``hang_timeout`` seconds, stops the workers so
@@ -32,8 +32,8 @@ from syncscope.rundir import pid_alive, rank_files
 
 # torchrun's options that make no sense under syncscope: option -> why (the one-line error)
 REFUSED = {
-    "--no-python": "each rank runs 'python -m syncscope.attach SCRIPT': SCRIPT must be Python",
-    "--run-path": "each rank runs 'python -m syncscope.attach SCRIPT' in a process of its own, "
+    "--no-python": "each rank runs 'python -m syncscope.launch.attach SCRIPT': SCRIPT must be Python",
+    "--run-path": "each rank runs 'python -m syncscope.launch.attach SCRIPT' in a process of its own, "
     "not with runpy in the launcher's",
 }
 
@@ -360,7 +360,7 @@ def launch(
     on_captured: Callable[[], None] | None = None,
     expected_ranks: int = 1,
 ) -> LaunchResult:
-    """Run ``target`` on every rank under syncscope.attach; never raises for a rank's failure."""
+    """Run ``target`` on every rank under syncscope.launch.attach; never raises for a rank's failure."""
     from torch.distributed.run import parse_args
 
     program = (
@@ -368,7 +368,7 @@ def launch(
         + (["-m", target] if module else [target])
         + script_args
     )
-    args = parse_args([*options.torchrun_args(), "-m", "syncscope.attach", *program])
+    args = parse_args([*options.torchrun_args(), "-m", "syncscope.launch.attach", *program])
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ["SYNCSCOPE_PROFILE_PID"] = str(os.getpid())  # ranks end when this process does
     from syncscope.launch.flight import enable

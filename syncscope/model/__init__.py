@@ -7,14 +7,14 @@ one backward pass (plus the forward that fed it). A *collective* is one c10d ope
 gradient set: all the bucket all-reduces of one DDP backward, or one user loop of
 per-parameter all-reduces, count as one round.
 
-Nothing here does I/O. Builders (``syncscope.analysis.build`` for live captures,
-``syncscope.trace`` for Kineto traces) make these objects; diagnoses and renderers read them.
+Nothing here does I/O. Builders (``syncscope.load.captured`` for live captures,
+``syncscope.load.trace`` for Kineto traces) make these objects; diagnoses and renderers read them.
 """
 
 from __future__ import annotations
 
 import functools
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from typing import Literal
 
@@ -189,7 +189,7 @@ class Window:
     complete: bool
     start_ns: int
     end_ns: int
-    # a tuple (live captures) or a packed ``Rows`` view (traces, see syncscope.trace.packed)
+    # a tuple (live captures) or a packed ``Rows`` view (traces, see syncscope.load.trace.packed)
     micro_batches: Sequence[MicroBatch]
     collectives: Sequence[Collective]
     grad_resets: tuple[GradReset, ...] = ()
@@ -407,3 +407,38 @@ def compress_ranks(ranks: list[int] | tuple[int, ...]) -> str:
         out.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
         i = j + 1
     return ",".join(out)
+
+
+MAX_LISTED_MISSING = 64  # more absent ranks than this: counted, not listed
+
+
+def missing_ranks(present: Iterable[int], world: int) -> tuple[list[int], int]:
+    """Ranks below ``world`` not in ``present``: (the first few, how many in all).
+
+    Bounded by the ranks actually present, never by ``world`` (a header may say 10**12).
+    """
+    seen = sorted({r for r in present if 0 <= r < world})
+    count = world - len(seen)
+    listed: list[int] = []
+    candidate = 0
+    it = iter(seen)
+    nxt = next(it, None)
+    while len(listed) < MAX_LISTED_MISSING and candidate < world:
+        if nxt is not None and candidate == nxt:
+            nxt = next(it, None)
+        else:
+            listed.append(candidate)
+        candidate += 1
+    return listed, count
+
+
+# -- rank event files (ranks/rank-NNNNN.jsonl) ----------------------------------------------
+_EVENT_INTS = frozenset(
+    {"t", "seq", "bytes", "t_end", "mem", "cuda_peak", "params", "param_bytes", "window"}
+    | {"pid", "local_rank", "rank", "shard_world", "bucket_cap_bytes", "windows"}
+)
+_EVENT_ANY_INTS = frozenset({"depth", "status", "bucket"})
+_EVENT_DICTS = frozenset({"site", "accelerate"})
+_EVENT_STRS = frozenset({"type", "host"})
+_REQUIRED: dict[str, tuple[str, ...]] = {"done": ("seq", "t"), "coll": ("seq", "t")}
+_REQUIRED.update({"bwd": ("t",), "fp": ("window", "fp")})

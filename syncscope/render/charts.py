@@ -18,7 +18,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from syncscope.render.summary import Grid, window_means
-from syncscope.render.units import bytes_unit, escape_html
+from syncscope.text import bytes_unit, escape_html
 
 OK = "#2f9e6e"  # synced where it belongs
 EXTRA = "#e8a33d"  # an extra sync

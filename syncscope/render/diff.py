@@ -36,7 +36,7 @@ from syncscope.render.summary import (
     window_means,
 )
 from syncscope.render.terminal import SafeConsole, VisibleText
-from syncscope.render.units import human_bytes, human_ns
+from syncscope.text import human_bytes, human_ns
 
 Unit = Literal["count", "bytes", "ns"]
 Change = Literal["better", "worse", "same", "within noise", "n/a"]

@@ -13,7 +13,7 @@ import shlex
 from collections.abc import Sequence
 from typing import IO
 
-from syncscope import __version__
+from syncscope._version import __version__
 from syncscope.model import FAILED_KINDS, Finding, Run, compress_ranks, severity_rank
 from syncscope.render import charts, timeline
 from syncscope.render.page import code_block, esc, figure_block, page, section, write_page
@@ -31,7 +31,7 @@ from syncscope.render.summary import (
     window_basis,
     window_time_text,
 )
-from syncscope.render.units import human_bytes, human_ns
+from syncscope.text import human_bytes, human_ns
 
 VERDICT_TITLES = {
     "clean": "No gradient synchronization problems found",

@@ -110,7 +110,7 @@ def finish(
     written = write_reports(run, findings, out_dir)
     if not quiet:
         show_summary(run, findings, summary)
-    from syncscope.render.safe import visible
+    from syncscope.text import visible
 
     names = ", ".join(p.name for p in written)
     print(visible(f"syncscope: {where} {out_dir} ({names})"), file=sys.stderr)

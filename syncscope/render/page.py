@@ -15,7 +15,7 @@ from typing import IO, Any
 
 import orjson
 
-from syncscope.render.units import escape_html
+from syncscope.text import escape_html
 
 CSP = (
     "default-src 'none'; script-src 'unsafe-inline'; style-src 'unsafe-inline'; "

@@ -15,7 +15,7 @@ from dataclasses import dataclass
 
 from syncscope.model import Finding, Run, Verdict, Window, figures, verdict_of
 from syncscope.model.figures import Projection, mean
-from syncscope.render.units import escape_html, human_bytes, human_ns
+from syncscope.text import escape_html, human_bytes, human_ns
 
 LARGE_JOB_RANKS = 16  # from this many ranks on, charts aggregate (heatmaps, no per-rank bars)
 

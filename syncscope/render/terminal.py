@@ -15,6 +15,7 @@ from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
+from syncscope import text as units
 from syncscope.model import (
     SEVERITIES,
     Finding,
@@ -27,8 +28,6 @@ from syncscope.model import (
     verdict_of,
 )
 from syncscope.model.figures import median
-from syncscope.render import units
-from syncscope.render.safe import visible
 from syncscope.render.summary import (
     headline,
     hta_lines,
@@ -39,7 +38,7 @@ from syncscope.render.summary import (
     window_basis,
     window_time_text,
 )
-from syncscope.render.units import human_bytes
+from syncscope.text import human_bytes, visible
 
 
 class VisibleText(Text):

@@ -21,7 +21,7 @@ from syncscope.render.charts import (
     update_axes,
 )
 from syncscope.render.summary import Grid, window_means
-from syncscope.render.units import escape_html
+from syncscope.text import escape_html
 
 TIMELINE_RANKS = 8
 TIMELINE_WINDOWS = 3

@@ -20,10 +20,10 @@ import datetime
 import threading
 from typing import Any
 
-from syncscope.analysis.assemble import build_run
 from syncscope.analysis.diagnose import diagnose
-from syncscope.capture.recorder import MemorySink
+from syncscope.capture.recorder.core import MemorySink
 from syncscope.capture.session import CaptureSession
+from syncscope.load.runs import build_run
 from syncscope.model import Finding, Run, RunMeta, Verdict, verdict_of
 from syncscope.render.json_report import figures_dict, window_dict
 
@@ -51,7 +51,7 @@ class Stats:
 
     @classmethod
     def from_run(cls, run: Run, rank: int = 0) -> Stats:
-        """Stats of a finished run (``syncscope.analysis.assemble.load_run(run_dir)``, or a
+        """Stats of a finished run (``syncscope.load.runs.load_run(run_dir)``, or a
         hand-built one), seen from ``rank``: assert on a ``syncscope profile`` run too."""
         stats = cls(None, rank, run.world_size)
         stats._finish(run)
@@ -117,7 +117,7 @@ def _process_group() -> tuple[int, int]:
 def _gather(events: list[dict[str, Any]], world_size: int) -> dict[int, list[dict[str, Any]]]:
     import torch.distributed as dist
 
-    from syncscope.capture.collectives import unrecorded
+    from syncscope.capture.hooks.collectives import unrecorded
 
     with unrecorded():  # syncscope's own collectives: a capture around this one skips them
         group = dist.new_group(backend="gloo", timeout=datetime.timedelta(seconds=120))

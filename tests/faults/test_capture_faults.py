@@ -8,9 +8,9 @@ from pathlib import Path
 
 import pytest
 
-from syncscope.analysis.assemble import load_run
 from syncscope.capture import writer as writer_module
 from syncscope.capture.writer import EventWriter
+from syncscope.load.runs import load_run
 from syncscope.rundir import rank_events_path, read_events
 from tests.faults import hostile as h
 

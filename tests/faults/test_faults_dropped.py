@@ -18,7 +18,7 @@ from typing import Any
 
 import orjson
 
-from syncscope.analysis.inputs import load_and_diagnose
+from syncscope.commands.saved import load_and_diagnose
 from tests.faults.hostile import run_events, write_run
 
 FALSE_ERRORS = {"collective-mismatch", "rank-divergence", "missing-sync"}

@@ -231,7 +231,7 @@ def test_a_signal_after_the_scripts_end_names_the_threads_left(
     import signal
     import threading
 
-    from syncscope import attach
+    from syncscope.launch import attach
 
     release = threading.Event()
     thread = threading.Thread(target=release.wait, name="uploader\x1b[2J")

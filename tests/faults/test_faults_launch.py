@@ -121,7 +121,7 @@ def test_attach_refuses_bad_rank_environment_and_empty_out(
     script = tmp_path / "noop.py"
     script.write_text("print('ran')\n")
     result = subprocess.run(
-        [sys.executable, "-m", "syncscope.attach", *argv, str(script)],
+        [sys.executable, "-m", "syncscope.launch.attach", *argv, str(script)],
         env=_env(**env),
         cwd=tmp_path,
         capture_output=True,
@@ -218,7 +218,7 @@ def test_a_restarted_attempt_writes_a_file_of_its_own(tmp_path: Path) -> None:
     for restart in ("0", "1"):
         env = _env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0", TORCHELASTIC_RESTART_COUNT=restart)
         subprocess.run(
-            [sys.executable, "-m", "syncscope.attach", "--out", str(out), str(script)],
+            [sys.executable, "-m", "syncscope.launch.attach", "--out", str(out), str(script)],
             env=env,
             check=True,
             capture_output=True,
@@ -232,7 +232,7 @@ def test_a_restarted_attempt_writes_a_file_of_its_own(tmp_path: Path) -> None:
             "exit",
         ]
     assert (first / "meta.json").is_file()
-    from syncscope.analysis.assemble import load_run
+    from syncscope.load.runs import load_run
 
     assert len(load_run(out).ranks) == len(load_run(first).ranks) == 1
 
@@ -291,7 +291,7 @@ def test_os_exit_records_the_exit_and_keeps_every_window(tmp_path: Path) -> None
     )
     out = tmp_path / "run"
     result = subprocess.run(
-        [sys.executable, "-m", "syncscope.attach", "--out", str(out), str(script)],
+        [sys.executable, "-m", "syncscope.launch.attach", "--out", str(out), str(script)],
         env=_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"),
         capture_output=True,
         text=True,
@@ -302,8 +302,8 @@ def test_os_exit_records_the_exit_and_keeps_every_window(tmp_path: Path) -> None
     assert sum(e["type"] == "step" for e in events) == 5
     exits = [e for e in events if e["type"] == "exit"]
     assert len(exits) == 1 and exits[0]["status"] == 0, exits
-    from syncscope.analysis.assemble import load_run
     from syncscope.analysis.diagnose import diagnose
+    from syncscope.load.runs import load_run
 
     run = load_run(out)
     assert run.ranks[0].finished and run.ranks[0].exit_status == 0
@@ -323,7 +323,7 @@ def test_a_run_with_nothing_captured_says_so(
     script.write_text("")
     out = tmp_path / "run"
     subprocess.run(
-        [sys.executable, "-m", "syncscope.attach", "--out", str(out), str(script)],
+        [sys.executable, "-m", "syncscope.launch.attach", "--out", str(out), str(script)],
         env=_env(RANK="0", WORLD_SIZE="1", LOCAL_RANK="0"),
         check=True,
         capture_output=True,
@@ -337,7 +337,7 @@ def test_a_run_with_nothing_captured_says_so(
 def test_rdzv_id_never_leaves_syncscope_out(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path, rdzv_id: str
 ) -> None:
-    from syncscope.attach import default_out
+    from syncscope.launch.attach import default_out
 
     monkeypatch.setenv("TORCHELASTIC_RUN_ID", rdzv_id)
     out = default_out("train.py")

@@ -10,8 +10,8 @@ import pytest
 from syncscope import cli
 from syncscope.analysis.diagnose import diagnose
 from syncscope.render.diff import compare, render_diff_text
-from syncscope.render.safe import visible
 from syncscope.render.terminal import SafeConsole, print_summary, render_text
+from syncscope.text import visible
 from tests.unit.runs import all_findings, make_run, redundant
 
 CLEAR = "\x1b[2J"  # erase the screen
@@ -282,7 +282,7 @@ def _two_per_window(rank: int, swapped: bool = False) -> list[dict[str, object]]
 
 
 def _read(run: Path):  # type: ignore[no-untyped-def]
-    from syncscope.analysis.inputs import load_and_diagnose
+    from syncscope.commands.saved import load_and_diagnose
 
     run_, findings = load_and_diagnose(run)
     return run_, {f.kind for f in findings}
@@ -368,8 +368,8 @@ def test_diff_of_a_live_run_against_traces_warns_in_one_line(
 def test_attach_errors_show_escapes_as_text(
     argv: list[str], capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """python -m syncscope.attach's one-line errors: a script path, an option's value."""
-    from syncscope import attach
+    """python -m syncscope.launch.attach's one-line errors: a script path, an option's value."""
+    from syncscope.launch import attach
 
     with pytest.raises(SystemExit) as exc:
         attach.main(argv)

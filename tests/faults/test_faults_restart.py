@@ -19,7 +19,7 @@ from tests.unit.events import Rank, run_of
 
 def test_the_last_attempt_of_a_rank_file_is_read_alone(tmp_path: Path) -> None:
     """Two headers in one rank file: the events after the last one make the rank."""
-    from syncscope.analysis.assemble import _last_attempt
+    from syncscope.load.runs import _last_attempt
 
     first, second = Rank(0), Rank(0)
     first.window([0, 1], n=2)  # the failed attempt's window

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from syncscope.analysis.inputs import load
+from syncscope.load.inputs import load
 from tests.faults.hostile import profile_script, tree_env, write_run
 
 OWN_PROFILER = textwrap.dedent(
@@ -97,7 +97,7 @@ LATE_PROFILER = textwrap.dedent(
 def test_the_scripts_profiler_started_after_syncscopes_ends_its_trace(tmp_path: Path) -> None:
     """syncscope's trace runs from window 0; the script starts its own at window 2: the trace
     is exported there (windows 0-1) and the script's profiler runs alone."""
-    from syncscope.trace.load import load_traces
+    from syncscope.load.traces import load_traces
 
     done, out = profile_script(tmp_path, "late.py", LATE_PROFILER, "--trace")
     assert done.returncode == 0, done.stderr[-3000:]

@@ -11,8 +11,8 @@ from pathlib import Path
 
 import orjson
 
-from syncscope.analysis.inputs import findings_for
-from syncscope.trace.load import load_traces
+from syncscope.analysis.findings import findings_for
+from syncscope.load.traces import load_traces
 
 SAMPLE = Path(__file__).parent.parent.parent / "sample_traces" / "syncscope-gloo-ddp-every"
 

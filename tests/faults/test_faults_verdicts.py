@@ -135,8 +135,8 @@ def test_profile_of_a_script_without_distributed_code_says_copies(tmp_path: Path
 
 def test_one_ranks_view_by_choice_is_not_missing_ranks() -> None:
     """``track(gather=False)`` keeps this rank's events by choice: the others are not missing."""
-    from syncscope.analysis.assemble import build_run
     from syncscope.analysis.diagnose import diagnose
+    from syncscope.load.runs import build_run
     from syncscope.model import RunMeta, verdict_of
 
     mine = {0: run_events(0)}

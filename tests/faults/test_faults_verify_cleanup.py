@@ -29,7 +29,7 @@ def test_a_profiled_rank_never_recreates_a_removed_run_directory(tmp_path: Path)
         SYNCSCOPE_PROFILE_PID=str(os.getpid()),
     )
     done = subprocess.run(
-        [sys.executable, "-m", "syncscope.attach", "--out", str(gone), str(script)],
+        [sys.executable, "-m", "syncscope.launch.attach", "--out", str(gone), str(script)],
         env=env,
         capture_output=True,
         text=True,

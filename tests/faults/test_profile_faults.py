@@ -160,7 +160,14 @@ USER_ERROR = textwrap.dedent(
 def test_user_traceback_shows_only_user_frames(tmp_path: Path) -> None:
     script = tmp_path / "user_error.py"
     script.write_text(USER_ERROR)
-    command = [sys.executable, "-m", "syncscope.attach", "--out", str(tmp_path / "r"), str(script)]
+    command = [
+        sys.executable,
+        "-m",
+        "syncscope.launch.attach",
+        "--out",
+        str(tmp_path / "r"),
+        str(script),
+    ]
     proc = subprocess.run(
         command, env=_env(), capture_output=True, text=True, timeout=120, cwd=tmp_path
     )

@@ -27,7 +27,7 @@ from typing import Any
 
 import pytest
 
-from syncscope.analysis.assemble import load_run
+from syncscope.load.runs import load_run
 from tests.conftest import ROOT, ProfiledRun, profile, run_syncscope
 from tests.helpers.truth import (
     assert_communication_timed,

@@ -98,7 +98,7 @@ def test_attach_reads_the_environment(tmp_path: Path) -> None:
             "--nproc-per-node",
             "2",
             "-m",
-            "syncscope.attach",
+            "syncscope.launch.attach",
             "--out",
             str(tmp_path / "run"),
             "--then",
@@ -160,7 +160,7 @@ def test_bad_values_fail_before_any_rank_starts(
 def test_attach_rejects_a_bad_environment_value(tmp_path: Path) -> None:
     env = dict(os.environ, SYNCSCOPE_WINDOWS="two", PYTHONPATH=str(ROOT))
     proc = subprocess.run(
-        [sys.executable, "-m", "syncscope.attach", "--out", str(tmp_path), str(SCRIPT)],
+        [sys.executable, "-m", "syncscope.launch.attach", "--out", str(tmp_path), str(SCRIPT)],
         capture_output=True,
         text=True,
         timeout=60,

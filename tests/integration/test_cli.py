@@ -254,7 +254,7 @@ def test_attach_under_torchrun_then_report(tmp_path: Path) -> None:
             "--nproc-per-node",
             "2",
             "-m",
-            "syncscope.attach",
+            "syncscope.launch.attach",
             "--out",
             str(run_dir),
             str(EXAMPLES / "ddp_no_sync.py"),

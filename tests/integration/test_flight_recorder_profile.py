@@ -100,7 +100,7 @@ def test_a_rank_dumps_its_buffer_when_asked(
     import time
 
     from syncscope.capture.flightdump import start_dumper
-    from syncscope.trace.flight import read_dump
+    from syncscope.load.flight import read_dump
 
     monkeypatch.setenv("SYNCSCOPE_FLIGHT_DUMPS", "1")
     start_dumper(tmp_path, 7)

@@ -23,7 +23,7 @@ import torch
 from torch import nn
 from torch.utils.data import DataLoader, TensorDataset
 
-from syncscope.capture import collectives
+from syncscope.capture.hooks import collectives
 from tests.conftest import EXAMPLES, ROOT, torchrun
 
 LIGHTNING = EXAMPLES / "lightning_callback.py"

@@ -21,8 +21,8 @@ from typing import Any
 import pytest
 
 from syncscope.analysis import diagnose
-from syncscope.analysis.inputs import load_and_diagnose
 from syncscope.capture import native
+from syncscope.commands.saved import load_and_diagnose
 from tests.conftest import PROFILE_TIMEOUT, ROOT
 
 pytestmark = pytest.mark.slow
@@ -173,7 +173,7 @@ def test_the_kernel_leaves_collectives_of_unrecorded_blocks_alone(
     from torch import nn
     from torch.nn.parallel import DistributedDataParallel as DDP
 
-    from syncscope.capture.collectives import unrecorded
+    from syncscope.capture.hooks.collectives import unrecorded
     from syncscope.capture.session import CaptureSession
 
     _use(monkeypatch, built)

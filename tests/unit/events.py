@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from syncscope.analysis.assemble import build_run
+from syncscope.load.runs import build_run
 from syncscope.model import Run, RunMeta
 
 

@@ -157,8 +157,8 @@ def test_no_import_cycles() -> None:
 def test_the_checks_see_what_they_check() -> None:
     # the graph holds known edges (module level, function level, relative, from-package)...
     graph = _import_graph()
-    assert "syncscope.model" in graph["syncscope.analysis.build"]
-    assert "syncscope.trace.load" in graph["syncscope.analysis.inputs"]  # inside a function
+    assert "syncscope.model" in graph["syncscope.load.captured"]
+    assert "syncscope.load.traces" in graph["syncscope.load.inputs"]  # inside a function
     assert "syncscope.fixes.codemod" in graph["syncscope.fixes"]  # a package's __init__
     assert "syncscope.testing.track" not in graph["syncscope"]  # only under TYPE_CHECKING there
     # ...and a cycle, of any length, is found as one component
@@ -182,16 +182,23 @@ def test_relative_imports_resolve() -> None:
 # part named by its first name under syncscope/ (syncscope.model.figures: "model").
 FOUNDATION: dict[str, set[str]] = {  # these import nothing above them: only what is listed
     "errors": set(),
+    "_version": set(),
+    "text": set(),  # text helpers: safe terminal text, bytes and durations
     "files": {"errors"},
     "validate": {"errors"},
     "model": {"errors", "model"},
+    # the rules: pure functions from the model to findings (issue 45), whatever read the run
+    "analysis": {"model", "text"},
 }
 FORBIDDEN: dict[str, set[str]] = {  # part -> the parts it never imports
     "rundir": {"capture"},  # the on-disk format is read by everything, written by capture
-    "render": {"analysis"},  # renderers show the model and its findings; they diagnose nothing
-    "capture": {"analysis", "render", "trace"},  # the ranks' hot path records, never reports
+    "render": {"analysis", "load"},  # renderers show the model and its findings
+    "capture": {"analysis", "render", "load"},  # the ranks' hot path records, never reports
+    # loading reads what a run left into the model: it neither diagnoses nor renders
+    "load": {"analysis", "render", "capture", "launch", "commands", "fixes", "testing"},
 }
-MAX_ROOT_MODULES = 8
+# the entry points (__init__, __main__, cli), the on-disk format (rundir) and the foundation
+MAX_ROOT_MODULES = 9
 
 
 def _part(module: str) -> str:
@@ -209,6 +216,8 @@ def _layer_violations(graph: dict[str, set[str]]) -> list[str]:
                 bad.append(f"{module} imports {target} ({part} imports nothing above it)")
             if other in FORBIDDEN.get(part, set()):
                 bad.append(f"{module} imports {target} ({part} never imports {other})")
+            if target == "syncscope":  # the root is the public API, above everything
+                bad.append(f"{module} imports the package root (nothing reaches up to it)")
     return bad
 
 
@@ -219,21 +228,26 @@ def test_the_layers_hold_at_run_time_and_for_the_type_checker() -> None:
 
 def test_the_layer_check_sees_a_violation() -> None:
     graph = {
-        "syncscope.model.figures": {"syncscope.model", "syncscope.render.units"},
+        "syncscope.model.figures": {"syncscope.model", "syncscope.text"},
         "syncscope.render.summary": {"syncscope.model.figures", "syncscope.analysis.advice"},
-        "syncscope.rundir": {"syncscope.files", "syncscope.capture.records"},
-        "syncscope.capture.session": {"syncscope.rundir", "syncscope.trace.read"},
+        "syncscope.rundir": {"syncscope.files", "syncscope.capture.recorder.records"},
+        "syncscope.capture.session": {"syncscope.rundir", "syncscope.load.trace.read"},
         "syncscope.files": {"syncscope.errors"},
+        "syncscope.capture.sites": {"syncscope"},
+        "syncscope.analysis.exposed": {"syncscope.text", "syncscope.load.trace.overlap"},
     }
     assert _layer_violations(graph) == [
-        "syncscope.capture.session imports syncscope.trace.read (capture never imports trace)",
-        "syncscope.model.figures imports syncscope.render.units (model imports nothing above it)",
+        "syncscope.analysis.exposed imports syncscope.load.trace.overlap (analysis imports "
+        "nothing above it)",
+        "syncscope.capture.session imports syncscope.load.trace.read (capture never imports load)",
+        "syncscope.capture.sites imports the package root (nothing reaches up to it)",
+        "syncscope.model.figures imports syncscope.text (model imports nothing above it)",
         "syncscope.render.summary imports syncscope.analysis.advice (render never imports analysis)",
-        "syncscope.rundir imports syncscope.capture.records (rundir never imports capture)",
+        "syncscope.rundir imports syncscope.capture.recorder.records (rundir never imports capture)",
     ]
     # the graph the rules read holds imports inside functions and those for the type checker
     graph = _import_graph(typing=True)
-    assert "syncscope.trace.load" in graph["syncscope.analysis.inputs"]  # inside a function
+    assert "syncscope.load.traces" in graph["syncscope.load.inputs"]  # inside a function
     assert "syncscope.testing.track" in graph["syncscope"]  # only under TYPE_CHECKING
 
 

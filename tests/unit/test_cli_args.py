@@ -182,7 +182,7 @@ def test_torchrun_options_that_make_no_sense_are_refused_in_one_line(
     assert cli.main(["profile", option, "s.py"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("syncscope: error: argument ")
-    assert "not under syncscope: " in err and "syncscope.attach" in err
+    assert "not under syncscope: " in err and "syncscope.launch.attach" in err
 
 
 def test_syncscope_takes_torchrun_module_flag_as_its_own_module_option() -> None:

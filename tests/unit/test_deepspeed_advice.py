@@ -4,8 +4,8 @@ reductions DeepSpeed issues inside ``engine.backward`` as issuer ``deepspeed``).
 
 from __future__ import annotations
 
-from syncscope.analysis.build import is_grad_sync
 from syncscope.analysis.diagnose import diagnose
+from syncscope.load.captured import is_grad_sync
 from syncscope.model import Finding, Run
 from tests.unit.events import Rank, run_of
 

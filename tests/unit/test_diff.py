@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 
 from syncscope import cli
-from syncscope.analysis import inputs
 from syncscope.analysis.diagnose import diagnose
+from syncscope.commands import saved
 from syncscope.model import Finding, Run
 from syncscope.render.diff import compare, render_diff_html, render_diff_text
 from tests.unit import runs
@@ -96,7 +96,7 @@ def test_html_diff_escapes_and_draws() -> None:
 @pytest.fixture
 def saved_runs(monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[Run, list[Finding]]]:
     table = {"before": (runs.redundant(), [runs.finding()]), "after": (runs.clean_ddp(), [])}
-    monkeypatch.setattr(inputs, "load_and_diagnose", lambda path: table[Path(path).name])
+    monkeypatch.setattr(saved, "load_and_diagnose", lambda path: table[Path(path).name])
     return table
 
 

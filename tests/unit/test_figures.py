@@ -14,8 +14,8 @@ from syncscope.render.html import render_html
 from syncscope.render.json_report import report_dict
 from syncscope.render.summary import headline, label_of
 from syncscope.render.terminal import render_text
-from syncscope.render.units import escape_html, human_ns
 from syncscope.testing.track import Stats
+from syncscope.text import escape_html, human_ns
 from tests.unit import runs
 
 

@@ -9,7 +9,7 @@ from typing import IO
 import pytest
 
 from syncscope import cli
-from syncscope.analysis import inputs
+from syncscope.commands import saved
 from syncscope.errors import SyncscopeError
 from syncscope.files import atomic_write, copy_fresh
 from tests.unit import runs
@@ -67,7 +67,7 @@ def test_report_output_is_written_atomically(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # GIVEN a page written before, and a render that fails half way (a full disk, a bug)
-    monkeypatch.setattr(inputs, "load_and_diagnose", lambda path: (runs.redundant(), []))
+    monkeypatch.setattr(saved, "load_and_diagnose", lambda path: (runs.redundant(), []))
     page = tmp_path / "page.html"
     page.write_text("the page written before")
 

@@ -15,7 +15,7 @@ import pytest
 
 from syncscope.analysis.flight import analyze_dumps, grad_sync_rounds
 from syncscope.cli import main
-from syncscope.trace.flight import BadDump, find_dumps, read_dump, read_dumps
+from syncscope.load.flight import BadDump, find_dumps, read_dump, read_dumps
 
 SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "syncscope-gloo-ddp-no_sync"
 BACKWARD = [

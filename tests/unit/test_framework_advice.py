@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from syncscope.analysis.build import is_grad_sync, rank_from_events
 from syncscope.analysis.diagnose import diagnose
+from syncscope.load.captured import is_grad_sync, rank_from_events
 from syncscope.model import Finding
 from tests.unit.events import Rank, run_of
 

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from syncscope.capture import collectives
+from syncscope.capture.hooks import collectives
 from syncscope.integrations._tracker import LightningHooks, SyncTracker
 from syncscope.testing import assert_syncs
 from tests.helpers.ranks import make_ddp, train

@@ -11,8 +11,8 @@ import torch
 from torch._C._dynamo.eval_frame import get_eval_frame_callback
 from torch._dynamo.utils import counters
 
-from syncscope.capture import opaque as opaque_module
-from syncscope.capture.opaque import opaque
+from syncscope.capture.hooks import opaque as opaque_module
+from syncscope.capture.hooks.opaque import opaque
 
 
 def _compiled_run(

@@ -1,5 +1,5 @@
 """Collectives syncscope issues itself (``track()``'s gather of every rank's events) are not
-the job's: no recorder counts them (``syncscope.capture.collectives.unrecorded``). On two
+the job's: no recorder counts them (``syncscope.capture.hooks.collectives.unrecorded``). On two
 ranks, with the gather itself: tests/integration/test_own_collectives.py."""
 
 from __future__ import annotations
@@ -9,7 +9,7 @@ import torch
 import torch.distributed as dist
 
 from syncscope import track
-from syncscope.capture import collectives
+from syncscope.capture.hooks import collectives
 from syncscope.testing.track import Stats
 
 

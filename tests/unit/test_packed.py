@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
+from syncscope.load.trace.packed import Packed, Rows
 from syncscope.model import Collective, MicroBatch, SourceLocation, Window
-from syncscope.trace.packed import Packed, Rows
 
 
 def _collective(i: int) -> Collective:

@@ -5,8 +5,8 @@ from __future__ import annotations
 from pathlib import Path
 
 from syncscope.capture.fingerprint import PendingFingerprint
-from syncscope.capture.recorder import MemorySink, Recorder
-from syncscope.capture.records import FIELDS, event_of
+from syncscope.capture.recorder.core import MemorySink, Recorder
+from syncscope.capture.recorder.records import FIELDS, event_of
 from syncscope.capture.writer import EventWriter
 from syncscope.rundir import read_events
 
@@ -87,7 +87,7 @@ def test_a_steps_memory_is_read_off_the_training_thread(tmp_path: Path) -> None:
     sink, once per read), and every step event carries it."""
     import torch
 
-    from syncscope.capture.records import MEM_AT_WRITE
+    from syncscope.capture.recorder.records import MEM_AT_WRITE
 
     param = torch.nn.Parameter(torch.zeros(4))
     param.grad = torch.ones(4)

@@ -18,7 +18,7 @@ import pytest
 from plotly.subplots import make_subplots
 
 from syncscope import cli
-from syncscope.analysis import inputs
+from syncscope.commands import saved
 from syncscope.model import Finding, Run, RunMeta
 from syncscope.render import charts
 from syncscope.render.diff import compare, render_diff_html
@@ -263,7 +263,7 @@ def test_rendering_imports_no_plotly_python_code() -> None:
 def saved_runs(monkeypatch: pytest.MonkeyPatch) -> dict[str, tuple[Run, list[Finding]]]:
     """Run directories resolved to hand-built runs (the loader is tested elsewhere)."""
     table = {"before": (runs.redundant(), [runs.finding()]), "after": (runs.clean_ddp(), [])}
-    monkeypatch.setattr(inputs, "load_and_diagnose", lambda path: table[Path(path).name])
+    monkeypatch.setattr(saved, "load_and_diagnose", lambda path: table[Path(path).name])
     return table
 
 
@@ -336,7 +336,7 @@ def test_page_written_to_a_buffer_is_the_page_written_to_a_file(tmp_path: Path) 
 def test_escape_html_is_the_standard_librarys(text: str) -> None:
     import html
 
-    from syncscope.render.units import escape_html
+    from syncscope.text import escape_html
 
     assert escape_html(text) == html.escape(text, quote=True)
 
@@ -388,7 +388,7 @@ def test_header_title_axes_and_legend_say_what_the_run_was() -> None:
 
 
 def test_trace_note_says_every_window_was_traced_when_it_was() -> None:
-    from syncscope.analysis.combine import with_trace_overlap
+    from syncscope.load.combine import with_trace_overlap
 
     live = runs.make_run(windows=4)
     traced = runs.traced()  # the same 4 windows on 2 ranks, measured
@@ -408,7 +408,7 @@ def test_charts_number_windows_as_the_terminal_and_report_json_do(tmp_path: Path
     """Issue 42: traces number windows from the first traced step (1-2 here); every chart's
     x axis says 1-2 too, as the terminal table and report.json do, never 0-1."""
     from syncscope.analysis.diagnose import diagnose
-    from syncscope.trace.load import load_traces
+    from syncscope.load.traces import load_traces
 
     root = Path(__file__).resolve().parents[2]
     run = load_traces([root / "sample_traces" / "syncscope-gloo-ddp-every"])

@@ -7,9 +7,9 @@ from pathlib import Path
 
 import pytest
 
-from syncscope.analysis.assemble import load_run
 from syncscope.capture.writer import EventWriter
 from syncscope.errors import BadRunDirectory
+from syncscope.load.runs import load_run
 from syncscope.rundir import rank_events_path, read_events, write_meta
 from tests.unit.events import Rank
 
@@ -131,7 +131,7 @@ def test_write_puts_held_events_first_in_one_call(tmp_path: Path) -> None:
 def test_the_recorder_writes_only_rare_events_at_once(tmp_path: Path) -> None:
     """The training thread's hook path holds per-step events (collectives, window ends);
     the header and the exit record go to disk at once."""
-    from syncscope.capture.recorder import Recorder
+    from syncscope.capture.recorder.core import Recorder
 
     path = tmp_path / "rank.jsonl"
     writer = EventWriter(path, flush_interval=60.0)  # no flush by time within the test
@@ -154,8 +154,8 @@ def test_only_blocking_collectives_flush_held_events(tmp_path: Path) -> None:
     import torch
     import torch.distributed as dist
 
-    from syncscope.capture import instrument
-    from syncscope.capture.recorder import Recorder
+    from syncscope.capture.hooks import install as instrument
+    from syncscope.capture.recorder.core import Recorder
 
     path = tmp_path / "rank.jsonl"
     writer = EventWriter(path, flush_interval=60.0)  # no flush by time within the test

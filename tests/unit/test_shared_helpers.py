@@ -9,12 +9,12 @@ import pytest
 import torch
 
 from syncscope.analysis.crossrank import collective_mismatch
-from syncscope.capture.recorder import _op_tensors
+from syncscope.capture.recorder.core import _op_tensors
+from syncscope.load.trace.events import RankEvents
 from syncscope.model import SEVERITIES, Finding, input_argument, severity_rank
 from syncscope.model.figures import mean, median
 from syncscope.render import terminal
-from syncscope.render.units import human_bytes, human_ns
-from syncscope.trace.events import RankEvents
+from syncscope.text import human_bytes, human_ns
 from tests.unit.events import Rank, run_of
 
 # c10d ops as capture sees them (the dispatched op) and the argument holding what they read

@@ -7,10 +7,10 @@ from pathlib import Path
 import pytest
 
 from syncscope.errors import BadTrace, SyncscopeError
-from syncscope.trace import cluster
-from syncscope.trace.cluster import MAX_BATCH_BYTES, MAX_BATCH_FILES, TASKS_PER_THREAD, batches
-from syncscope.trace.load import load_traces
-from syncscope.trace.synth import Shape, write_job
+from syncscope.load.trace import cluster
+from syncscope.load.trace.cluster import MAX_BATCH_BYTES, MAX_BATCH_FILES, TASKS_PER_THREAD, batches
+from syncscope.load.trace.synth import Shape, write_job
+from syncscope.load.traces import load_traces
 
 
 def test_batches_cover_every_file_once_in_order() -> None:

@@ -15,10 +15,10 @@ import pytest
 from syncscope.analysis.crossrank import collective_mismatch
 from syncscope.analysis.exposed import exposed_communication
 from syncscope.errors import BadTrace
+from syncscope.load.trace.overlap import merge, merge_pairs, subtract, total
+from syncscope.load.trace.synth import Shape, write_job
+from syncscope.load.traces import load_traces
 from syncscope.model import figures
-from syncscope.trace.load import load_traces
-from syncscope.trace.overlap import merge, merge_pairs, subtract, total
-from syncscope.trace.synth import Shape, write_job
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_traces"
@@ -185,7 +185,7 @@ def test_mismatch_evidence_lists_the_differing_rank_beyond_16(tmp_path: Path) ->
 
 
 def test_files_matched_to_ranks_by_the_rank_each_file_holds(tmp_path: Path) -> None:
-    from syncscope.analysis.inputs import load
+    from syncscope.load.inputs import load
 
     # GIVEN 11 ranks whose file names do not follow their ranks: rank 1's file is named
     # "rank-10" and rank 10's "rank-1" (a substring test would match "rank-1" to both)

@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from syncscope.capture.profiler import ProfilerTrace
-from syncscope.trace.load import load_traces
+from syncscope.load.traces import load_traces
 
 
 def _train(trace: ProfilerTrace, windows: int, accum: int, twice: bool = False) -> None:

@@ -10,8 +10,8 @@ import orjson
 import pytest
 
 from syncscope.errors import BadTrace
-from syncscope.trace import read
-from syncscope.trace.read import read_trace
+from syncscope.load.trace import read
+from syncscope.load.trace.read import read_trace
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_traces"

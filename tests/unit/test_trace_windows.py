@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from syncscope.load.traces import load_traces
 from syncscope.model import normalize_op
-from syncscope.trace.load import load_traces
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLES = ROOT / "sample_traces"

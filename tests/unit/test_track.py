@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-from syncscope.capture import collectives
+from syncscope.capture.hooks import collectives
 from syncscope.render.json_report import window_dict
 from syncscope.testing.track import Stats, track
 from tests.helpers.ranks import ACCUM, STEPS, make_ddp, train
@@ -190,7 +190,7 @@ def test_a_forked_child_records_nothing_and_reaches_no_profiler() -> None:
     """A process the rank forks (a pool worker) inherits the hooks: they stay inert there."""
     import os
 
-    from syncscope.capture.recorder import MemorySink, Recorder
+    from syncscope.capture.recorder.core import MemorySink, Recorder
 
     class Hooks:
         calls = 0

@@ -1,6 +1,6 @@
 """The compiled kernel for DDP's bucket all-reduces (``c10d_kernel.cpp``), where it can be had.
 
-syncscope's Python kernel (``syncscope.capture.collectives``) costs each collective it sees
+syncscope's Python kernel (``syncscope.capture.hooks.collectives``) costs each collective it sees
 a Python frame: entering it from the dispatcher, converting the op's arguments, walking the
 stack for the issuer: on a small DDP step, the largest single part of what capture costs
 (x1.023 of a 4 x 512 MLP rank's CPU time, most of it in gloo's threads: see docs/concepts.md).

@@ -10,10 +10,10 @@ import contextlib
 import dataclasses
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
 
-from syncscope.errors import BadRunDirectory, SyncscopeError
-from syncscope.model import FAILED_KINDS, Finding, Run, compress_ranks, severity_rank
+from syncscope.errors import SyncscopeError
+from syncscope.model import Run, compress_ranks
+from syncscope.model.flight import FlightDump
 from syncscope.rundir import is_run_dir
 
 
@@ -22,14 +22,14 @@ def load(
 ) -> tuple[Run, dict[int, Path]]:
     """The run named by ``paths`` and, where traces were read, their files by rank.
     ``scheduler``: trace files are read on that Dask cluster (a str path: an fsspec URL)."""
-    from syncscope.trace.load import load_traces
+    from syncscope.load.traces import load_traces
 
     run_dirs = [p for p in paths if isinstance(p, Path) and p.is_dir() and is_run_dir(p)]
     if run_dirs and len(run_dirs) != len(paths):
         raise SyncscopeError("give either syncscope run directories or traces, not both")
     if run_dirs:
-        from syncscope.analysis.assemble import load_run
-        from syncscope.analysis.combine import with_trace_overlap
+        from syncscope.load.combine import with_trace_overlap
+        from syncscope.load.runs import load_run
 
         run = load_run(run_dirs)
         traced = [d / "traces" for d in run_dirs if _has_traces(d / "traces")]
@@ -51,7 +51,7 @@ NOT_TRACED = ".not-traced"  # traces/rank-R.not-traced: why its trace is missing
 
 
 def _has_traces(traces: Path) -> bool:
-    from syncscope.trace.read import is_trace_file
+    from syncscope.load.trace.read import is_trace_file
 
     return traces.is_dir() and any(p.is_file() and is_trace_file(p) for p in traces.iterdir())
 
@@ -86,8 +86,8 @@ def split_dumps(paths: Sequence[Path | str]) -> tuple[list[Path | str], list[Pat
     """(the other paths, the torch Flight Recorder dumps among them): a dump file given
     alone, the dumps in a directory (a run directory's ``flight/`` too). A directory of dumps
     and Kineto traces gives its trace files; one of dumps only, nothing else."""
-    from syncscope.trace.flight import find_dumps, is_dump_file
-    from syncscope.trace.read import is_trace_file
+    from syncscope.load.flight import find_dumps, is_dump_file
+    from syncscope.load.trace.read import is_trace_file
 
     rest: list[Path | str] = []
     dumps: list[Path] = []
@@ -108,46 +108,15 @@ def split_dumps(paths: Sequence[Path | str]) -> tuple[list[Path | str], list[Pat
     return rest, dumps
 
 
-def findings_for(run: Run, hta: dict[str, Any] | None = None) -> list[Finding]:
-    """syncscope's diagnoses plus exposed communication, where a trace measured it."""
-    from syncscope.analysis.diagnose import diagnose
-    from syncscope.analysis.exposed import exposed_communication
+def run_dumps(run_dirs: Sequence[Path]) -> tuple[list[FlightDump], str]:
+    """The Flight Recorder dumps the ranks wrote into ``RUN/flight/`` on a hang (``syncscope
+    profile``) and, where they could not be read, why (a note: the run's own report stands)."""
+    from syncscope.load.flight import find_dumps, read_dumps
 
-    findings = diagnose(run)
-    findings.extend(exposed_communication(run, hta))
-    findings.sort(key=lambda f: severity_rank(f.severity))
-    return findings
-
-
-def load_and_diagnose(run_dir: Path) -> tuple[Run, list[Finding]]:
-    """Read a saved run and diagnose it: the one path every re-rendering command takes
-    (``report``, ``diff``)."""
-    if not run_dir.exists():
-        raise BadRunDirectory(f"{run_dir}: no such run directory")
-    run, _files = load([run_dir], skip_bad=False, progress=False)
-    return with_flight_dumps(run, findings_for(run), [run_dir])
-
-
-def with_flight_dumps(
-    run: Run, findings: list[Finding], run_dirs: Sequence[Path]
-) -> tuple[Run, list[Finding]]:
-    """The run and its findings with what the ranks' Flight Recorder dumps of a hang say
-    (``RUN/flight/``, written by ``syncscope profile``); unchanged where there are none. An
-    unreadable dump is a note: the run's own report stands."""
-    from syncscope.trace.flight import find_dumps
-
-    dumps = find_dumps([d / "flight" for d in run_dirs if (d / "flight").is_dir()])
-    if not dumps:
-        return run, findings
-    from syncscope.analysis.flight import analyze_dumps, merge_findings, with_dump_notes
-    from syncscope.trace.flight import read_dumps
-
+    paths = find_dumps([d / "flight" for d in run_dirs if (d / "flight").is_dir()])
+    if not paths:
+        return [], ""
     try:
-        flight = analyze_dumps(read_dumps(dumps), " ".join(map(str, run_dirs)))
+        return read_dumps(paths), ""
     except SyncscopeError as exc:
-        note = f"Flight Recorder dumps not read: {exc}"
-        meta = dataclasses.replace(run.meta, notes=(*run.meta.notes, note))
-        return dataclasses.replace(run, meta=meta), findings
-    findings = merge_findings(findings, flight)
-    findings.sort(key=lambda f: (f.kind not in FAILED_KINDS, severity_rank(f.severity)))
-    return with_dump_notes(run, flight), findings
+        return [], f"Flight Recorder dumps not read: {exc}"

@@ -17,8 +17,8 @@ from typing import TYPE_CHECKING, Any
 
 from syncscope.capture import sites
 from syncscope.capture.fingerprint import PendingFingerprint, cuda_peak_and_reset, fingerprint
-from syncscope.capture.records import MEM_AT_WRITE, Record
-from syncscope.capture.records import perf_ns as _perf_ns
+from syncscope.capture.recorder.records import MEM_AT_WRITE, Record
+from syncscope.capture.recorder.records import perf_ns as _perf_ns
 
 _CLOSURE = {"closure": True}  # a step's further field when it runs a closure (never mutated)
 

@@ -2,7 +2,7 @@
 
 The recorder keeps only the little state capture needs (which window and micro-batch we are
 in, the phase, the DDP bucket order); everything else is derived later from the events by
-``syncscope.analysis.build``. Event kinds and fields are documented in docs/formats.md.
+``syncscope.load.captured``. Event kinds and fields are documented in docs/formats.md.
 """
 
 from __future__ import annotations
@@ -18,17 +18,17 @@ from typing import Any, Protocol
 
 import torch
 
-import syncscope
+from syncscope._version import __version__
 from syncscope.capture import sites
 from syncscope.capture.fingerprint import (
     rss_bytes,
 )
-from syncscope.capture.gradients import GradientIndex, _op_tensors
-from syncscope.capture.pending import PendingWork
-from syncscope.capture.records import Item, Record, event_of, needs_mem
-from syncscope.capture.records import perf_ns as _perf_ns
-from syncscope.capture.steps import StepHooks
-from syncscope.capture.wrappers import WrapperRegistry
+from syncscope.capture.recorder.gradients import GradientIndex, _op_tensors
+from syncscope.capture.recorder.pending import PendingWork
+from syncscope.capture.recorder.records import Item, Record, event_of, needs_mem
+from syncscope.capture.recorder.records import perf_ns as _perf_ns
+from syncscope.capture.recorder.registry import WrapperRegistry
+from syncscope.capture.recorder.steps import StepHooks
 from syncscope.model import normalize_op
 from syncscope.rundir import EVENTS_FORMAT, EVENTS_FORMAT_VERSION
 
@@ -140,10 +140,10 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork, StepHooks):
     """Receives callbacks from the instrumentation and writes events for one rank.
 
     In parts, by concern: this class is the window/phase state machine and holds the
-    events; ``WrapperRegistry`` (``syncscope.capture.wrappers``) the wrappers and their
-    sync state, ``GradientIndex`` (``syncscope.capture.gradients``) the gradient index and
-    content probe, ``PendingWork`` (``syncscope.capture.pending``) the collectives in flight
-    and pending fingerprints, ``StepHooks`` (``syncscope.capture.steps``) the optimizer
+    events; ``WrapperRegistry`` (``syncscope.capture.recorder.registry``) the wrappers and their
+    sync state, ``GradientIndex`` (``syncscope.capture.recorder.gradients``) the gradient index and
+    content probe, ``PendingWork`` (``syncscope.capture.recorder.pending``) the collectives in flight
+    and pending fingerprints, ``StepHooks`` (``syncscope.capture.recorder.steps``) the optimizer
     steps that end windows. The parts are base classes, not objects of their own: the hot
     hooks read every part's state as the recorder's attributes, with no indirection."""
 
@@ -209,7 +209,7 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork, StepHooks):
             self.sink.buffer(event)
 
     def hold(self, record: Record) -> None:
-        """Hold a hot hook's record (see ``syncscope.capture.records``): a window event,
+        """Hold a hot hook's record (see ``syncscope.capture.recorder.records``): a window event,
         never written at once, made into its event off the training thread."""
         if self._closed or self.muted:
             return
@@ -246,7 +246,7 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork, StepHooks):
                 "host": socket.gethostname(),
                 "pid": os.getpid(),
                 "t": self.now(),
-                "syncscope": syncscope.__version__,
+                "syncscope": __version__,
                 "torch": torch.__version__,
                 "python": sys.version.split()[0],
                 **extra,

@@ -26,8 +26,8 @@ from pathlib import Path
 from typing import Any
 
 from syncscope.errors import BadTrace, SyncscopeError
-from syncscope.trace.rankfile import RankResult, read_rank
-from syncscope.trace.read import is_trace_file
+from syncscope.load.trace.rankfile import RankResult, read_rank
+from syncscope.load.trace.read import is_trace_file
 
 CONNECT_TIMEOUT_S = 10.0
 RETRIES = 2  # a task whose read raised (a worker's disk, network) is tried this many more times

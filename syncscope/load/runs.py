@@ -13,10 +13,10 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
-from syncscope.analysis.build import rank_from_events
 from syncscope.errors import BadRunDirectory
 from syncscope.files import NotRegularFile
-from syncscope.model import RankRun, Run, RunMeta, compress_ranks
+from syncscope.load.captured import rank_from_events
+from syncscope.model import RankRun, Run, RunMeta, compress_ranks, missing_ranks
 from syncscope.rundir import (
     DROPPED,
     EVENTS_FORMAT_VERSION,
@@ -33,7 +33,6 @@ from syncscope.validate import (
     field_int,
     field_of,
     field_str,
-    missing_ranks,
 )
 
 

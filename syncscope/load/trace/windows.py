@@ -17,6 +17,9 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
+from syncscope.load.trace.events import RankEvents, RawCollective, Span, dtype_bytes
+from syncscope.load.trace.overlap import Interval, Measure, measure_windows, merge_pairs
+from syncscope.load.trace.packed import Packed
 from syncscope.model import (
     GRAD_REDUCING_OPS,
     Collective,
@@ -30,9 +33,6 @@ from syncscope.model import (
     WrapperInfo,
     normalize_op,
 )
-from syncscope.trace.events import RankEvents, RawCollective, Span, dtype_bytes
-from syncscope.trace.overlap import Interval, Measure, measure_windows, merge_pairs
-from syncscope.trace.packed import Packed
 
 SCALAR_BYTES = 16  # an all-reduce this small after backward is a metric (loss), not gradients
 _SKIP_PARAM_COMMS = frozenset({"wait", "barrier", ""})

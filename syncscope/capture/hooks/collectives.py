@@ -40,9 +40,9 @@ from typing import Any
 
 import torch
 
-from syncscope.capture.opaque import opaque
-from syncscope.capture.recorder import Recorder, _dtype_name
-from syncscope.capture.records import perf_ns as _perf_ns
+from syncscope.capture.hooks.opaque import opaque
+from syncscope.capture.recorder.core import Recorder, _dtype_name
+from syncscope.capture.recorder.records import perf_ns as _perf_ns
 
 _ACTIVE: list[Recorder] = []
 _lock = threading.Lock()

@@ -16,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import torch
 
 from syncscope.capture.frameworks import FRAMEWORKS, detect_framework
-from syncscope.capture.grads import deepspeed_reduce_grads, fsdp_reduce_grads
+from syncscope.capture.recorder.gradients import deepspeed_reduce_grads, fsdp_reduce_grads
 
 _WRAPPER_ORDER = ("ddp", "fsdp2", "fsdp1", "deepspeed")  # the order of a backward's ``sync`` state
 
@@ -94,7 +94,7 @@ class WrapperRegistry:
         return label
 
     def on_engine(self, engine: Any, info: dict[str, Any], version: str) -> str:
-        """Register a DeepSpeed engine (see ``syncscope.capture.deepspeed``): a wrapper, and
+        """Register a DeepSpeed engine (see ``syncscope.capture.hooks.deepspeed_engine``): a wrapper, and
         the framework, with its ZeRO stage, whatever runs it (Accelerate, the HF Trainer)."""
         self._note_dist()
         label = self.new_label("deepspeed", engine)

@@ -23,9 +23,10 @@ from typing import Any
 
 import torch
 
-from syncscope.capture import collectives, sites
-from syncscope.capture.opaque import no_frame, opaque
-from syncscope.capture.recorder import Recorder
+from syncscope.capture import sites
+from syncscope.capture.hooks import collectives
+from syncscope.capture.hooks.opaque import no_frame, opaque
+from syncscope.capture.recorder.core import Recorder
 
 Undo = Callable[[], None]
 
@@ -60,7 +61,7 @@ def _patch(obj: Any, name: str, value: Any, undo: list[Undo]) -> None:
 
 def _opaque(fn: Callable[..., Any]) -> Callable[..., Any]:
     """Keep a hook body out of Dynamo's reach: it always runs eagerly, never traced
-    (``syncscope.capture.opaque``: no wrapper cost in a job that does not compile)."""
+    (``syncscope.capture.hooks.opaque``: no wrapper cost in a job that does not compile)."""
     return opaque(fn)
 
 
@@ -323,7 +324,7 @@ FSDP1_MODULE = "torch.distributed.fsdp.fully_sharded_data_parallel"
 
 def _install_fsdp1(rec: Recorder, undo: list[Undo]) -> None:
     """FSDP1 (needs an accelerator): decides at backward from ``_sync_gradients``."""
-    from syncscope.capture.imports import when_imported
+    from syncscope.capture.hooks.imports import when_imported
 
     undo.append(when_imported(FSDP1_MODULE, lambda module: _patch_fsdp1(rec, undo, module)))
 
@@ -373,7 +374,7 @@ def _patch_fsdp1(rec: Recorder, undo: list[Undo], module: Any) -> None:
 
 def _install_fsdp2(rec: Recorder, undo: list[Undo]) -> None:
     """Hook FSDP2 when the job imports it (importing it ourselves costs seconds per rank)."""
-    from syncscope.capture.imports import when_imported
+    from syncscope.capture.hooks.imports import when_imported
 
     undo.append(when_imported(FSDP2_MODULE, lambda _: _patch_fsdp2(rec, undo)))
 
@@ -382,7 +383,7 @@ def _patch_fsdp2(rec: Recorder, undo: list[Undo]) -> None:
     from torch.distributed.fsdp._fully_shard._fsdp_state import FSDPState
     from torch.distributed.fsdp._fully_shard._fully_shard import FSDPModule
 
-    from syncscope.capture.grads import fsdp_reduce_grads
+    from syncscope.capture.recorder.gradients import fsdp_reduce_grads
 
     # FSDP2 keeps its hooks out of Dynamo with ``_dynamo_disable`` (a traced wrapper that
     # calls ``torch._dynamo.disable(hook)``); wrapping the undecorated hooks in that same
@@ -525,7 +526,7 @@ def _install_dist(rec: Recorder, undo: list[Undo]) -> None:
         # work's Python state (the backward's contextvars context) with the process group's
         # work lock held, taking Python's lock to do it; destroying the group waits for that
         # lock with Python's lock held. A moment without Python's lock first lets such a
-        # worker finish (the deadlock syncscope.attach._release avoids at the end of a
+        # worker finish (the deadlock syncscope.launch.attach._release avoids at the end of a
         # script, here where the script destroys the group itself).
         time.sleep(_DESTROY_PAUSE_S)
         return destroy(*args, **kwargs)
@@ -535,9 +536,9 @@ def _install_dist(rec: Recorder, undo: list[Undo]) -> None:
 
 
 def _install_deepspeed(rec: Recorder, undo: list[Undo]) -> None:
-    """Hook DeepSpeed's engine when the job imports it (see ``syncscope.capture.deepspeed``)."""
-    from syncscope.capture import deepspeed
-    from syncscope.capture.imports import when_imported
+    """Hook DeepSpeed's engine when the job imports it (see ``syncscope.capture.hooks.deepspeed_engine``)."""
+    from syncscope.capture.hooks import deepspeed_engine as deepspeed
+    from syncscope.capture.hooks.imports import when_imported
 
     def patch(module: Any) -> None:
         engine_class = module.DeepSpeedEngine

@@ -1,11 +1,11 @@
-"""Run one rank of a training script under syncscope: ``python -m syncscope.attach``.
+"""Run one rank of a training script under syncscope: ``python -m syncscope.launch.attach``.
 
 This is what ``syncscope profile`` starts on every rank through torch's elastic agent, and
 what a user with their own launcher runs instead of the script::
 
-    torchrun --nproc-per-node 8 -m syncscope.attach [--out DIR] train.py --lr 3e-4
-    torchrun ... -m syncscope.attach [--out DIR] -m my_package.train ...
-    torchrun ... -m syncscope.attach --windows 20 --skip-windows 100 [--then stop] train.py
+    torchrun --nproc-per-node 8 -m syncscope.launch.attach [--out DIR] train.py --lr 3e-4
+    torchrun ... -m syncscope.launch.attach [--out DIR] -m my_package.train ...
+    torchrun ... -m syncscope.launch.attach --windows 20 --skip-windows 100 [--then stop] train.py
 
 Bounded capture (``--windows N``, ``--skip-windows W``, ``--then run|stop``, or the variables
 ``SYNCSCOPE_WINDOWS``, ``SYNCSCOPE_SKIP_WINDOWS``, ``SYNCSCOPE_THEN``; options win): windows
@@ -50,7 +50,7 @@ _HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
 _HERE_REAL = os.path.dirname(os.path.realpath(__file__)) + os.sep
 
 USAGE = (
-    "usage: python -m syncscope.attach [--out DIR] [--windows N] [--skip-windows W] "
+    "usage: python -m syncscope.launch.attach [--out DIR] [--windows N] [--skip-windows W] "
     "[--then run|stop] (SCRIPT | -m MODULE) [ARGS...]"
 )
 OPTIONS = ("--out", "--windows", "--skip-windows", "--then")
@@ -59,7 +59,7 @@ OPTIONS = ("--out", "--windows", "--skip-windows", "--then")
 def _die(message: str) -> NoReturn:
     """One error line, exit 2. A script path, an option's value or a directory is user text:
     its control characters (and line breaks) are written out, never sent to the terminal."""
-    from syncscope.render.safe import visible
+    from syncscope.text import visible
 
     line = visible(message).replace("\n", "\\n")
     print(f"syncscope: error: {line}", file=sys.stderr)
@@ -133,12 +133,9 @@ def _write_meta(
     run_dir: Path, target: str, is_module: bool, script_args: list[str], world_size: int
 ) -> None:
     """Under a foreign launcher nobody else describes the run: local rank 0 does, once."""
-    from datetime import datetime, timezone
-
     import torch
 
-    import syncscope
-    from syncscope.rundir import META_FILE, write_meta
+    from syncscope.rundir import META_FILE, run_meta, write_meta
 
     if (run_dir / META_FILE).exists():
         return
@@ -149,21 +146,18 @@ def _write_meta(
         import hashlib
 
         digest = hashlib.sha256(Path(script).read_bytes()).hexdigest()
-    write_meta(
-        run_dir,
-        {
-            "command": [target, *script_args],
-            "module": is_module,
-            "script": script,
-            "script_sha256": digest,
-            "world_size": world_size,
-            "created": datetime.now(timezone.utc).isoformat(timespec="seconds"),
-            "syncscope_version": syncscope.__version__,
-            "torch_version": str(torch.__version__),
-            "launcher": {"attached": "true", "run_id": os.environ.get("TORCHELASTIC_RUN_ID", "")},
-            "hung": False,
-        },
+    launcher = {"attached": "true", "run_id": os.environ.get("TORCHELASTIC_RUN_ID", "")}
+    meta = run_meta(
+        target=target,
+        module=is_module,
+        script=script,
+        script_sha256=digest,
+        script_args=script_args,
+        world_size=world_size,
+        torch_version=str(torch.__version__),
+        launcher=launcher,
     )
+    write_meta(run_dir, meta)
 
 
 def _env_count(name: str, default: int, least: int) -> int:
@@ -332,7 +326,7 @@ def _name_lingering_threads(signum: int) -> None:
     (Python waits for every non-daemon thread before it exits)."""
     if not _SCRIPT_ENDED.is_set():
         return
-    from syncscope.render.safe import visible
+    from syncscope.text import visible
 
     main = threading.main_thread()
     names = [t.name for t in threading.enumerate() if not t.daemon and t is not main]

@@ -24,12 +24,12 @@ import json
 import pickle
 import re
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from syncscope.errors import SyncscopeError
 from syncscope.model import normalize_op
+from syncscope.model.flight import FlightDump, FlightEntry, Frame
 
 __all__ = [
     "FlightDump",
@@ -43,88 +43,10 @@ __all__ = [
 
 MAX_DUMP_BYTES = 2 * 1024**3  # a 20,000-entry buffer with stacks is tens of MB
 _RANK_IN_NAME = re.compile(r"(\d+)$")
-# element sizes of c10's ScalarType names, as the recorder writes them
-ITEMSIZE = {
-    "Byte": 1, "Char": 1, "Bool": 1, "Float8_e4m3fn": 1, "Float8_e5m2": 1,
-    "Float8_e4m3fnuz": 1, "Float8_e5m2fnuz": 1, "QInt8": 1, "QUInt8": 1,
-    "Short": 2, "Half": 2, "BFloat16": 2, "ComplexHalf": 4,
-    "Int": 4, "Float": 4, "QInt32": 4, "UInt32": 4,
-    "Long": 8, "Double": 8, "ComplexFloat": 8, "UInt64": 8,
-    "ComplexDouble": 16,
-}  # fmt: skip
 
 
 class BadDump(SyncscopeError):
     """A file that is not a readable Flight Recorder dump."""
-
-
-@dataclass(frozen=True, slots=True)
-class Frame:
-    name: str
-    file: str
-    line: int
-
-    def __str__(self) -> str:
-        return f"{self.file}:{self.line} in {self.name}"
-
-
-@dataclass(frozen=True, slots=True)
-class FlightEntry:
-    """One collective (or one op of a coalesced group) as one rank's recorder kept it."""
-
-    record_id: int
-    pg_name: str
-    pg_desc: str
-    pg_id: int
-    collective_seq_id: int
-    p2p_seq_id: int
-    op_id: int
-    profiling_name: str  # "nccl:all_reduce", "gloo:broadcast", "nccl:send 0->1"
-    backend: str  # "nccl", "gloo", ...
-    name: str  # "all_reduce", "send", "coalesced", ... (as the recorder names it)
-    op: str  # normalized: one of syncscope.model.OPS
-    is_p2p: bool
-    input_sizes: tuple[tuple[int, ...], ...]
-    input_dtypes: tuple[str, ...]
-    output_sizes: tuple[tuple[int, ...], ...]
-    output_dtypes: tuple[str, ...]
-    state: str  # "scheduled", "started", "completed"
-    time_created_ns: int
-    time_started_ns: int | None
-    time_completed_ns: int | None
-    duration_ms: float | None
-    retired: bool
-    timeout_ms: int | None
-    thread_name: str
-    frames: tuple[Frame, ...]  # innermost first, as the recorder keeps them
-
-    @property
-    def bytes(self) -> int:
-        """Bytes of the input tensors (the element size of an unknown dtype taken as 4)."""
-        total = 0
-        for i, sizes in enumerate(self.input_sizes):
-            numel = 1
-            for d in sizes:
-                numel *= d
-            dtype = self.input_dtypes[i] if i < len(self.input_dtypes) else ""
-            total += numel * ITEMSIZE.get(dtype, 4)
-        return total
-
-    @property
-    def dtype(self) -> str:
-        return ",".join(sorted(set(self.input_dtypes))) or "?"
-
-
-@dataclass(frozen=True, slots=True)
-class FlightDump:
-    rank: int
-    path: str
-    version: str
-    groups: dict[str, tuple[str, tuple[int, ...]]]  # name -> (desc, global ranks)
-    status: dict[str, dict[str, int]]  # pg id -> last_enqueued/started/completed_collective
-    entries: tuple[FlightEntry, ...]
-    has_frames: bool  # pickles carry stacks; JSON dumps never do
-    host: str = ""  # from the file name, where it names one
 
 
 class _DataOnly(pickle.Unpickler):

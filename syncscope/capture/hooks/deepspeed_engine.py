@@ -28,8 +28,8 @@ from typing import Any
 import torch
 
 from syncscope.capture.fingerprint import PendingFingerprint, fingerprint_tensors
-from syncscope.capture.grads import deepspeed_reduce_grads
-from syncscope.capture.recorder import Recorder
+from syncscope.capture.recorder.core import Recorder
+from syncscope.capture.recorder.gradients import deepspeed_reduce_grads
 
 ENGINE_MODULE = "deepspeed.runtime.engine"
 

@@ -12,7 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from syncscope.capture.fingerprint import PendingFingerprint
-from syncscope.capture.records import Item
+from syncscope.capture.recorder.records import Item
 
 
 class _Buffer(Protocol):

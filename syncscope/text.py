@@ -1,10 +1,29 @@
-"""Bytes and durations as people read them, shared by the terminal, HTML and diff renderers
-(a module of its own so the HTML report does not import rich), and ``escape_html``, which the
-renderers would otherwise take from ``html``: it imports ``html.entities``, to analyze a trace
-that may be 9 MiB. (``mean`` and ``median``, kept from ``statistics`` for the same reason, are
-in ``syncscope.model.figures``.)"""
+"""Text helpers every stage may import: what a user controls made safe for a terminal, and
+bytes and durations as people read them.
+
+``visible``: strings a user controls (script names, arguments, exception texts, paths, notes
+and call sites read back from a run directory) with control characters shown, never sent: an
+ESC[2J in a script name must not clear the screen, an OSC 0 must not set the window title.
+report.html escapes its own way (``escape_html``); JSON escapes them.
+
+``human_bytes``, ``bytes_unit``, ``human_ns``: shared by the terminal, HTML and diff
+renderers and the findings' texts. ``escape_html`` is here rather than taken from ``html``,
+which imports ``html.entities``, to analyze a trace that may be 9 MiB; nothing here imports
+rich, so the HTML report does not. (``mean`` and ``median``, kept from ``statistics`` for the
+same reason, are in ``syncscope.model.figures``.)
+"""
 
 from __future__ import annotations
+
+import re
+
+# C0 controls but tab and newline, DEL, and the C1 controls (8-bit CSI, OSC, ...)
+_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+
+
+def visible(text: str) -> str:
+    """``text`` with each control character written out (``ESC`` -> ``\\x1b``)."""
+    return _CONTROL.sub(lambda m: f"\\x{ord(m.group()):02x}", text)
 
 
 def escape_html(text: str) -> str:

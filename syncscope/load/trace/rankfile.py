@@ -1,7 +1,7 @@
 """Read one rank's Kineto trace file and reduce it to a ``RankResult`` (``read_rank``).
 
-Run in this process or in a worker (``syncscope.trace.worker``), whose result goes back to
-``load_traces`` (``syncscope.trace.load``), which checks the files against each other.
+Run in this process or in a worker (``syncscope.load.trace.worker``), whose result goes back to
+``load_traces`` (``syncscope.load.traces``), which checks the files against each other.
 """
 
 from __future__ import annotations
@@ -13,10 +13,10 @@ from pathlib import Path
 from typing import Any
 
 from syncscope.errors import BadTrace, SyncscopeError
+from syncscope.load.trace.events import RankEvents
+from syncscope.load.trace.read import read_trace
+from syncscope.load.trace.windows import RankNotes, rank_from_trace
 from syncscope.model import RankRun
-from syncscope.trace.events import RankEvents
-from syncscope.trace.read import read_trace
-from syncscope.trace.windows import RankNotes, rank_from_trace
 from syncscope.validate import field_int, field_of, field_str
 
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)")
@@ -72,7 +72,7 @@ class RankResult:
     Small enough to send from a worker process: the events themselves stay in the worker.
     """
 
-    path: Path | str  # a str: an fsspec URL, read on a Dask worker (trace/cluster.py)
+    path: Path | str  # a str: an fsspec URL, read on a Dask worker (load/trace/cluster.py)
     job: Job | None = None
     has_info: bool = False
     rank: int | None = None

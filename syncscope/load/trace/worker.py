@@ -24,7 +24,7 @@ from pathlib import Path
 from types import TracebackType
 from typing import Any
 
-from syncscope.trace.rankfile import read_rank
+from syncscope.load.trace.rankfile import read_rank
 
 _HEADER = struct.Struct("<cQ")
 _PROGRESS_EVERY = 4 << 20
@@ -95,7 +95,7 @@ class Pool:
         # cost 18% CPU per file for 4 MB less peak RSS (6 x 40 MB files, 3 repetitions)
         boot = (
             "import os, sys; sys.path[:0] = os.environ.pop('SYNCSCOPE_WORKER_PATH').split(os.pathsep)\n"
-            "from syncscope.trace.worker import main; raise SystemExit(main())"
+            "from syncscope.load.trace.worker import main; raise SystemExit(main())"
         )
         cmd = [sys.executable, "-S", "-c", boot]
         self.procs: list[subprocess.Popen[bytes]] = []

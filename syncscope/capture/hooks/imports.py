@@ -14,7 +14,7 @@ from collections.abc import Callable, Sequence
 from types import ModuleType
 from typing import Any
 
-from syncscope.capture.opaque import no_frame
+from syncscope.capture.hooks.opaque import no_frame
 
 
 class _Loader(importlib.abc.Loader):

@@ -17,7 +17,7 @@ from itertools import pairwise
 from pathlib import Path
 from typing import Any
 
-from syncscope.trace.events import RankEvents
+from syncscope.load.trace.events import RankEvents
 
 Interval = tuple[int, int]
 

@@ -13,11 +13,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from syncscope.errors import BadTrace
-from syncscope.model import RankRun, Run, RunMeta, compress_ranks
-from syncscope.trace.rankfile import Job, RankResult, read_rank
-from syncscope.trace.read import is_trace_file
-from syncscope.trace.windows import RankNotes
-from syncscope.validate import missing_ranks
+from syncscope.load.trace.rankfile import Job, RankResult, read_rank
+from syncscope.load.trace.read import is_trace_file
+from syncscope.load.trace.windows import RankNotes
+from syncscope.model import RankRun, Run, RunMeta, compress_ranks, missing_ranks
 
 Source = Path | str  # a local file, or an fsspec URL (read on a Dask cluster)
 PROGRESS_MIN_BYTES = 64 << 20
@@ -59,7 +58,7 @@ def _sources(paths: Sequence[Path | str], scheduler: str | None) -> tuple[list[S
         if isinstance(path, str) and "://" in path:
             if scheduler is None:
                 raise BadTrace(f"{path}: a URL is read by Dask workers: give --scheduler")
-            from syncscope.trace.cluster import url_files
+            from syncscope.load.trace.cluster import url_files
 
             for url, size in url_files(path):
                 files.append(url)
@@ -123,7 +122,7 @@ def _results(
     advance: Callable[[int], None] | None,
 ) -> Iterator[RankResult]:
     if scheduler is not None:
-        from syncscope.trace.cluster import cluster_results
+        from syncscope.load.trace.cluster import cluster_results
 
         yield from cluster_results(files, sizes, scheduler, advance)
         return
@@ -133,7 +132,7 @@ def _results(
         for path in local:
             yield read_rank(path, advance)
         return
-    from syncscope.trace.worker import Pool
+    from syncscope.load.trace.worker import Pool
 
     with Pool(workers) as pool:
         yield from pool.map(local, advance)
@@ -148,7 +147,7 @@ def load_traces(
 ) -> Run:
     """Read every trace named by ``paths`` into one Run (``source="trace"``); ``files_out``,
     where given, receives each rank's local file (the rank the trace itself names).
-    ``scheduler``: read on that Dask cluster (trace/cluster.py), where paths may be URLs.
+    ``scheduler``: read on that Dask cluster (load/trace/cluster.py), where paths may be URLs.
 
     Files are read in worker processes (``worker_count``) when there are several large ones;
     each worker sends back only the rank's ``RankResult``. Results are checked in file order
