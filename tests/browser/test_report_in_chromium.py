@@ -25,7 +25,7 @@ import pytest
 
 from syncscope.render.diff import compare, render_diff_html
 from syncscope.render.html import render_html
-from tests.unit import runs
+from tests.helpers import runs
 
 pytestmark = pytest.mark.slow  # launches Chromium
 

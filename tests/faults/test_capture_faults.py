@@ -12,7 +12,7 @@ from syncscope.capture import writer as writer_module
 from syncscope.capture.writer import EventWriter
 from syncscope.load.runs import load_run
 from syncscope.rundir import rank_events_path, read_events
-from tests.faults import hostile as h
+from tests.helpers import hostile as h
 
 
 def _enospc_after(n: int) -> object:

@@ -19,7 +19,7 @@ from typing import Any
 import orjson
 
 from syncscope.commands.saved import load_and_diagnose
-from tests.faults.hostile import run_events, write_run
+from tests.helpers.hostile import run_events, write_run
 
 FALSE_ERRORS = {"collective-mismatch", "rank-divergence", "missing-sync"}
 

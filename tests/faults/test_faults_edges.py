@@ -17,7 +17,7 @@ from typing import IO, Any
 import pytest
 
 from syncscope.launch.pipeline import report_run
-from tests.faults.hostile import write_run
+from tests.helpers.hostile import write_run
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -182,7 +182,7 @@ def _ended_rank(run_dir: Path, rank: int, reason: str = "finished") -> Path:
     """A rank file whose script has ended, written by a process that is still alive (this one)."""
     import orjson
 
-    from tests.faults.hostile import run_events
+    from tests.helpers.hostile import run_events
 
     events = run_events(rank)
     events[0]["pid"] = os.getpid()

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from syncscope import cli
-from tests.faults.hostile import ROOT
+from tests.helpers.hostile import ROOT
 
 EXAMPLE = ROOT / "examples" / "ddp_no_sync_backward_only.py"
 

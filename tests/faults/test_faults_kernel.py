@@ -24,7 +24,7 @@ import pytest
 
 from syncscope.capture import native
 from syncscope.capture.native import cache
-from tests.faults.hostile import ROOT, tree_env
+from tests.helpers.hostile import ROOT, tree_env
 
 slow = pytest.mark.slow
 needs_compiler = pytest.mark.skipif(

@@ -12,7 +12,7 @@ from syncscope.analysis.diagnose import diagnose
 from syncscope.render.diff import compare, render_diff_text
 from syncscope.render.terminal import SafeConsole, print_summary, render_text
 from syncscope.text import visible
-from tests.unit.runs import all_findings, make_run, redundant
+from tests.helpers.runs import all_findings, make_run, redundant
 
 CLEAR = "\x1b[2J"  # erase the screen
 TITLE = "\x1b]0;owned\x07"  # OSC 0: set the window title
@@ -120,7 +120,7 @@ def test_a_fifo_as_a_rank_file_is_skipped_with_a_note(
 ) -> None:
     import os
 
-    from tests.faults.hostile import write_run
+    from tests.helpers.hostile import write_run
 
     run = write_run(tmp_path, ranks=2)
     fifo = run / "ranks" / "rank-00001.jsonl"
@@ -135,7 +135,7 @@ def test_a_fifo_as_a_rank_file_is_skipped_with_a_note(
 def test_a_rank_file_linked_to_an_endless_device_is_skipped(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str
 ) -> None:
-    from tests.faults.hostile import write_run
+    from tests.helpers.hostile import write_run
 
     run = write_run(tmp_path, ranks=2)
     link = run / "ranks" / "rank-00001.jsonl"
@@ -150,7 +150,7 @@ def test_a_rank_file_linked_to_an_endless_device_is_skipped(
 def test_meta_json_linked_to_an_endless_device_is_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str], target: str
 ) -> None:
-    from tests.faults.hostile import write_run
+    from tests.helpers.hostile import write_run
 
     run = write_run(tmp_path, ranks=2)
     (run / "meta.json").unlink()
@@ -177,7 +177,7 @@ def test_report_output_onto_a_fifo_writes_into_it_and_keeps_it(
     import stat
     import threading
 
-    from tests.faults.hostile import write_run
+    from tests.helpers.hostile import write_run
 
     run = write_run(tmp_path, ranks=2)
     fifo = tmp_path / "out.fifo"
@@ -195,7 +195,7 @@ def test_report_output_onto_a_fifo_writes_into_it_and_keeps_it(
 def test_report_output_onto_a_device_is_written_directly(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tests.faults.hostile import write_run
+    from tests.helpers.hostile import write_run
 
     run = write_run(tmp_path, ranks=2)
     status, _, err = _report(["report", str(run), "-f", "json", "-o", "/dev/null"], capsys)
@@ -209,7 +209,7 @@ def test_report_output_onto_a_device_is_written_directly(
 def test_a_string_format_version_says_what_is_wrong(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tests.faults.hostile import meta, write_run
+    from tests.helpers.hostile import meta, write_run
 
     run = write_run(tmp_path, meta_data=meta(2, format_version="1"))
     status, _, err = _report(["report", str(run), "-f", "json"], capsys)
@@ -229,7 +229,7 @@ def test_a_rank_stopped_in_window_0_before_a_micro_batch_is_not_window_minus_1()
 def test_analyze_hta_on_a_run_without_traces_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tests.faults.hostile import write_run
+    from tests.helpers.hostile import write_run
 
     run = write_run(tmp_path)
     status, _, err = _report(
@@ -260,7 +260,7 @@ def _rank_file(events: list[dict[str, object]]) -> bytes:
 def _two_per_window(rank: int, swapped: bool = False) -> list[dict[str, object]]:
     """The hand-made rank events with a broadcast (32 bytes, the next seq) after each
     all-reduce; ``swapped``: each window's two records written in the other order."""
-    from tests.faults.hostile import run_events
+    from tests.helpers.hostile import run_events
 
     events: list[dict[str, object]] = []
     seq = 0
@@ -293,7 +293,7 @@ def test_a_record_written_twice_is_counted_once_with_a_note(tmp_path: Path) -> N
     on rank 0 (was: a false collective-mismatch error, rank 1 "issued" 3 to rank 0's 2)."""
     import copy
 
-    from tests.faults.hostile import run_events, write_run
+    from tests.helpers.hostile import run_events, write_run
 
     events = []
     for ev in run_events(1):
@@ -314,7 +314,7 @@ def test_a_record_written_twice_is_counted_once_with_a_note(tmp_path: Path) -> N
 def test_collective_records_out_of_seq_order_are_read_in_seq_order(tmp_path: Path) -> None:
     """Each window issues an all-reduce then a broadcast; rank 1's file has the two written
     the other way round: read by seq, the ranks agree (in file order: a false mismatch)."""
-    from tests.faults.hostile import write_run
+    from tests.helpers.hostile import write_run
 
     run = write_run(tmp_path, events=lambda r: _two_per_window(r, swapped=r == 1))
     result, kinds = _read(run)
@@ -329,7 +329,7 @@ def test_collective_records_out_of_seq_order_are_read_in_seq_order(tmp_path: Pat
 def test_a_second_header_mid_file_reads_the_last_capture(tmp_path: Path) -> None:
     """Rank 1's file holds a first capture cut off in its second window (no exit record),
     then a whole one: the last capture is the rank, with a note; no false error."""
-    from tests.faults.hostile import run_events, write_run
+    from tests.helpers.hostile import run_events, write_run
 
     first = run_events(1)
     cut = [i for i, ev in enumerate(first) if ev["type"] == "coll"][1]
@@ -343,7 +343,7 @@ def test_a_second_header_mid_file_reads_the_last_capture(tmp_path: Path) -> None
 def test_diff_of_a_live_run_against_traces_warns_in_one_line(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from tests.faults.hostile import SAMPLE, write_run
+    from tests.helpers.hostile import SAMPLE, write_run
 
     run = write_run(tmp_path)
     for a, b in ((run, SAMPLE), (SAMPLE, run)):

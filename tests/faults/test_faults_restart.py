@@ -13,8 +13,8 @@ from pathlib import Path
 
 import pytest
 
-from tests.faults.hostile import profile_script
-from tests.unit.events import Rank, run_of
+from tests.helpers.events import Rank, run_of
+from tests.helpers.hostile import profile_script
 
 
 def test_the_last_attempt_of_a_rank_file_is_read_alone(tmp_path: Path) -> None:

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from syncscope.rundir import read_events, record_launcher_exit
-from tests.faults.hostile import profile_script
+from tests.helpers.hostile import profile_script
 
 SEGV = textwrap.dedent(
     """

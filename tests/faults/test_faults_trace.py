@@ -15,7 +15,7 @@ from pathlib import Path
 import pytest
 
 from syncscope.load.inputs import load
-from tests.faults.hostile import profile_script, tree_env, write_run
+from tests.helpers.hostile import profile_script, tree_env, write_run
 
 OWN_PROFILER = textwrap.dedent(
     """

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from syncscope.testing.track import track
-from tests.faults.hostile import tree_env
+from tests.helpers.hostile import tree_env
 from tests.helpers.ranks import STEPS, make_ddp, train
 
 

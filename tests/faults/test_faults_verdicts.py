@@ -13,7 +13,7 @@ from typing import Any
 import pytest
 
 from syncscope import cli
-from tests.faults.hostile import profile_script, run_events, write_run
+from tests.helpers.hostile import profile_script, run_events, write_run
 
 
 def _analyze(run: Path, tmp: Path, *options: str) -> tuple[int, dict[str, Any]]:

@@ -16,7 +16,7 @@ from pathlib import Path
 import pytest
 
 from syncscope import cli
-from tests.faults import hostile as h
+from tests.helpers import hostile as h
 
 Builder = Callable[[Path], list[str]]  # tmp -> argv
 

@@ -1,1 +1,4 @@
-"""Importable helpers for tests (functions passed to ``syncscope.testing.spawn`` live here)."""
+"""Helpers shared by the tests of every folder: hand-built runs (``runs``) and event streams
+(``events``), hostile run directories and profiled scripts (``hostile``), the ranks'
+training loops for ``syncscope.testing.spawn`` (``ranks``), report-only run directories
+(``reports``) and the script-side truth counters' checks (``truth``)."""

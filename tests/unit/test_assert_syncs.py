@@ -8,7 +8,7 @@ import pytest
 from syncscope.model import Run
 from syncscope.testing import assert_syncs
 from syncscope.testing.track import Stats
-from tests.unit import runs
+from tests.helpers import runs
 
 
 def failure(stats: Stats, **expect: object) -> str:

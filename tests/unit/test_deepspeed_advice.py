@@ -7,7 +7,7 @@ from __future__ import annotations
 from syncscope.analysis.diagnose import diagnose
 from syncscope.load.captured import is_grad_sync
 from syncscope.model import Finding, Run
-from tests.unit.events import Rank, run_of
+from tests.helpers.events import Rank, run_of
 
 LABEL = "deepspeed:M#0"
 

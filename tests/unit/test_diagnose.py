@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from syncscope.analysis.diagnose import diagnose
 from syncscope.model import Finding, compress_ranks, verdict_of
-from tests.unit.events import Rank, run_of
+from tests.helpers.events import Rank, run_of
 
 
 def kinds(findings: list[Finding]) -> set[tuple[str, str, str]]:

@@ -12,7 +12,7 @@ from syncscope.analysis.diagnose import diagnose
 from syncscope.commands import saved
 from syncscope.model import Finding, Run
 from syncscope.render.diff import compare, render_diff_html, render_diff_text
-from tests.unit import runs
+from tests.helpers import runs
 
 
 def test_fixing_redundant_syncs_resolves_the_finding_and_improves_every_number() -> None:

@@ -16,7 +16,7 @@ from syncscope.render.summary import headline, label_of
 from syncscope.render.terminal import render_text
 from syncscope.testing.track import Stats
 from syncscope.text import escape_html, human_ns
-from tests.unit import runs
+from tests.helpers import runs
 
 
 def _with_windows(run: Run, change) -> Run:  # type: ignore[no-untyped-def]

@@ -12,7 +12,7 @@ from syncscope import cli
 from syncscope.commands import saved
 from syncscope.errors import SyncscopeError
 from syncscope.files import atomic_write, copy_fresh
-from tests.unit import runs
+from tests.helpers import runs
 
 
 def test_a_failure_mid_write_leaves_the_old_file_and_no_temporary(tmp_path: Path) -> None:

@@ -9,7 +9,7 @@ import pytest
 from syncscope.analysis.diagnose import diagnose
 from syncscope.render.outputs import exit_status, finish
 from syncscope.render.terminal import render_text
-from tests.unit import runs
+from tests.helpers import runs
 
 
 @pytest.mark.parametrize("summary", ["terminal", "text"])

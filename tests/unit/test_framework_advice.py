@@ -8,7 +8,7 @@ import pytest
 from syncscope.analysis.diagnose import diagnose
 from syncscope.load.captured import is_grad_sync, rank_from_events
 from syncscope.model import Finding
-from tests.unit.events import Rank, run_of
+from tests.helpers.events import Rank, run_of
 
 EVERY = [0, 1, 2, 3]
 

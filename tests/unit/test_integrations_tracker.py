@@ -94,7 +94,7 @@ def test_an_error_finding_fails_the_callback_unless_allowed() -> None:
     import contextlib
 
     from syncscope.testing.track import Stats
-    from tests.unit import runs
+    from tests.helpers import runs
 
     def ended(**kwargs: object) -> SyncTracker:
         tracker = SyncTracker(grad_syncs_per_window=1, **kwargs)  # type: ignore[arg-type]

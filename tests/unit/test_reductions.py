@@ -12,7 +12,7 @@ from syncscope.analysis.advice import SNIPPETS
 from syncscope.analysis.diagnose import diagnose
 from syncscope.analysis.helpers import _SNIPPETS as HELPER_TEMPLATES
 from syncscope.model import Finding
-from tests.unit.events import Rank, run_of
+from tests.helpers.events import Rank, run_of
 
 
 def _findings(*ranks: Rank) -> list[Finding]:

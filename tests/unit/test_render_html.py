@@ -25,7 +25,7 @@ from syncscope.render.diff import compare, render_diff_html
 from syncscope.render.html import render_html
 from syncscope.render.page import figure_json
 from syncscope.render.summary import grid_of, headline
-from tests.unit import runs
+from tests.helpers import runs
 
 FIGURE = re.compile(r'<script type="application/json" data-figure="([^"]+)">(.*?)</script>', re.S)
 DTYPES = {"u1": "B", "i2": "h", "u2": "H", "i4": "i", "f4": "f", "f8": "d"}
@@ -242,7 +242,7 @@ def test_rendering_imports_no_plotly_python_code() -> None:
     # takes to render; the page needs only its plotly.js file
     script = (
         "import sys\n"
-        "from tests.unit import runs\n"
+        "from tests.helpers import runs\n"
         "from syncscope.render.diff import compare, render_diff_html\n"
         "from syncscope.render.html import render_html\n"
         "assert 'Plotly' in render_html(runs.traced(), runs.all_findings())\n"

@@ -14,7 +14,7 @@ from syncscope.render.diff import compare, render_diff_text
 from syncscope.render.outputs import render
 from syncscope.testing import assert_syncs
 from syncscope.testing.track import Stats
-from tests.unit.events import Rank, run_of
+from tests.helpers.events import Rank, run_of
 
 FWD: dict[str, Any] = {"wrapper": "ddp", "module": "ddp:M#0", "sync": True, "depth": 0}
 

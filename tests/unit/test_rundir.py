@@ -11,7 +11,7 @@ from syncscope.capture.writer import EventWriter
 from syncscope.errors import BadRunDirectory
 from syncscope.load.runs import load_run
 from syncscope.rundir import rank_events_path, read_events, write_meta
-from tests.unit.events import Rank
+from tests.helpers.events import Rank
 
 
 def write_rank(run_dir: Path, rank: Rank) -> Path:

@@ -15,7 +15,7 @@ from syncscope.model import SEVERITIES, Finding, input_argument, severity_rank
 from syncscope.model.figures import mean, median
 from syncscope.render import terminal
 from syncscope.text import human_bytes, human_ns
-from tests.unit.events import Rank, run_of
+from tests.helpers.events import Rank, run_of
 
 # c10d ops as capture sees them (the dispatched op) and the argument holding what they read
 DISPATCHED = {

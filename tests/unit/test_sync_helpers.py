@@ -1,6 +1,6 @@
 """A user's own sync helper that did nothing is named (issue 27 item 4).
 
-Hand-built event streams (tests/unit/events.py): the capture records, on each forward and
+Hand-built event streams (tests/helpers/events.py): the capture records, on each forward and
 backward call site, the ``with`` statements of the user's source around it (``within``).
 """
 
@@ -12,7 +12,7 @@ from typing import Any
 from syncscope.analysis.diagnose import diagnose
 from syncscope.capture.sites import enclosing_withs
 from syncscope.model import Finding
-from tests.unit.events import Rank, run_of
+from tests.helpers.events import Rank, run_of
 
 TRAIN = "/u/train.py"
 HELPER = [{"line": 30, "call": "grad_sync_context"}]
