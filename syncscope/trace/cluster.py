@@ -27,7 +27,9 @@ import logging
 import math
 import os
 import re
+import time
 from collections.abc import Callable, Iterator, Sequence
+from concurrent.futures import CancelledError
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
@@ -212,6 +214,13 @@ def _first_line(exc: BaseException) -> str:
     return text.splitlines()[0] if text else type(exc).__name__
 
 
+def _reason(exc: BaseException) -> str:
+    """Why Dask cancelled the reads (``scheduler-connection-lost``), else the first line."""
+    groups = getattr(exc, "error_groups", None) or [exc]  # FuturesCancelledError: groups
+    reason = getattr(groups[0], "reason", None)
+    return reason if isinstance(reason, str) and reason else _first_line(exc)
+
+
 def _client(scheduler: str, stack: ExitStack) -> Any:
     """A client of ``scheduler`` with at least one worker: ``local`` (a LocalCluster here),
     a scheduler file or an address (``scheduler_address``)."""
@@ -245,6 +254,31 @@ def _client(scheduler: str, stack: ExitStack) -> Any:
     return client
 
 
+def _completed(client: Any, futures: list[Any], scheduler: str) -> Iterator[Any]:
+    """``futures`` as they finish; when the cluster has had no worker for ``worker_wait()``
+    seconds (every worker gone mid-run), a SyncscopeError instead of waiting for ever."""
+    distributed = _dask()
+    wait = worker_wait()
+    pending = set(futures)
+    seen = time.monotonic()  # when the cluster last had a worker
+    while pending:
+        try:
+            finished, pending = distributed.wait(
+                pending, timeout=min(wait, 5.0), return_when="FIRST_COMPLETED"
+            )
+        except TimeoutError:
+            now = time.monotonic()
+            if client.nthreads():
+                seen = now
+            elif now - seen >= wait:
+                raise SyncscopeError(
+                    f"no Dask worker left on the scheduler {scheduler} for {wait:g} s, "
+                    f"{len(pending)} read task(s) undone"
+                ) from None
+            continue
+        yield from finished
+
+
 def cluster_results(
     files: Sequence[Source],
     sizes: Sequence[int],
@@ -266,7 +300,7 @@ def cluster_results(
             index = {f.key: n for n, f in enumerate(futures)}
             done: dict[int, list[RankResult]] = {}
             following = 0
-            for future in distributed.as_completed(futures):
+            for future in _completed(client, futures, scheduler):
                 n = index[future.key]
                 done[n] = future.result()
                 if advance is not None:
@@ -276,10 +310,9 @@ def cluster_results(
                     following += 1
         except distributed.KilledWorker as exc:
             raise SyncscopeError(f"the Dask cluster lost a read: {_first_line(exc)}") from None
-        except (distributed.client.FutureCancelledError, OSError) as exc:
-            reason = getattr(exc, "reason", None) or _first_line(exc)  # scheduler-connection-lost
+        except (CancelledError, OSError) as exc:  # Dask's Future(s)CancelledError are ones
             raise SyncscopeError(
-                f"lost the Dask scheduler {scheduler} mid-run ({reason})"
+                f"lost the Dask scheduler {scheduler} mid-run ({_reason(exc)})"
             ) from None
         finally:
             if futures and client.status == "running":

@@ -155,31 +155,53 @@ def test_a_bad_worker_wait_is_one_line(
     )
 
 
-def test_a_scheduler_killed_mid_run_is_one_line(
-    tmp_path: Path, scheduler: tuple[Path, list[subprocess.Popen[bytes]]]
-) -> None:
-    """Was: Dask's "Failed to reconnect" log line, then an error of two lines."""
-    sched_file, procs = scheduler
+def _run_reading(
+    tmp_path: Path, sched_file: Path, procs: list[subprocess.Popen[bytes]], **env: str
+) -> subprocess.Popen[str]:
+    """``analyze`` of 16 x 3 MB traces on the scheduler's one worker (``procs[1]``),
+    returned once that worker is reading."""
     big = tmp_path / "big"
     write_job(big, 16, 3 << 20, Shape(ops_per_forward=10))
     procs.append(
         _popen("-m", "dask", "worker", "--scheduler-file", str(sched_file), "--nthreads", "1",
                "--no-nanny", "--host", "127.0.0.1", "--no-dashboard")
     )  # fmt: skip
-    address = sched_file.read_text()
     with distributed.Client(scheduler_file=str(sched_file), timeout=START_TIMEOUT_S) as c:
         c.wait_for_workers(1, timeout=START_TIMEOUT_S)
-        proc = _cli(tmp_path, "--scheduler", str(sched_file), str(big))
+        proc = _cli(tmp_path, "--scheduler", str(sched_file), str(big), **env)
         deadline = time.monotonic() + START_TIMEOUT_S
         while not any(c.processing().values()) and proc.poll() is None:
             assert time.monotonic() < deadline, "no read started"
             time.sleep(0.02)
+    return proc
+
+
+def test_a_scheduler_killed_mid_run_is_one_line(
+    tmp_path: Path, scheduler: tuple[Path, list[subprocess.Popen[bytes]]]
+) -> None:
+    """Was: Dask's "Failed to reconnect" log line, then an error of two lines."""
+    sched_file, procs = scheduler
+    proc = _run_reading(tmp_path, sched_file, procs)
     procs[0].kill()  # the scheduler, while the worker reads
     status, err = _finish(proc, 60)
-    assert status == 2 and address
-    assert one_line(err) == (
+    assert (status, one_line(err)) == (
+        2,
         f"syncscope: error: lost the Dask scheduler {sched_file} mid-run "
-        "(scheduler-connection-lost)"
+        "(scheduler-connection-lost)",
+    )
+
+
+def test_every_worker_gone_mid_run_is_one_line_in_bounded_time(
+    tmp_path: Path, scheduler: tuple[Path, list[subprocess.Popen[bytes]]]
+) -> None:
+    """Was: the tasks waited for a worker for ever, printing nothing."""
+    sched_file, procs = scheduler
+    proc = _run_reading(tmp_path, sched_file, procs, SYNCSCOPE_DASK_WORKER_WAIT="1.5")
+    procs[1].kill()  # the only worker, while it reads
+    status, err = _finish(proc, 40)
+    assert status == 2
+    assert one_line(err).startswith(
+        f"syncscope: error: no Dask worker left on the scheduler {sched_file} for 1.5 s, "
     )
 
 
