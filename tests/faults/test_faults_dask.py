@@ -234,7 +234,10 @@ class _Endless(io.RawIOBase):
         return len(view)
 
 
-class _EndlessFS(fsspec.AbstractFileSystem):  # type: ignore[misc]
+_FileSystem: Any = fsspec.AbstractFileSystem
+
+
+class _EndlessFS(_FileSystem):  # type: ignore[misc]
     protocol = "endless"
 
     def info(self, path: str, **kwargs: Any) -> dict[str, Any]:
