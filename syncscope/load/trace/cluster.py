@@ -9,23 +9,33 @@ does the built-in pool's. The diagnosis and reports run here, on the client.
 
 A worker that dies mid-task loses nothing: the scheduler runs its task again elsewhere (up to
 ``RETRIES`` more times for a task that raised). Files may be fsspec URLs (``s3://``,
-``gs://``, ``file://``, where fsspec and the backend are installed): a worker copies one to
-a local temporary file, reads it, deletes it.
+``gs://``, ``file://``, where fsspec and the backend are installed), and fsspec globs
+(``s3://bucket/job/*.json``): a worker streams one object through the same reader as a local
+file, with the same bounds (nothing is copied to its disk).
+
+Nothing from Dask reaches the terminal: its loggers are silenced while the client runs, and a
+scheduler that cannot be reached, has no worker within ``worker_wait()`` seconds, or goes
+away mid-run is one ``SyncscopeError`` line.
 
 Dask is imported only here, and this module only with ``--scheduler``.
 """
 
 from __future__ import annotations
 
+import json
+import logging
+import math
 import os
-import shutil
-import tempfile
+import re
+import time
 from collections.abc import Callable, Iterator, Sequence
-from contextlib import ExitStack
+from concurrent.futures import CancelledError
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
 from syncscope.errors import BadTrace, SyncscopeError
+from syncscope.files import NotRegularFile, read_regular
 from syncscope.load.trace.rankfile import RankResult, read_rank
 from syncscope.load.trace.read import is_trace_file
 
@@ -34,6 +44,11 @@ RETRIES = 2  # a task whose read raised (a worker's disk, network) is tried this
 TASKS_PER_THREAD = 4  # batches per worker thread: balance against per-task overhead
 MAX_BATCH_BYTES = 2 << 30  # a batch reads at most this much (one file may exceed it alone)
 MAX_BATCH_FILES = 256
+WORKER_WAIT_S = 60.0  # a scheduler with no worker: how long to wait for one to join
+WORKER_WAIT_ENV = "SYNCSCOPE_DASK_WORKER_WAIT"  # seconds, instead of WORKER_WAIT_S
+SCHEDULER_FILE_MAX_BYTES = 1 << 20  # a scheduler file is an address and a few ids
+_ADDRESS = re.compile(r"[A-Za-z0-9_.-]+:\d+|\[[0-9A-Fa-f:.]+\]:\d+")  # host:port, [v6]:port
+_URL_STAND_IN = Path("/syncscope-url")  # the path a URL's read names, replaced by the URL
 
 Source = Path | str  # a local path, or an fsspec URL
 
@@ -63,14 +78,33 @@ def _fsspec() -> Any:
 
 
 def url_files(url: str) -> list[tuple[str, int]]:
-    """The trace files (URL, size) at ``url``: a file, or a directory holding them."""
+    """The trace files (URL, size) at ``url``: a file, a directory holding them, or an fsspec
+    glob (each match a file or such a directory, as the shell expands a local one)."""
     fsspec = _fsspec()
     try:
         fs, root = fsspec.core.url_to_fs(url)
-        if not fs.exists(root):
-            raise BadTrace(f"{url}: no such file or directory")
-        if not fs.isdir(root):
-            return [(url, int(fs.size(root) or 0))]
+        if not fsspec.core.has_magic(root):
+            return _url_entry(fs, url, root)
+        matches = sorted(fs.glob(root))
+        if not matches:
+            raise BadTrace(f"{url}: no file matches this pattern")
+        files = [
+            found
+            for name in matches
+            for found in _url_entry(fs, fs.unstrip_protocol(name), name, in_glob=True)
+        ]
+        if not files:
+            raise BadTrace(f"{url}: no trace files (*.json, *.json.gz) where this pattern matches")
+        return files
+    except (OSError, ValueError, ImportError) as exc:
+        raise BadTrace(f"{url}: cannot list ({exc})") from None
+
+
+def _url_entry(fs: Any, url: str, root: str, in_glob: bool = False) -> list[tuple[str, int]]:
+    """The trace files at one listed path: the file itself, or a directory's trace files."""
+    if not fs.exists(root):
+        raise BadTrace(f"{url}: no such file or directory")
+    if fs.isdir(root):
         for where in (root, root.rstrip("/") + "/traces"):
             entries = fs.ls(where, detail=True) if fs.isdir(where) else []
             found = sorted(
@@ -80,26 +114,23 @@ def url_files(url: str) -> list[tuple[str, int]]:
             )
             if found:
                 return [(fs.unstrip_protocol(name), size) for name, size in found]
-    except (OSError, ValueError, ImportError) as exc:
-        raise BadTrace(f"{url}: cannot list ({exc})") from None
-    raise BadTrace(f"{url}: no trace files (*.json, *.json.gz) in this directory")
+        if in_glob:
+            return []  # a directory the pattern also matched, holding no traces
+        raise BadTrace(f"{url}: no trace files (*.json, *.json.gz) in this directory")
+    info = fs.info(root)
+    if info.get("type") not in ("file", None):  # a device (file:///dev/zero), a FIFO
+        raise BadTrace(f"{url}: not a regular file ({info.get('type')}): not a trace file")
+    return [(url, int(info.get("size") or 0))]
 
 
 def _read_url(url: str) -> RankResult:
-    """Copy one URL's object to a local temporary file, read it, delete it; the result and
-    its messages name the URL."""
+    """Read one URL's object, streamed through the reader as a local file is (the same
+    bounds: an endless object is refused as an endless file is); messages name the URL."""
     fsspec = _fsspec()
-    name = url.rstrip("/").rsplit("/", 1)[-1]
-    with tempfile.TemporaryDirectory(prefix="syncscope-") as tmp:
-        local = Path(tmp) / name
-        try:
-            with fsspec.open(url, "rb") as src, local.open("wb") as dst:
-                shutil.copyfileobj(src, dst, 8 << 20)
-        except OSError as exc:
-            return RankResult(url, error=f"{url}: cannot read ({exc})")
-        result = read_rank(local)
-    result.error = result.error.replace(str(local), url)
-    result.rank_notes = [n.replace(str(local), url) for n in result.rank_notes]
+    stand_in = _URL_STAND_IN / url.rstrip("/").rsplit("/", 1)[-1]
+    result = read_rank(stand_in, opener=lambda: fsspec.open(url, "rb").open())
+    result.error = result.error.replace(str(stand_in), url)
+    result.rank_notes = [n.replace(str(stand_in), url) for n in result.rank_notes]
     result.path = url
     return result
 
@@ -127,28 +158,125 @@ def batches(sizes: Sequence[int], threads: int) -> list[list[int]]:
     return out
 
 
+def worker_wait() -> float:
+    """Seconds to wait for a first worker: ``SYNCSCOPE_DASK_WORKER_WAIT``, else WORKER_WAIT_S."""
+    text = os.environ.get(WORKER_WAIT_ENV, "").strip()
+    if not text:
+        return WORKER_WAIT_S
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise SyncscopeError(f"{WORKER_WAIT_ENV}={text!r}: not a number of seconds above 0")
+    return value
+
+
+def scheduler_address(scheduler: str) -> str:
+    """The address ``--scheduler`` names: itself (``tcp://host:8786``, ``host:8786``), or
+    the ``address`` of the scheduler file it names (as ``dask scheduler --scheduler-file``
+    writes it)."""
+    if not os.path.exists(scheduler) and ("://" in scheduler or _ADDRESS.fullmatch(scheduler)):
+        return scheduler
+    try:
+        data = json.loads(read_regular(Path(scheduler), SCHEDULER_FILE_MAX_BYTES))
+    except FileNotFoundError:
+        raise SyncscopeError(
+            f"{scheduler}: no such scheduler file (nor a scheduler address: tcp://HOST:PORT)"
+        ) from None
+    except (NotRegularFile, IsADirectoryError) as exc:
+        raise SyncscopeError(f"{scheduler}: not a Dask scheduler file ({exc})") from None
+    except OSError as exc:
+        raise SyncscopeError(f"cannot read {scheduler}: {exc.strerror or exc}") from None
+    except (ValueError, RecursionError) as exc:  # invalid JSON, not UTF-8, too large
+        reason = "invalid JSON" if isinstance(exc, json.JSONDecodeError) else str(exc)
+        raise SyncscopeError(f"{scheduler}: not a Dask scheduler file ({reason})") from None
+    address = data.get("address") if isinstance(data, dict) else None
+    if not isinstance(address, str) or not address:
+        raise SyncscopeError(f"{scheduler}: not a Dask scheduler file (no 'address' in it)")
+    return address
+
+
+@contextmanager
+def _quiet() -> Iterator[None]:
+    """No log record (Dask's, tornado's, asyncio's tracebacks of a lost connection) reaches
+    the terminal while the client runs: its failures end as one SyncscopeError line."""
+    previous = logging.root.manager.disable
+    logging.disable(logging.CRITICAL)
+    try:
+        yield
+    finally:
+        logging.disable(previous)
+
+
+def _first_line(exc: BaseException) -> str:
+    text = str(exc).strip()
+    return text.splitlines()[0] if text else type(exc).__name__
+
+
+def _reason(exc: BaseException) -> str:
+    """Why Dask cancelled the reads (``scheduler-connection-lost``), else the first line."""
+    groups = getattr(exc, "error_groups", None) or [exc]  # FuturesCancelledError: groups
+    reason = getattr(groups[0], "reason", None)
+    return reason if isinstance(reason, str) and reason else _first_line(exc)
+
+
 def _client(scheduler: str, stack: ExitStack) -> Any:
-    """A client of ``scheduler``: ``local`` (a LocalCluster here), a scheduler file as
-    ``dask scheduler --scheduler-file`` writes, or an address (``tcp://host:8786``)."""
+    """A client of ``scheduler`` with at least one worker: ``local`` (a LocalCluster here),
+    a scheduler file or an address (``scheduler_address``)."""
     distributed = _dask()
+    wait = worker_wait()
     try:
         if scheduler == "local":
             cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else 2
             cluster = distributed.LocalCluster(
                 n_workers=max(1, cores), threads_per_worker=1, processes=True,
-                dashboard_address=None,
+                dashboard_address=None, silence_logs=logging.CRITICAL,
             )  # fmt: skip
             stack.callback(cluster.close)
             client = distributed.Client(cluster, timeout=CONNECT_TIMEOUT_S)
-        elif os.path.isfile(scheduler):
-            client = distributed.Client(scheduler_file=scheduler, timeout=CONNECT_TIMEOUT_S)
         else:
-            client = distributed.Client(scheduler, timeout=CONNECT_TIMEOUT_S)
+            address = scheduler_address(scheduler)
+            client = distributed.Client(address, timeout=CONNECT_TIMEOUT_S)
     except (OSError, TimeoutError, ValueError) as exc:
-        reason = str(exc).splitlines()[0] if str(exc) else type(exc).__name__
-        raise SyncscopeError(f"cannot reach the Dask scheduler {scheduler}: {reason}") from None
+        raise SyncscopeError(
+            f"cannot reach the Dask scheduler {scheduler}: {_first_line(exc)}"
+        ) from None
     stack.callback(client.close)
+    try:
+        client.wait_for_workers(1, timeout=wait)
+    except OSError as exc:  # TimeoutError is one
+        if isinstance(exc, TimeoutError):
+            raise SyncscopeError(
+                f"no Dask worker joined the scheduler {scheduler} in {wait:g} s"
+            ) from None
+        raise SyncscopeError(f"lost the Dask scheduler {scheduler}: {_first_line(exc)}") from None
     return client
+
+
+def _completed(client: Any, futures: list[Any], scheduler: str) -> Iterator[Any]:
+    """``futures`` as they finish; when the cluster has had no worker for ``worker_wait()``
+    seconds (every worker gone mid-run), a SyncscopeError instead of waiting for ever."""
+    distributed = _dask()
+    wait = worker_wait()
+    pending = set(futures)
+    seen = time.monotonic()  # when the cluster last had a worker
+    while pending:
+        try:
+            finished, pending = distributed.wait(
+                pending, timeout=min(wait, 5.0), return_when="FIRST_COMPLETED"
+            )
+        except TimeoutError:
+            now = time.monotonic()
+            if client.nthreads():
+                seen = now
+            elif now - seen >= wait:
+                raise SyncscopeError(
+                    f"no Dask worker left on the scheduler {scheduler} for {wait:g} s, "
+                    f"{len(pending)} read task(s) undone"
+                ) from None
+            continue
+        yield from finished
 
 
 def cluster_results(
@@ -159,19 +287,20 @@ def cluster_results(
 ) -> Iterator[RankResult]:
     """Each file's ``RankResult``, read on the cluster, yielded in file order."""
     distributed = _dask()
-    with ExitStack() as stack:
+    with _quiet(), ExitStack() as stack:
         client = _client(scheduler, stack)
-        threads = sum(client.nthreads().values()) or 1
-        groups = batches(sizes, threads)
-        futures = [
-            client.submit(read_batch, [files[i] for i in g], pure=False, retries=RETRIES)
-            for g in groups
-        ]
-        index = {f.key: n for n, f in enumerate(futures)}
-        done: dict[int, list[RankResult]] = {}
-        following = 0
+        futures: list[Any] = []
         try:
-            for future in distributed.as_completed(futures):
+            threads = sum(client.nthreads().values()) or 1
+            groups = batches(sizes, threads)
+            futures = [
+                client.submit(read_batch, [files[i] for i in g], pure=False, retries=RETRIES)
+                for g in groups
+            ]
+            index = {f.key: n for n, f in enumerate(futures)}
+            done: dict[int, list[RankResult]] = {}
+            following = 0
+            for future in _completed(client, futures, scheduler):
                 n = index[future.key]
                 done[n] = future.result()
                 if advance is not None:
@@ -179,7 +308,12 @@ def cluster_results(
                 while following in done:
                     yield from done.pop(following)
                     following += 1
-        except (distributed.KilledWorker, distributed.client.FutureCancelledError) as exc:
-            raise SyncscopeError(f"the Dask cluster lost a read: {exc}") from None
+        except distributed.KilledWorker as exc:
+            raise SyncscopeError(f"the Dask cluster lost a read: {_first_line(exc)}") from None
+        except (CancelledError, OSError) as exc:  # Dask's Future(s)CancelledError are ones
+            raise SyncscopeError(
+                f"lost the Dask scheduler {scheduler} mid-run ({_reason(exc)})"
+            ) from None
         finally:
-            client.cancel(futures)
+            if futures and client.status == "running":
+                client.cancel(futures)

@@ -14,7 +14,7 @@ from typing import Any
 
 from syncscope.errors import BadTrace, SyncscopeError
 from syncscope.load.trace.events import RankEvents
-from syncscope.load.trace.read import read_trace
+from syncscope.load.trace.read import Opener, read_trace
 from syncscope.load.trace.windows import RankNotes, rank_from_trace
 from syncscope.model import RankRun
 from syncscope.validate import field_int, field_of, field_str
@@ -82,12 +82,15 @@ class RankResult:
     error: str = ""  # a BadTrace met while reading (corrupt file, no rank)
 
 
-def read_rank(path: Path, advance: Callable[[int], None] | None = None) -> RankResult:
-    """Read one trace file and reduce it to its ``RankRun`` (in this process)."""
+def read_rank(
+    path: Path, advance: Callable[[int], None] | None = None, opener: Opener | None = None
+) -> RankResult:
+    """Read one trace file and reduce it to its ``RankRun`` (in this process). ``opener``:
+    the bytes to read instead of the file ``path`` (an fsspec URL's object, streamed)."""
     result = RankResult(path)
     try:
         events = RankEvents()
-        meta = read_trace(path, events, advance)
+        meta = read_trace(path, events, advance, opener)
         info = field_of(meta, "distributedInfo", path, dict, default={}, error=BadTrace)
         field_int(meta, "baseTimeNanoseconds", path, default=0, error=BadTrace)
         _check_events(path, events, result.rank_notes)

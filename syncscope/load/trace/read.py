@@ -35,6 +35,7 @@ _GZIP_MAGIC = b"\x1f\x8b"
 
 EventBatch = list[dict[str, Any]]
 Consumer = Callable[[EventBatch], None]
+Opener = Callable[[], IO[bytes]]
 
 
 def is_trace_file(path: Path) -> bool:
@@ -42,25 +43,46 @@ def is_trace_file(path: Path) -> bool:
     return name.endswith((".json", ".json.gz")) and name != "meta.json"
 
 
-def _open(path: Path) -> IO[bytes]:
+def _open(path: Path, opener: Opener | None = None) -> tuple[IO[bytes], IO[bytes]]:
+    """(the stream of uncompressed bytes, the file under it). ``opener``: opens the bytes
+    of ``path`` (an fsspec URL's object, streamed as a local file is: never copied whole)."""
     try:
-        with path.open("rb") as probe:
-            magic = probe.read(2)
+        reopen = opener if opener is not None else lambda: path.open("rb")
+        raw = reopen()
+        try:
+            magic = raw.read(2)
+        except BaseException:
+            raw.close()
+            raise
+        if not _rewind(raw):  # a stream that cannot go back: opened again
+            raw.close()
+            raw = reopen()
         if not magic:
+            raw.close()
             raise BadTrace(f"{path}: empty file (0 bytes)")
         if magic == _GZIP_MAGIC:
-            return gzip.GzipFile(path, "rb")  # type: ignore[return-value]
-        return path.open("rb")
+            return gzip.GzipFile(fileobj=raw, mode="rb"), raw  # type: ignore[return-value]
+        return raw, raw
     except OSError as exc:
         raise BadTrace(f"{path}: cannot read: {exc.strerror or exc}") from exc
+
+
+def _rewind(file: IO[bytes]) -> bool:
+    try:
+        file.seek(0)
+    except (OSError, ValueError):
+        return False
+    return True
 
 
 class _Reader:
     """Chunks of uncompressed bytes, with gzip problems turned into one-line errors."""
 
-    def __init__(self, path: Path, on_bytes: Callable[[int], None] | None) -> None:
+    def __init__(
+        self, path: Path, on_bytes: Callable[[int], None] | None, opener: Opener | None = None
+    ) -> None:
         self.path = path
-        self.file = _open(path)
+        self.file, self.raw = _open(path, opener)
         self.offset = 0  # uncompressed bytes read so far
         self.on_bytes = on_bytes
         self._raw_pos = 0
@@ -92,6 +114,7 @@ class _Reader:
 
     def close(self) -> None:
         self.file.close()
+        self.raw.close()  # a GzipFile does not close the file it was given
 
 
 def _invalid(path: Path, exc: Exception, where: int) -> BadTrace:
@@ -157,9 +180,11 @@ def read_trace(
     path: Path,
     consume: Consumer,
     on_bytes: Callable[[int], None] | None = None,
+    opener: Opener | None = None,
 ) -> dict[str, Any]:
-    """Stream the events of ``path`` into ``consume`` in batches; return the other keys."""
-    reader = _Reader(path, on_bytes)
+    """Stream the events of ``path`` into ``consume`` in batches; return the other keys.
+    ``opener``: where the bytes come from instead of the file ``path`` (which messages name)."""
+    reader = _Reader(path, on_bytes, opener)
     collecting = gc.isenabled()
     gc.disable()  # millions of small dicts, no cycles: the collector only costs time here
     try:
@@ -170,20 +195,27 @@ def read_trace(
             gc.enable()
 
 
-def _read(path: Path, reader: _Reader, consume: Consumer) -> dict[str, Any]:
-    buf = b""
-    head = b""
-    while True:  # find the start of the traceEvents array
+def _array_start(path: Path, reader: _Reader) -> tuple[bytes, bytes]:
+    """(the bytes before ``"traceEvents": [``, those after it read so far). Each chunk is
+    searched once (from the last ``"traceEvents"`` that may still open the array), so a file
+    without one is refused after _MAX_UNSPLIT_BYTES in linear time."""
+    buf = bytearray()
+    while True:
         chunk = reader.read()
+        seen = len(buf)
         buf += chunk
-        m = _ARRAY_START.search(buf)
+        start = buf.rfind(b'"traceEvents"', 0, seen)
+        m = _ARRAY_START.search(buf, start if start >= 0 else max(0, seen - 16))
         if m is not None:
-            head, buf = buf[: m.start()], buf[m.end() :]
-            break
+            return bytes(buf[: m.start()]), bytes(buf[m.end() :])
         if not chunk:
-            _no_events(path, buf)
+            _no_events(path, bytes(buf))
         if len(buf) > _MAX_UNSPLIT_BYTES:
             _no_events(path, b"")
+
+
+def _read(path: Path, reader: _Reader, consume: Consumer) -> dict[str, Any]:
+    head, buf = _array_start(path, reader)
     consumed = reader.offset - len(buf)
     unsplit = 0
     buf = bytearray(buf)  # type: ignore[assignment]  # appends in place: a long event is linear
