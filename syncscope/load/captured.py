@@ -1,7 +1,7 @@
-"""Build one rank's model from its captured events: the one place where windows are cut.
+"""Build one rank's model from its captured events: windows cut from a capture.
 
 ``rank_from_events(events)`` turns one rank's event list into a ``RankRun``;
-``analysis.assemble`` reads run directories and makes the ``Run`` from the ranks. Pure.
+``load.runs`` reads run directories and makes the ``Run`` from the ranks. Pure.
 """
 
 from __future__ import annotations

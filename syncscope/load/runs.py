@@ -1,6 +1,6 @@
 """Assemble ranks into a run: ``load_run(RUN_DIR)`` reads a run directory (one per node, merged
 into one job), keeps each rank file's last attempt and its records in order, builds each rank
-(``analysis.build.rank_from_events``) and ``assemble(meta, ranks)`` compares the ranks'
+(``load.captured.rank_from_events``) and ``assemble(meta, ranks)`` compares the ranks'
 gradient fingerprints and notes what is missing. ``build_run`` does the same from in-memory
 events (the ``track()`` API). Pure apart from reading the files.
 """

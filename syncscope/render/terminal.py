@@ -42,7 +42,7 @@ from syncscope.text import human_bytes, visible
 
 
 class VisibleText(Text):
-    """Rich text whose strings show their control characters (``render.safe.visible``)
+    """Rich text whose strings show their control characters (``syncscope.text.visible``)
     before layout: the width rich measures is the width printed, and rich does not drop a
     BEL or a carriage return it would strip."""
 

@@ -1,4 +1,4 @@
-"""``capture.opaque``: hook bodies kept out of Dynamo's reach, with no wrapper in eager mode."""
+"""``capture.hooks.opaque``: hook bodies kept out of Dynamo's reach, with no wrapper in eager mode."""
 
 from __future__ import annotations
 

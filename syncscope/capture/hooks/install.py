@@ -4,7 +4,7 @@ Everything is installed by ``install(recorder)`` and undone by the returned call
 no change to the user's script:
 
 - a Python kernel at the Autograd key of every ``c10d`` op sees every collective (DDP's C++
-  reducer and FSDP2 included) with its tensors, group and work (``capture.collectives``);
+  reducer and FSDP2 included) with its tensors, group and work (``hooks.collectives``);
 - ``torch.autograd.backward`` (which ``Tensor.backward`` calls) marks micro-batches;
 - DDP ``forward`` / ``require_backward_grad_sync`` / ``no_sync`` and FSDP2's pre/post forward
   and ``set_requires_gradient_sync`` give the wrapper's sync intent;
