@@ -11,7 +11,6 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 from syncscope.model import (
-    GRAD_REDUCING_OPS,
     Collective,
     GradReset,
     MicroBatch,
@@ -22,6 +21,7 @@ from syncscope.model import (
     Window,
     Wrapper,
     WrapperInfo,
+    reduces_gradients,
 )
 
 
@@ -65,36 +65,20 @@ def is_floating_dtype(dtype: str) -> bool:
 
 
 def is_grad_sync(event: dict[str, Any]) -> bool:
-    """A collective reduces gradients when what it reduces *is* gradients, never by size:
-
-    - a DDP or FSDP reduction issued during backward on a floating-point tensor (a DDP
-      bucket, an FSDP reduce-scatter of sharded gradients or HSDP's all-reduce); DDP's
-      integer used-parameter map (``find_unused_parameters``) and its broadcasts are
-      bookkeeping;
-    - an FSDP reduction issued after a backward, outside autograd (a pipelining schedule
-      reduces its stages' gradients after the step's last backward);
-    - the user's all-reduce/reduce-scatter of a tensor that shares storage with a ``.grad``
-      (or with the bucket a DDP comm hook was handed), or that holds the gradients' values
-      (a flattened copy), checked before the collective ran (``grad_content``).
-
+    """A captured collective reduces gradients (``syncscope.model.reduces_gradients``).
     Events written before ``grad_content`` existed (same format version) carry only
-    ``grad_numel``, the size test those captures used; it is honoured for them alone.
-    """
-    if event.get("op") not in GRAD_REDUCING_OPS:
-        return False
-    issuer = event.get("issuer")
-    phase = event.get("phase")
-    if issuer == "fsdp" and phase == "after-backward":
-        # FSDP's reduction driven from outside autograd, after the last backward (a
-        # pipelining schedule's ``perform_reduce_grad``): the same sharded gradients
-        return is_floating_dtype(str(event.get("dtype", "")))
-    if issuer in ("ddp", "fsdp", "deepspeed"):
-        return phase == "backward" and is_floating_dtype(str(event.get("dtype", "")))
-    if issuer == "user":
-        if "grad_content" in event:
-            return bool(event.get("grad_storage") or event.get("grad_content"))
-        return bool(event.get("grad_storage") or event.get("grad_numel"))  # older captures
-    return False
+    ``grad_numel``, the size test those captures used; it is honoured for them alone."""
+    grad_content = event.get("grad_content")
+    if "grad_content" not in event:
+        grad_content = event.get("grad_numel")  # older captures
+    return reduces_gradients(
+        str(event.get("op")),
+        str(event.get("issuer")),
+        str(event.get("phase")),
+        is_floating_dtype(str(event.get("dtype", ""))),
+        bool(event.get("grad_storage")),
+        bool(grad_content),
+    )
 
 
 class _WindowBuilder:

@@ -40,6 +40,36 @@ OPS: tuple[str, ...] = (
     "other",
 )
 GRAD_REDUCING_OPS = frozenset({"all_reduce", "reduce_scatter"})
+
+
+def reduces_gradients(
+    op: str, issuer: str, phase: str, floating: bool, grad_storage: bool, grad_content: bool
+) -> bool:
+    """Whether a collective reduces gradients: when what it reduces *is* gradients, never by
+    size. The one rule, for the run model (``load.captured.is_grad_sync``) and for the marks
+    ``--trace`` puts in the Kineto trace (the recorder):
+
+    - a DDP, FSDP or DeepSpeed reduction issued during backward on a floating-point tensor
+      (a DDP bucket, an FSDP reduce-scatter of sharded gradients or HSDP's all-reduce); DDP's
+      integer used-parameter map (``find_unused_parameters``) and its broadcasts, and FSDP's
+      all-gathers of parameters in backward, are not;
+    - an FSDP reduction issued after a backward, outside autograd (a pipelining schedule
+      reduces its stages' gradients after the step's last backward);
+    - the user's all-reduce/reduce-scatter of a tensor that shares storage with a ``.grad``
+      (or with the bucket a DDP comm hook was handed), or that holds the gradients' values
+      (a flattened copy), checked before the collective ran.
+    """
+    if op not in GRAD_REDUCING_OPS:
+        return False
+    if issuer == "fsdp" and phase == "after-backward":
+        return floating  # a pipelining schedule's ``perform_reduce_grad``
+    if issuer in ("ddp", "fsdp", "deepspeed"):
+        return phase == "backward" and floating
+    if issuer == "user":
+        return grad_storage or grad_content
+    return False
+
+
 # c10d ops that take their output first and read their second argument: gathers, scatters,
 # all-to-all (``allgather_(outputs, inputs)``, ``c10d::_reduce_scatter_base_(out, in)``)
 _INPUT_SECOND = (

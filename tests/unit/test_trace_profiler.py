@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import gzip
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -117,3 +118,63 @@ def test_kineto_usdt_lines_are_kept_off_stderr_and_other_output_kept(
     err = capfd.readouterr().err
     assert "USDT" not in err and "profiler_start" not in err
     assert "the user's own line" in err
+
+
+@pytest.mark.parametrize(
+    ("op", "issuer", "phase", "floating", "marked"),
+    [
+        ("reduce_scatter", "fsdp", "backward", True, True),
+        ("all_reduce", "ddp", "backward", True, True),
+        ("all_reduce", "fsdp", "after-backward", True, True),  # a pipelining schedule
+        # FSDP all-gathers parameters again in backward: the --trace mark took them for
+        # grad syncs (it tested issuer and phase, not the op)
+        ("all_gather", "fsdp", "backward", True, False),
+        ("all_gather", "deepspeed", "backward", True, False),
+        ("all_reduce", "ddp", "backward", False, False),  # find_unused_parameters' int map
+        ("all_reduce", "ddp", "forward", True, False),
+    ],
+)
+def test_trace_marks_and_the_run_model_count_the_same_grad_syncs(
+    op: str, issuer: str, phase: str, floating: bool, marked: bool
+) -> None:
+    """One rule (``model.reduces_gradients``) for the recorder's ``--trace`` marks and for
+    the run model's grad syncs (``is_grad_sync`` on the event the recorder writes)."""
+    from syncscope.load.captured import is_grad_sync
+    from syncscope.model import reduces_gradients
+
+    assert reduces_gradients(op, issuer, phase, floating, False, False) is marked
+    event = {
+        "op": op,
+        "issuer": issuer,
+        "phase": phase,
+        "dtype": "float32" if floating else "int64",
+    }
+    assert is_grad_sync({**event, "grad_content": False}) is marked
+
+
+@pytest.mark.parametrize(
+    ("opname", "marked"), [("c10d::allgather_", False), ("c10d::reduce_scatter_", True)]
+)
+def test_the_recorder_marks_an_fsdp_collective_in_backward_by_its_op(
+    monkeypatch: pytest.MonkeyPatch, opname: str, marked: bool
+) -> None:
+    """FSDP all-gathers parameters again in backward; ``--trace`` marked them as grad syncs
+    in the Kineto trace (a rule apart from the run model's, blind to the op)."""
+    from syncscope.capture import sites
+    from syncscope.capture.recorder.core import MemorySink, Recorder
+
+    marks: list[tuple[str, int]] = []
+
+    class Trace:
+        def grad_sync(self, op: str, nbytes: int) -> None:
+            marks.append((op, nbytes))
+
+        def __getattr__(self, name: str) -> Any:
+            return lambda *args, **kwargs: None
+
+    monkeypatch.setattr(sites, "issuer_of_collective", lambda skip=1: ("fsdp", None, ""))
+    rec = Recorder(MemorySink(), rank=0, world_size=1, trace=Trace())  # type: ignore[arg-type]
+    rec.bwd_depth = 1  # in backward
+    grads = torch.ones(8)
+    rec.on_collective(opname, (), None, None, 0, 1, tensors=[grads])
+    assert bool(marks) is marked

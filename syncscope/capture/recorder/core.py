@@ -29,7 +29,7 @@ from syncscope.capture.recorder.records import Item, Record, event_of, needs_mem
 from syncscope.capture.recorder.records import perf_ns as _perf_ns
 from syncscope.capture.recorder.registry import WrapperRegistry
 from syncscope.capture.recorder.steps import StepHooks
-from syncscope.model import normalize_op
+from syncscope.model import normalize_op, reduces_gradients
 from syncscope.rundir import EVENTS_FORMAT, EVENTS_FORMAT_VERSION
 
 
@@ -494,23 +494,12 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork, StepHooks):
                 extra,
             )
         )
-        if self.trace is not None and (
-            bucket is not None
-            or grad_storage
-            or grad_content
-            or (floating and _wrapper_reduction(issuer, phase))
+        if self.trace is not None and reduces_gradients(
+            op, issuer, phase, floating, grad_storage, grad_content
         ):
             self.trace.grad_sync(op, nbytes)
         if work is not None:
             self._watch(work, seq)
-
-
-def _wrapper_reduction(issuer: str, phase: str) -> bool:
-    """A floating-point reduction of FSDP's or DeepSpeed's that reduces gradients: during
-    backward, or FSDP's after it, from outside autograd (a pipelining schedule)."""
-    return (issuer in ("fsdp", "deepspeed") and phase == "backward") or (
-        issuer == "fsdp" and phase == "after-backward"
-    )
 
 
 _LIVE: weakref.WeakSet[Recorder] = weakref.WeakSet()  # every recorder not yet collected
