@@ -95,3 +95,13 @@ def test_one_job_on_one_host_is_one_job(tmp_path: Path) -> None:
     run = load_traces([tmp_path])
     assert [r.rank for r in run.ranks] == [0, 1]
     assert not any(n.startswith("skipped") for n in run.meta.notes)
+
+
+def test_a_trace_without_process_groups_fits_its_job(tmp_path: Path) -> None:
+    """GIVEN one job's rank 1 recorded without ``pg_config`` WHEN loaded THEN one job, as
+    before (a header naming no groups fits any of its world size and backend)."""
+    _copy(NO_SYNC / "rank-0.json.gz", tmp_path / "rank-0.json.gz")
+    info = {"backend": "gloo", "rank": 1, "world_size": 2}
+    _copy(NO_SYNC / "rank-1.json.gz", tmp_path / "rank-1.json.gz", distributedInfo=info)
+    run = load_traces([tmp_path])
+    assert [r.rank for r in run.ranks] == [0, 1]

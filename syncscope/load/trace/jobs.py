@@ -41,9 +41,17 @@ class TraceSpan:
 
 def split_jobs(traces: Sequence[TraceSpan]) -> list[list[TraceSpan]]:
     """The jobs among ``traces``, each in file order; jobs in order of their first file."""
+    # a trace without ``pg_config`` fits the first header of its world size and backend that
+    # names process groups
+    named: dict[tuple[int, str], Job] = {}
+    for trace in traces:
+        if trace.job.groups:
+            named.setdefault((trace.job.world_size, trace.job.backend), trace.job)
     by_header: dict[Job, list[TraceSpan]] = {}
     for trace in traces:
-        by_header.setdefault(trace.job, []).append(trace)
+        job = trace.job
+        header = job if job.groups else named.get((job.world_size, job.backend), job)
+        by_header.setdefault(header, []).append(trace)
     order = {id(t): i for i, t in enumerate(traces)}
     jobs = [job for group in by_header.values() for job in _by_time(group)]
     jobs = [sorted(job, key=lambda t: order[id(t)]) for job in jobs]
