@@ -13,6 +13,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 from syncscope.errors import BadTrace
+from syncscope.load.trace.jobs import TraceSpan, chosen, describe, mixed_message, split_jobs
 from syncscope.load.trace.rankfile import Job, RankResult, read_rank
 from syncscope.load.trace.read import is_trace_file
 from syncscope.load.trace.windows import RankNotes
@@ -41,12 +42,6 @@ def trace_files(paths: Sequence[Path]) -> list[Path]:
         else:
             raise BadTrace(f"{path}: no such file or directory")
     return files
-
-
-def _compatible(a: Job, b: Job) -> bool:
-    if a.world_size != b.world_size or a.backend != b.backend:
-        return False
-    return not (a.groups and b.groups and a.groups != b.groups)
 
 
 def _sources(paths: Sequence[Path | str], scheduler: str | None) -> tuple[list[Source], list[int]]:
@@ -156,66 +151,87 @@ def load_traces(
     files, sizes = _sources(paths, scheduler)
     notes: list[str] = []
     skipped: list[str] = []
-    ranks: dict[int, tuple[RankRun, Path | str]] = {}
-    job: tuple[Job, Path | str] | None = None
+    traces: list[tuple[TraceSpan, RankRun]] = []
     flags = RankNotes()
-    hosts: set[str] = set()
     with _progress(sizes, progress) as advance:
         results = _results(files, sizes, scheduler, advance)
         try:
             for result in results:
                 try:
-                    rank_run, this_job = _check(result, ranks, job, notes)
+                    rank_run, this_job = _check(result, notes)
                 except BadTrace as exc:
                     if not skip_bad:
                         raise
                     skipped.append(str(exc))
                     continue
                 _merge_flags(flags, result.flags)
-                job = job or (this_job, result.path)
-                ranks[rank_run.rank] = (rank_run, result.path)
-                if rank_run.host:
-                    hosts.add(rank_run.host)
+                traces.append((_span(result.path, rank_run, this_job), rank_run))
         finally:
             close = getattr(results, "close", None)
             if close is not None:
                 close()  # stops the workers when a bad file ends the load early
-    if not ranks:
+    if not traces:
         detail = f": {skipped[0]}" if skipped else ""
         raise BadTrace(f"no usable trace among {len(files)} file(s){detail}")
-    assert job is not None
-    world = job[0].world_size
+    ranks = _one_job(traces, skip_bad, skipped)
+    world = next(iter(ranks.values()))[2].world_size
     present = sorted(ranks)
     notes.extend(_notes(flags, present, world))
     notes.extend(f"skipped {s}" for s in skipped)
-    meta = RunMeta(world_size=world, nodes=tuple(sorted(hosts)), source="trace", notes=tuple(notes))
+    hosts = tuple(sorted({r.host for r, _, _ in ranks.values() if r.host}))
+    meta = RunMeta(world_size=world, nodes=hosts, source="trace", notes=tuple(notes))
     if files_out is not None:
         files_out.update((r, p) for r in present if isinstance(p := ranks[r][1], Path))
     return Run(meta=meta, ranks=tuple(ranks[r][0] for r in present))
 
 
-def _check(
-    result: RankResult,
-    ranks: dict[int, tuple[RankRun, Path | str]],
-    job: tuple[Job, Path | str] | None,
-    notes: list[str],
-) -> tuple[RankRun, Job]:
-    """The checks against the files before this one, in the order a sequential read made them."""
+def _span(path: Path | str, rank_run: RankRun, job: Job) -> TraceSpan:
+    start = rank_run.windows[0].start_ns if rank_run.windows else rank_run.last_event_ns
+    end = max([rank_run.last_event_ns, *(w.end_ns for w in rank_run.windows[-1:])])
+    return TraceSpan(path, rank_run.rank, job, rank_run.host, start, end)
+
+
+def _one_job(
+    traces: list[tuple[TraceSpan, RankRun]], skip_bad: bool, skipped: list[str]
+) -> dict[int, tuple[RankRun, Path | str, Job]]:
+    """The ranks of the one job analyzed: traces of several jobs are refused (with
+    ``skip_bad``: the job with the most ranks is kept, the others named in ``skipped``);
+    a rank twice in one job likewise, in file order."""
+    runs = {id(span): run for span, run in traces}
+    jobs = split_jobs([span for span, _ in traces])
+    kept = jobs[0]
+    if len(jobs) > 1:
+        if not skip_bad:
+            raise BadTrace(mixed_message(jobs))
+        kept = chosen(jobs)
+        skipped.extend(
+            f"{describe(job)}: from a different job than the one analyzed ({describe(kept)})"
+            for job in jobs
+            if job is not kept
+        )
+    ranks: dict[int, tuple[RankRun, Path | str, Job]] = {}
+    for span in kept:
+        if span.rank in ranks:
+            exc = BadTrace(
+                f"{span.path}: rank {span.rank} appears twice (also in {ranks[span.rank][1]})"
+            )
+            if not skip_bad:
+                raise exc
+            skipped.append(str(exc))
+            continue
+        ranks[span.rank] = (runs[id(span)], span.path, span.job)
+    return ranks
+
+
+def _check(result: RankResult, notes: list[str]) -> tuple[RankRun, Job]:
+    """The checks of one file on its own, in the order a sequential read made them (the
+    files are checked against each other once all are read: ``_one_job``)."""
     path = result.path
-    if result.job is None:
+    if result.job is None or result.rank is None:
         raise BadTrace(result.error)
     this_job = result.job
-    if job is not None and not _compatible(job[0], this_job):
-        raise BadTrace(
-            f"{path}: from a different job than {job[1]} "
-            f"({this_job.describe()} vs {job[0].describe()}): analyze one job at a time"
-        )
-    if result.rank is None:
-        raise BadTrace(result.error)
     rank = result.rank
     notes.extend(result.rank_notes)
-    if rank in ranks:
-        raise BadTrace(f"{path}: rank {rank} appears twice (also in {ranks[rank][1]})")
     if rank >= this_job.world_size and result.has_info:
         raise BadTrace(f"{path}: rank {rank} outside world size {this_job.world_size}")
     if result.rank_run is None:

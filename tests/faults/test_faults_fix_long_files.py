@@ -346,3 +346,121 @@ def test_a_form_feed_libcst_would_drop_is_never_lost(padded: bool) -> None:
     assert f"would not keep line {line} byte for byte" in problem.suggestion
     clean = (FIXTURES / "ddp_no_sync_correct.in.py").read_text() + "\x0cafter = 1\n"
     assert fix_source(clean).fixed == clean and not fix_source(clean).problems
+
+
+# --- one huge function (issue 46 item 11): elided inside, not only at the top level -------
+
+
+def _body_padding(indent: str, count: int, tag: str) -> str:
+    """``count`` statements at ``indent`` no fix reads, and some odd ones: a nested helper,
+    a string with lines at column 0, a statement over two lines, two sharing a line, an
+    ``if``/``else``, a comment."""
+    plain = [f"{indent}{tag}_{i} = torch.zeros({i % 7 + 1}) * {i}\n" for i in range(count)]
+    odd = (
+        f"{indent}def helper_{tag}(x):\n{indent}    return x + 1\n"
+        f"{indent}doc_{tag} = '''\ncolumn 0 inside a string\n'''\n"
+        f"{indent}spread_{tag} = (1,\n2)\n"
+        f"{indent}a_{tag} = 1; b_{tag} = 2\n"
+        f"{indent}# a comment\n"
+        f"{indent}if a_{tag}:\n{indent}    c_{tag} = 1\n{indent}else:\n{indent}    c_{tag} = 2\n"
+    )
+    return "".join(plain[: count // 2]) + odd + "".join(plain[count // 2 :])
+
+
+def _in_function(source: str, count: int) -> str:
+    """``source`` with ``count`` statements (and the odd ones) before and after its training
+    loop (a ``for``/``while`` calling ``backward``), at the loop's indentation: inside the
+    function that holds it; a loop at the top level goes, with them, under ``if __name__ ==
+    "__main__":`` (a block elided inside in the same way)."""
+    loop = next(
+        node
+        for node in ast.walk(ast.parse(source))
+        if isinstance(node, (ast.For, ast.While))
+        and any(isinstance(c, ast.Attribute) and c.attr == "backward" for c in ast.walk(node))
+    )
+    lines = _split(source)
+    end = loop.end_lineno or loop.lineno
+    body = lines[loop.lineno - 1 : end]
+    head = ""
+    if loop.col_offset == 0:
+        head = 'if __name__ == "__main__":\n'
+        body = ["    " + line if line.strip() else line for line in body]
+    indent = " " * (loop.col_offset or 4)
+    return (
+        "".join(lines[: loop.lineno - 1])
+        + head
+        + _body_padding(indent, count, "before")
+        + "".join(body)
+        + _body_padding(indent, count, "after")
+        + "".join(lines[end:])
+    )
+
+
+def test_a_huge_function_goes_through_libcst_as_a_short_one(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GIVEN a script that is one function of 6,000 statements around its loop WHEN fixed
+    THEN libcst is given the loop and what it reads, not the function (before: the whole
+    function, 96 s for 10,000 lines), and the fix is the short script's, every padding byte
+    back in place."""
+    short = (FIXTURES / "ddp_no_suppression_modulo.in.py").read_text()
+    source = _in_function(short, 3_000)
+    parsed = _parsed_lines(monkeypatch)
+    result = fix_source(source)
+    assert parsed and max(parsed) < short.count("\n") + 20, parsed
+    anchor = "    for i, (x, y) in enumerate(loader):\n"
+    expected = fix_source(short).fixed.replace(
+        anchor, _body_padding("    ", 3_000, "before") + anchor
+    )
+    assert result.fixed == expected + _body_padding("    ", 3_000, "after")
+    assert [(p.code, p.fixed) for p in result.problems] == [("SYN101", True)]
+    line = _split(source).index("        loss.backward()  # gradients accumulate in .grad\n") + 1
+    assert result.problems[0].line < line  # lines of the whole file, past the padding
+
+
+def _fix_in_function(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    source = _in_function((FIXTURES / f"{name}.in.py").read_text(), 250)
+    assert focus.focus(source).elided
+    elided = fix_source(source)
+    monkeypatch.setattr(focus, "MIN_STATEMENTS", 10**9)
+    whole = fix_source(source)
+    assert elided.fixed == whole.fixed
+    assert elided.problems == whole.problems
+
+
+def test_eliding_inside_a_function_changes_nothing_of_the_fix(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """GIVEN padding inside the function of the loop WHEN fixed with elision and with the
+    whole file through libcst THEN the same text and problems (all fixtures: the slow test
+    below)."""
+    _fix_in_function("ddp_no_suppression_modulo", monkeypatch)
+
+
+@pytest.mark.slow  # every fixture, ~5 s each: the whole sweep runs in .ci/run
+@pytest.mark.parametrize(
+    "name", sorted(p.name.removesuffix(".in.py") for p in FIXTURES.glob("*.in.py"))
+)
+def test_eliding_inside_every_fixture_changes_nothing(
+    name: str, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    _fix_in_function(name, monkeypatch)
+
+
+def test_fix_of_a_30000_line_function_ends_in_seconds(tmp_path: Path) -> None:
+    """GIVEN a script that is one 30,000-line function WHEN ``syncscope fix`` THEN its
+    report within 90 s on a loaded machine (about 3 s; before: 248 s and 761 MB)."""
+    import subprocess
+    import sys
+
+    short = (FIXTURES / "ddp_no_suppression_modulo.in.py").read_text()
+    script = tmp_path / "huge.py"
+    script.write_text(_in_function(short, 15_000))
+    done = subprocess.run(
+        [sys.executable, "-m", "syncscope", "fix", str(script)],
+        capture_output=True,
+        text=True,
+        timeout=90,
+    )
+    assert done.returncode == 1, done.stderr
+    assert "SYN101" in done.stderr + done.stdout and "+import contextlib" in done.stdout
