@@ -361,6 +361,13 @@ def _start_up_hang(run: Run) -> Finding:
 WAIT_EPISODES_SHOWN = 16
 
 
+def _wait_evidence(waiting: list[int], waits: list[dict[str, Any]]) -> dict[str, object]:
+    evidence: dict[str, object] = {"waiting_ranks": waiting, "waits": waits[:WAIT_EPISODES_SHOWN]}
+    if len(waits) > WAIT_EPISODES_SHOWN:
+        evidence["waits_not_shown"] = len(waits) - WAIT_EPISODES_SHOWN
+    return evidence
+
+
 def waited_for_rank(run: Run) -> list[Finding]:
     """Ranks that waited in torch.distributed while another rank computed, as
     ``syncscope profile``'s monitor saw them (meta.json ``waits``): not a hang, a cost."""
@@ -390,11 +397,7 @@ def waited_for_rank(run: Run) -> list[Finding]:
                 message=message,
                 ranks=tuple(culprits),
                 windows=(),
-                evidence={
-                    "waiting_ranks": waiting,
-                    "waits": waits[:WAIT_EPISODES_SHOWN],
-                    "waits_not_shown": max(0, len(waits) - WAIT_EPISODES_SHOWN),
-                },
+                evidence=_wait_evidence(waiting, waits),
                 cost={"waited_s": total, "longest_wait_s": float(longest["seconds"])},
                 fix=SNIPPETS["balance-ranks"],
             )

@@ -104,12 +104,20 @@ SLEEPS_BEFORE_INIT = textwrap.dedent(
     """
 )
 
-OVERRIDES_WORLD_SIZE = textwrap.dedent(
+OVERRIDES_ENVIRONMENT = textwrap.dedent(
     """
-    import os
+    import os, threading, time
     import torch.distributed as dist
 
-    os.environ["WORLD_SIZE"] = "3"  # the launcher started 2
+
+    def background():  # a thread of the job's own (logging, prefetching): it uses some CPU
+        while True:
+            sum(range(20000))
+            time.sleep(0.02)
+
+
+    threading.Thread(target=background, daemon=True).start()
+    os.environ[NAME] = VALUE  # not the launcher's
     dist.init_process_group("gloo")
     dist.barrier()
     """
@@ -141,12 +149,16 @@ def test_a_rank_sleeping_before_init_process_group_is_a_start_up_hang(tmp_path: 
 
 
 @pytest.mark.slow
-def test_a_script_overriding_world_size_is_a_start_up_hang(tmp_path: Path) -> None:
-    finding, took = _start_up_hang(tmp_path, OVERRIDES_WORLD_SIZE)
+@pytest.mark.parametrize(("name", "value"), [("WORLD_SIZE", "3"), ("MASTER_PORT", "1")])
+def test_a_script_overriding_the_launchers_environment_is_a_start_up_hang(
+    tmp_path: Path, name: str, value: str
+) -> None:
+    source = OVERRIDES_ENVIRONMENT.replace("NAME", repr(name)).replace("VALUE", repr(value))
+    finding, took = _start_up_hang(tmp_path, source)
     for rank in ("0", "1"):
         text = finding["evidence"]["per_rank"][rank]
-        assert text.startswith("waiting in init_process_group at ") and "train.py:6" in text
-    assert took < 60  # not the store's 30 minutes
+        assert text.startswith("waiting in init_process_group at ") and "train.py:14" in text
+    assert took < 60  # not the store's 30 minutes (the process's CPU ticks: its thread's)
 
 
 SKIPS_ALL_REDUCE = textwrap.dedent(
