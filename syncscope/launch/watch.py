@@ -28,8 +28,9 @@ import orjson
 from syncscope.rundir import BEATS_DIR
 
 STALE_S = 3.5  # a heartbeat not replaced for this long is stale (the rank beats every 1 s)
-MIN_CPU_S = 0.05  # main-thread CPU seconds between two beats that make a rank busy
+MIN_CPU_S = 0.02  # main-thread CPU seconds between two beats (1 s) that make a rank busy
 MIN_WAIT_S = 3.0  # shorter waits for another rank are not reported
+TICKS_FRESH_S = 2.0  # /proc ticks compared over at most this long (the monitor polls at 0.25 s)
 
 
 @dataclass
@@ -69,7 +70,7 @@ class Beats:
         self.folder = run_dir / BEATS_DIR
         self.stale_s = stale_s
         self._seen: dict[int, _Seen] = {}
-        self._ticks: dict[int, int] = {}  # pid -> the main thread's ticks at the last look
+        self._ticks: dict[int, tuple[int, float]] = {}  # pid -> main-thread ticks, when read
         self._host = socket.gethostname()
 
     def read(
@@ -86,7 +87,7 @@ class Beats:
             local = not host or host == self._host  # /proc speaks of this host's processes
             view = self._from_beat(rank, beat, now, local) if beat is not None else None
             if view is None:
-                view = MainThread(rank, pid, busy=local and self._ticking(pid))
+                view = MainThread(rank, pid, busy=local and self._ticking(pid, now))
             views[rank] = view
         return views
 
@@ -119,7 +120,7 @@ class Beats:
         if now - seen.changed > self.stale_s:
             return None
         pg, state = beat.get("pg"), str(beat.get("state", ""))
-        busy = seen.busy if seen.busy is not None else local and self._ticking(pid)
+        busy = seen.busy if seen.busy is not None else local and self._ticking(pid, now)
         return MainThread(
             rank,
             pid,
@@ -130,14 +131,15 @@ class Beats:
             pg=pg if isinstance(pg, bool) else None,
         )
 
-    def _ticking(self, pid: int) -> bool:
-        """The local process ``pid``'s main thread used CPU since the last look (Linux)."""
+    def _ticking(self, pid: int, now: float) -> bool:
+        """The local process ``pid``'s main thread used CPU since the last look (Linux); a
+        look more than ``TICKS_FRESH_S`` old says nothing (ticks from long ago are no news)."""
         ticks = main_thread_ticks(pid)
         if ticks is None:
             return False
-        before = self._ticks.get(pid, ticks)
-        self._ticks[pid] = ticks
-        return ticks > before
+        before, then = self._ticks.get(pid, (ticks, now))
+        self._ticks[pid] = (ticks, now)
+        return ticks > before and now - then <= TICKS_FRESH_S
 
 
 def main_thread_ticks(pid: int) -> int | None:

@@ -92,9 +92,19 @@ def test_a_rank_computing_while_the_other_waits_is_not_hung(tmp_path: Path) -> N
     assert re.search(r"rank 1 waiting in barrier at \S+evaluate\.py:27$", wait["message"])
 
 
+BACKGROUND = """
+def background():  # a thread of the job's own (logging, prefetching): it uses some CPU
+    while True:
+        sum(range(20000))
+        time.sleep(0.02)
+
+
+threading.Thread(target=background, daemon=True).start()
+"""
+
 SLEEPS_BEFORE_INIT = textwrap.dedent(
     """
-    import os, time
+    import os, threading, time
     import torch.distributed as dist
 
     if os.environ["RANK"] == "1":
@@ -102,26 +112,18 @@ SLEEPS_BEFORE_INIT = textwrap.dedent(
     dist.init_process_group("gloo")
     dist.barrier()
     """
-)
+).replace("import torch.distributed as dist\n", "import torch.distributed as dist\n" + BACKGROUND)
 
 OVERRIDES_ENVIRONMENT = textwrap.dedent(
     """
     import os, threading, time
     import torch.distributed as dist
 
-
-    def background():  # a thread of the job's own (logging, prefetching): it uses some CPU
-        while True:
-            sum(range(20000))
-            time.sleep(0.02)
-
-
-    threading.Thread(target=background, daemon=True).start()
     os.environ[NAME] = VALUE  # not the launcher's
     dist.init_process_group("gloo")
     dist.barrier()
     """
-)
+).replace("import torch.distributed as dist\n", "import torch.distributed as dist\n" + BACKGROUND)
 
 
 def _start_up_hang(tmp_path: Path, source: str) -> tuple[dict[str, Any], float]:
@@ -141,10 +143,10 @@ def test_a_rank_sleeping_before_init_process_group_is_a_start_up_hang(tmp_path: 
     finding, took = _start_up_hang(tmp_path, SLEEPS_BEFORE_INIT)
     per_rank = finding["evidence"]["per_rank"]
     assert per_rank["1"].startswith("idle at ") and per_rank["1"].split(" (")[0].endswith(
-        "train.py:6"
+        "train.py:14"
     )  # the sleep
     assert per_rank["0"].startswith("waiting in init_process_group at ")
-    assert "train.py:7" in per_rank["0"]
+    assert "train.py:15" in per_rank["0"]
     assert took < 60  # start-up (seconds), 5 s, the stop: not the 600 s sleep
 
 
