@@ -5,6 +5,7 @@ Layout (format ``syncscope-run``, version 1; see docs/formats.md)::
     RUN/
       meta.json                 run metadata (command, world size, launcher options, versions)
       ranks/rank-00000.jsonl    one JSON object per line per rank, appended as things happen
+      beats/rank-00000.json     profile only: a rank's heartbeat, replaced about once a second
       report.json, report.html  rendered outputs (derived; can be regenerated)
 
 Event files are written one line per event with a single ``write(2)``, so a crash, a kill
@@ -34,10 +35,17 @@ META_FILE = "meta.json"
 META_MAX_BYTES = 16 << 20  # meta.json: a command line and notes; more is not one
 EVENT_MAX_BYTES = 16 << 20  # one event line (a huge group list was ~100 KB a line)
 RANKS_DIR = "ranks"
+BEATS_DIR = "beats"  # RUN/beats/rank-NNNNN.json: a rank's heartbeat (profile only)
 
 
 def rank_events_path(run_dir: Path, rank: int) -> Path:
     return run_dir / RANKS_DIR / f"rank-{rank:05d}.jsonl"
+
+
+def rank_beat_path(run_dir: Path, rank: int) -> Path:
+    """A rank's heartbeat file (``syncscope.capture.heartbeat``), replaced about once a second
+    under ``syncscope profile``: what its main thread is doing."""
+    return run_dir / BEATS_DIR / f"rank-{rank:05d}.json"
 
 
 def is_run_dir(path: Path) -> bool:

@@ -129,6 +129,27 @@ dist.all_reduce(stop, op=dist.ReduceOp.MAX)
 if stop.item():
     break""",
     ),
+    "start-up": Fix(
+        "start-up",
+        "Every rank must reach init_process_group with the launcher's RANK, WORLD_SIZE, "
+        "MASTER_ADDR and MASTER_PORT: don't override them in the script, and don't make one "
+        "rank do long work (a download, a sleep) before it while the others wait there.",
+        """# let torchrun's environment say who meets where; do slow set-up after the group
+dist.init_process_group("gloo")  # reads RANK, WORLD_SIZE, MASTER_ADDR, MASTER_PORT
+if dist.get_rank() == 0:
+    prepare_data()  # the others wait in the barrier, not in the rendezvous
+dist.barrier()""",
+    ),
+    "balance-ranks": Fix(
+        "balance-ranks",
+        "Share the work the other ranks wait for (an evaluation, a checkpoint, logging): give "
+        "each rank its part, or run it beside training; while they wait in a collective their "
+        "devices sit idle, and a wait longer than the process group's timeout ends the job.",
+        """# every rank evaluates its own shard; the results are summed
+sampler = DistributedSampler(eval_set, shuffle=False)
+loss = evaluate(model, DataLoader(eval_set, sampler=sampler))
+dist.all_reduce(loss)""",
+    ),
     # -- in a framework's own terms: the knob the framework offers, not hand-written code --
     "lightning": Fix(
         "lightning",

@@ -307,6 +307,9 @@ def _released_by_stop(r: RankRun) -> tuple[PendingCollective | None, PendingColl
 def hang(run: Run) -> list[Finding]:
     if not run.meta.hung:
         return []
+    timeout = run.meta.hang_timeout_s
+    if run.meta.hang_start_up:
+        return [_start_up_hang(run)]
     per_rank = {}
     for r in run.ranks:
         blocked, last_completed = _released_by_stop(r)
@@ -316,19 +319,90 @@ def hang(run: Run) -> list[Finding]:
             if blocked
             else ("exited" if r.finished else "no collective in flight"),
         }
+    evidence: dict[str, object] = {"per_rank": per_rank}
+    if run.meta.main_threads:  # what each rank's main thread did when it was stopped
+        evidence["main_threads"] = dict(run.meta.main_threads)
     return [
         Finding(
             kind="hang",
             severity="error",
             cause="no-progress",
-            message=f"no progress for {run.meta.hang_timeout_s:g} s: syncscope stopped the job",
+            message=f"no progress for {timeout:g} s: syncscope stopped the job",
             ranks=tuple(r.rank for r in run.ranks),
             windows=(),
-            evidence={"per_rank": per_rank},
-            cost={"hang_timeout_s": run.meta.hang_timeout_s or 0},
+            evidence=evidence,
+            cost={"hang_timeout_s": timeout or 0},
             fix=SNIPPETS["same-sequence"],
         )
     ]
+
+
+def _start_up_hang(run: Run) -> Finding:
+    """No rank had its process group when the job was stopped: it never started."""
+    threads = run.meta.main_threads
+    timeout = run.meta.hang_timeout_s or 0
+    shown = sorted(threads.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0)
+    said = "; ".join(f"rank {rank} {text}" for rank, text in shown[:4])
+    more = f"; and {len(shown) - 4} more" if len(shown) > 4 else ""
+    return Finding(
+        kind="hang",
+        severity="error",
+        cause="start-up",
+        message=f"the job never reached its process group: no progress for {timeout:g} s "
+        f"before any rank had one, and syncscope stopped the job: {said}{more}",
+        ranks=tuple(r.rank for r in run.ranks) or tuple(int(k) for k, _ in shown if k.isdigit()),
+        windows=(),
+        evidence={"per_rank": dict(shown)},
+        cost={"hang_timeout_s": timeout},
+        fix=SNIPPETS["start-up"],
+    )
+
+
+WAIT_EPISODES_SHOWN = 16
+
+
+def _wait_evidence(waiting: list[int], waits: list[dict[str, Any]]) -> dict[str, object]:
+    evidence: dict[str, object] = {"waiting_ranks": waiting, "waits": waits[:WAIT_EPISODES_SHOWN]}
+    if len(waits) > WAIT_EPISODES_SHOWN:
+        evidence["waits_not_shown"] = len(waits) - WAIT_EPISODES_SHOWN
+    return evidence
+
+
+def waited_for_rank(run: Run) -> list[Finding]:
+    """Ranks that waited in torch.distributed while another rank computed, as
+    ``syncscope profile``'s monitor saw them (meta.json ``waits``): not a hang, a cost."""
+    by_culprit: dict[tuple[int, ...], list[dict[str, Any]]] = defaultdict(list)
+    for wait in run.meta.waits:
+        entry: dict[str, Any] = dict(wait)
+        by_culprit[tuple(entry["for"])].append(entry)
+    findings = []
+    for culprits, waits in sorted(by_culprit.items()):
+        longest = max(waits, key=lambda w: float(w["seconds"]))
+        waiting = sorted({int(w["rank"]) for w in waits})
+        total = round(sum(float(w["seconds"]) for w in waits), 1)
+        running = longest.get("running", {})
+        doing = "; ".join(f"rank {r} running at {at}" for r, at in list(running.items())[:4])
+        message = (
+            f"rank(s) {compress_ranks(waiting)} waited up to {float(longest['seconds']):g} s "
+            f"for rank(s) {compress_ranks(culprits)} ({doing}); rank {longest['rank']} "
+            f"{longest.get('waiting', '')}"
+        )
+        if len(waits) > 1:
+            message += f"; {len(waits)} waits, {total:g} s in all"
+        findings.append(
+            Finding(
+                kind="waited-for-rank",
+                severity="info",
+                cause="rank-computing",
+                message=message,
+                ranks=tuple(culprits),
+                windows=(),
+                evidence=_wait_evidence(waiting, waits),
+                cost={"waited_s": total, "longest_wait_s": float(longest["seconds"])},
+                fix=SNIPPETS["balance-ranks"],
+            )
+        )
+    return findings
 
 
 def _window_words(r: RankRun) -> tuple[Window | None, int]:

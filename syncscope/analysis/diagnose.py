@@ -18,7 +18,13 @@ from dataclasses import dataclass, field, replace
 
 from syncscope.analysis import coverage, deepspeed_zero, reductions
 from syncscope.analysis.advice import SNIPPETS, fix_style, in_framework
-from syncscope.analysis.crossrank import collective_mismatch, hang, rank_divergence, run_failed
+from syncscope.analysis.crossrank import (
+    collective_mismatch,
+    hang,
+    rank_divergence,
+    run_failed,
+    waited_for_rank,
+)
 from syncscope.analysis.helpers import (
     HELPER_CAUSE,
     REPLACED_CAUSES,
@@ -640,6 +646,7 @@ def diagnose(run: Run) -> list[Finding]:
     findings.extend(collective_mismatch(run))
     findings.extend(hang(run))
     findings.extend(run_failed(run))
+    findings.extend(waited_for_rank(run))
     # a run that did not finish says so first; what its complete windows show follows, and
     # what could not be judged comes first among the warnings
     findings.sort(

@@ -57,7 +57,8 @@ def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
         type=float,
         default=300.0,
         metavar="SECONDS",
-        help="Seconds without progress before the job is declared hung and stopped, or before "
+        help="Seconds without progress (no rank writes an event, none computes: each waits "
+        "in torch.distributed or is idle) before the job is declared hung and stopped, or before "
         "ranks kept alive after the script's end (a non-daemon thread) are stopped (0: never). "
         "(default: %(default)s)",
     )

@@ -197,6 +197,10 @@ def main(argv: list[str] | None = None) -> int:
         # profile prepared RUN/ranks before starting this rank; gone now, it was removed
         # (an interrupted `fix --verify` cleaning up): never recreate it behind its back
         _die(f"the run directory {run_dir} was removed before this rank started; not run")
+    if os.environ.get(ENV_PROFILE_PID):  # the monitor's view of this rank's main thread
+        from syncscope.capture.heartbeat import start_heartbeat
+
+        start_heartbeat(run_dir, rank)
     from syncscope.rundir import set_aside_attempt
 
     restart = os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")

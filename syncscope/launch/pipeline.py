@@ -100,14 +100,13 @@ def _profile(request: Request, plan: _Plan) -> int:
         print(f"syncscope: error: the launcher stopped: {visible(result.error)}", file=sys.stderr)
     if not result.hung:
         _record_signals(plan.run_dir, result.signals)
+    if result.hung or result.waits:
+        _record_monitor(plan.run_dir, meta, result)
     if result.hung:
-        try:
-            write_meta(plan.run_dir, {**meta, "hung": True})
-        except SyncscopeError as exc:  # a full disk: the report below still says what it can
-            print(visible(f"syncscope: warning: {exc}"), file=sys.stderr)
+        never = "the job never reached its process group: " if result.hang.get("start_up") else ""
         print(
-            f"syncscope: no rank made progress for {request.hang_timeout:g} s; the job was "
-            "stopped (see the hang finding)",
+            f"syncscope: {never}no rank made progress for {request.hang_timeout:g} s; the job "
+            "was stopped (see the hang finding)",
             file=sys.stderr,
         )
     code = report_run(
@@ -116,6 +115,23 @@ def _profile(request: Request, plan: _Plan) -> int:
     if result.lingering:
         _note_lingering(result.lingering, request.hang_timeout)
     return code
+
+
+def _record_monitor(run_dir: Path, meta: dict[str, Any], result: LaunchResult) -> None:
+    """What the monitor saw into meta.json: a hang (``hung``, ``hang``), the ranks' waits for
+    another rank (``waits``)."""
+    from syncscope.rundir import write_meta
+
+    update: dict[str, Any] = {**meta}
+    if result.waits:
+        update["waits"] = list(result.waits)
+    if result.hung:
+        update["hung"] = True
+        update["hang"] = result.hang
+    try:
+        write_meta(run_dir, update)
+    except SyncscopeError as exc:  # a full disk: the report below still says what it can
+        print(visible(f"syncscope: warning: {exc}"), file=sys.stderr)
 
 
 def _note_lingering(ranks: tuple[int, ...], hang_timeout: float) -> None:

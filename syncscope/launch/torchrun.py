@@ -5,8 +5,11 @@
 user gave it, multi-node rendezvous included), with ``-m syncscope.launch.attach`` as the program so
 each rank runs the user's script instrumented, and calls ``torch.distributed.run.run`` in
 this process. A monitor thread reads the rank event files as they grow: it shows progress
-and, when no rank has written anything for ``hang_timeout`` seconds, stops the workers so
-the run can be reported instead of hanging forever. When every rank has recorded the
+and, when the job makes no progress for ``hang_timeout`` seconds (no rank wrote anything and
+no rank's main thread computed: each waits in torch.distributed or is idle, as the ranks'
+heartbeats say, ``syncscope.launch.watch``), stops the workers so the run can be reported
+instead of hanging forever. A rank computing while the others wait for it is not hung: the
+waits are kept (``LaunchResult.waits``) for the report. When every rank has recorded the
 script's end but a process lives on that long (a non-daemon thread of the script's keeps
 Python alive), it stops those processes too and says which (``LaunchResult.lingering``).
 """
@@ -18,6 +21,7 @@ import contextlib
 import logging
 import os
 import signal
+import socket
 import sys
 import threading
 import time
@@ -28,6 +32,7 @@ from typing import Any
 
 import orjson
 
+from syncscope.launch.watch import Beats, MainThread, Waits, hang_state
 from syncscope.rundir import pid_alive, rank_files
 
 # torchrun's options that make no sense under syncscope: option -> why (the one-line error)
@@ -161,6 +166,10 @@ class LaunchResult:
     lingering: tuple[int, ...] = ()
     # global rank -> the signal that killed it, as torch's launcher saw it (SIGSEGV, ...)
     signals: dict[int, str] = field(default_factory=dict)
+    # ranks that waited in torch.distributed while another computed (Waits.episodes)
+    waits: tuple[dict[str, Any], ...] = ()
+    # a hang: {"start_up": no rank had its process group, "main_threads": rank -> text}
+    hang: dict[str, Any] = field(default_factory=dict)
 
 
 @contextlib.contextmanager
@@ -206,17 +215,20 @@ class Monitor(threading.Thread):
         self.expected_ranks = expected_ranks
         self._captured: set[Path] = set()
         self.on_waiting = on_waiting  # no rank file yet: called with the seconds waited
-        # start-up: a rank whose file holds only its header is still importing and setting
-        # up; it makes progress while its process uses CPU (a rank blocked in a rendezvous
-        # or a collective does not), so the hang clock does not run on a loaded machine
-        self._header_bytes: dict[Path, int] = {}
-        self._cpu_ticks: dict[int, int] = {}
+        self._hosts: dict[Path, str] = {}
+        self._grown: set[Path] = set()  # the files that grew at the last poll
+        # the ranks' main threads: the job progresses while one computes (never judged on
+        # the process's CPU: its other threads tick while the main one waits)
+        self.beats = Beats(run_dir)
+        self.waits = Waits()
+        self.hang: dict[str, Any] = {}  # what the ranks' main threads did when it hung
 
     def stop(self) -> None:
         self._stop_event.set()
 
     def _read_new(self) -> bool:
         changed = False
+        self._grown = set()
         for path in rank_files(self.run_dir):
             stat = path.stat()
             if self._inodes.setdefault(path, stat.st_ino) != stat.st_ino:
@@ -225,6 +237,7 @@ class Monitor(threading.Thread):
             if size == self._sizes.get(path, 0):
                 continue
             changed = True
+            self._grown.add(path)
             old = self._sizes.get(path, 0)
             self._sizes[path] = size
             with path.open("rb") as fh:
@@ -238,7 +251,7 @@ class Monitor(threading.Thread):
                     header = orjson.loads(first)
                     self._pids[path] = int(header.get("pid", 0))
                     self._ranks[path] = int(header.get("rank", -1))
-                    self._header_bytes[path] = len(first) + 1
+                    self._hosts[path] = str(header.get("host", ""))
             if b'"type":"exit"' in chunk:
                 self._exited.add(path)
                 if b'"reason":"capture complete' in chunk:
@@ -254,21 +267,30 @@ class Monitor(threading.Thread):
         self._sizes.pop(path, None)
         self._pids.pop(path, None)
         self._ranks.pop(path, None)
-        self._header_bytes.pop(path, None)
+        self._hosts.pop(path, None)
         self._exited.discard(path)
         self._captured.discard(path)
         if path.name.endswith("00000.jsonl"):
             self.steps = 0
 
     def run(self) -> None:
+        try:
+            self._watch()
+        finally:
+            self.waits.close()
+
+    def _watch(self) -> None:
         start = last_change = time.monotonic()
         while not self._stop_event.wait(self.poll_s):
             try:
-                if self._read_new() or self._starting_up():
-                    last_change = time.monotonic()
+                grew = self._read_new()
+                threads = self._main_threads()
             except OSError:
                 continue
             now = time.monotonic()
+            self.waits.observe(threads, {self._ranks.get(p, -1) for p in self._grown}, now)
+            if grew or any(t.busy for t in threads.values()):  # a rank computes: not hung
+                last_change = now
             if (
                 self.on_captured is not None
                 and len(self._sizes) >= self.expected_ranks
@@ -285,28 +307,24 @@ class Monitor(threading.Thread):
                 continue
             if running:
                 self.hung = True
+                self.hang = hang_state(threads)
                 from syncscope.launch.flight import request_dumps
 
-                request_dumps(self.run_dir, [self._ranks.get(p, -1) for p in running])
+                if not self.hang["start_up"]:  # the recorder holds nothing before the group
+                    request_dumps(self.run_dir, [self._ranks.get(p, -1) for p in running])
                 self._stop_workers(running)
                 return
             if self._stop_lingering():
                 return
 
-    def _starting_up(self) -> bool:
-        """True when a rank that has written nothing beyond its header used CPU since the
-        last poll: it is importing or building its model, not hung."""
-        busy = False
-        for path, header in self._header_bytes.items():
-            if self._sizes.get(path, 0) > header or path in self._exited:
-                continue
-            pid = self._pids.get(path, 0)
-            ticks = _cpu_ticks(pid)
-            if ticks is not None and ticks > self._cpu_ticks.get(pid, ticks):
-                busy = True
-            if ticks is not None:
-                self._cpu_ticks[pid] = ticks
-        return busy
+    def _main_threads(self) -> dict[int, MainThread]:
+        """What the main thread of each rank still running is doing."""
+        live = {
+            self._ranks.get(p, -1): (pid, self._hosts.get(p, ""))
+            for p, pid in self._pids.items()
+            if p not in self._exited
+        }
+        return self.beats.read(live)
 
     def _stop_lingering(self) -> bool:
         """Every rank recorded the script's end, yet a process lives on: Python waits for a
@@ -322,7 +340,13 @@ class Monitor(threading.Thread):
         return True
 
     def _stop_workers(self, paths: list[Path]) -> None:
-        pids = [self._pids[p] for p in paths if self._pids.get(p)]
+        here = socket.gethostname()  # a rank of another node (a shared run directory): its
+        # pid means nothing here
+        pids = [
+            self._pids[p]
+            for p in paths
+            if self._pids.get(p) and self._hosts.get(p, here) in ("", here)
+        ]
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -330,20 +354,6 @@ class Monitor(threading.Thread):
             deadline = time.monotonic() + 3.0
             while time.monotonic() < deadline and any(pid_alive(pid) for pid in pids):
                 time.sleep(0.05)
-
-
-def _cpu_ticks(pid: int) -> int | None:
-    """The process's user and system CPU time in clock ticks (Linux; None where /proc
-    cannot say)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_bytes()
-    except OSError:
-        return None
-    fields = stat.rpartition(b")")[2].split()
-    try:
-        return int(fields[11]) + int(fields[12])  # utime, stime (fields 14 and 15)
-    except (IndexError, ValueError):
-        return None
 
 
 def launch(
@@ -400,7 +410,16 @@ def launch(
     if monitor.lingering:
         status, first_failed = 0, None  # the script ended everywhere; syncscope stopped it
     sys.stdout.flush()
-    return LaunchResult(status, first_failed, monitor.hung, error, monitor.lingering, signals)
+    return LaunchResult(
+        status,
+        first_failed,
+        monitor.hung,
+        error,
+        monitor.lingering,
+        signals,
+        tuple(monitor.waits.episodes),
+        monitor.hang,
+    )
 
 
 def _run_torchrun(args: Any) -> tuple[int, int | None, str, dict[int, str]]:

@@ -109,6 +109,8 @@ def _meta_from(
         command = [command]  # one string: shown as given, not split into characters
     command = command or [first.get("target", ""), *first.get("argv", [])]
     launcher = field_of(data, "launcher", file, dict, default={})
+    hang = field_of(data, "hang", file, dict, default={})
+    at = "hang.start_up"
     return RunMeta(
         command=tuple(str(c) for c in command if c != ""),
         script=field_str(data, "script", file, default=""),
@@ -122,7 +124,31 @@ def _meta_from(
         source="live",
         hang_timeout_s=field_float(data, "hang_timeout_s", file, min=0, default=None),
         hung=bool(field_of(data, "hung", file, bool, default=False)),
+        hang_start_up=bool(field_of(hang, "start_up", file, bool, default=False, label=at)),
+        main_threads={
+            str(k): str(v)
+            for k, v in field_of(hang, "main_threads", file, dict, default={}).items()
+        },
+        waits=tuple(w for w in field_of(data, "waits", file, list, default=[]) if _wait(w)),
         notes=tuple(str(n) for n in field_of(data, "notes", file, list, default=[])),
+    )
+
+
+def _wait(entry: object) -> bool:
+    """A well-formed entry of meta.json's ``waits`` (others are left out, not fatal)."""
+    if not isinstance(entry, dict):
+        return False
+    ranks = entry.get("for")
+    seconds = entry.get("seconds")
+    return (
+        isinstance(entry.get("rank"), int)
+        and isinstance(ranks, list)
+        and bool(ranks)
+        and all(isinstance(r, int) for r in ranks)
+        and isinstance(seconds, (int, float))
+        and math.isfinite(seconds)
+        and isinstance(entry.get("waiting", ""), str)
+        and isinstance(entry.get("running", {}), dict)
     )
 
 

@@ -350,6 +350,11 @@ class RunMeta:
     source: Source = "live"
     hang_timeout_s: float | None = None
     hung: bool = False  # the launcher stopped the job because it made no progress
+    hang_start_up: bool = False  # it hung before any rank had its process group
+    main_threads: dict[str, str] = field(default_factory=dict)  # rank -> what it did, hung
+    # ranks that waited in torch.distributed while another computed (profile's monitor):
+    # {"rank", "for": [ranks], "seconds", "since", "waiting": text, "running": {rank: file:line}}
+    waits: tuple[dict[str, object], ...] = ()
     notes: tuple[str, ...] = ()  # what the data cannot tell, said plainly
     one_rank_view: bool = False  # track(gather=False): this rank's events only, by choice
 
