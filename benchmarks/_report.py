@@ -133,7 +133,8 @@ def _accelerate(results: dict[str, Any]) -> list[str]:
         "Seconds per micro-batch (ms) for the four ways of writing gradient accumulation in "
         "Accelerate's table, plus the baseline script after `syncscope fix --apply`; "
         "DDP over gloo, model 8 x Linear(1024,1024), batch 8, 4 micro-batches per step, "
-        f"workload arguments `{' '.join(acc['args'])}` (benchmarks/workloads/). Ratio: "
+        f"workload arguments `{' '.join(acc['args'])}` (the examples/ loops, run as benchmark "
+        "workloads: benchmarks/README.md). Ratio: "
         "median over the baseline's median. Published: Accelerate's docs (T4 GPUs, batch "
         "16/GPU; seconds per batch), ratio to their baseline.",
         "",
