@@ -4,6 +4,10 @@ Every launch is a fresh ``torchrun`` (``python -m torch.distributed.run``) or ``
 profile`` process tree with ``OMP_NUM_THREADS=1``, on one node (2 ranks) or as 2 "nodes" x
 1 rank: two launcher processes meeting through the c10d rendezvous on 127.0.0.1. The
 workloads print one ``SYNCSCOPE_BENCH {json}`` line from rank 0; ``Launch.run`` returns it.
+
+A workload is named by its configuration (``workload``): the loops examples/ already has
+are those example scripts, run with ``SYNCSCOPE_BENCH=1`` (workloads/_bench.py,
+``ExampleBench``); the others are benchmarks/workloads/NAME.py.
 """
 
 from __future__ import annotations
@@ -24,9 +28,20 @@ from typing import Any, TypeVar
 
 ROOT = Path(__file__).resolve().parents[1]
 WORKLOADS = Path(__file__).resolve().parent / "workloads"
+EXAMPLES = ROOT / "examples"
 sys.path.insert(0, str(WORKLOADS))  # the gate's two ends are one module (no torch in it)
 
 from _gate import GATE_ENV, TAG_ENV, ready_file  # noqa: E402
+
+# configuration -> the example that is its loop (workloads/_bench.py's EXAMPLE_CONFIGS)
+EXAMPLE_WORKLOADS = {
+    "sync_every_microbatch": "ddp_sync_every_step.py",
+    "no_sync_backward_only": "ddp_no_sync_backward_only.py",
+    "no_sync": "ddp_no_sync.py",
+    "accelerate_accumulate": "accelerate_accumulate.py",
+    "fsdp2_every_microbatch": "fsdp2_no_toggle.py",
+    "fsdp2_last_only": "fsdp2_toggle.py",
+}
 
 MARK = "SYNCSCOPE_BENCH "
 TIMEOUT_S = 240
@@ -50,8 +65,19 @@ def _env() -> dict[str, str]:
     env = dict(os.environ)
     env["OMP_NUM_THREADS"] = "1"  # one thread per rank on every launcher alike
     env["PYTHONWARNINGS"] = "ignore"
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    paths = (str(ROOT), str(WORKLOADS), env.get("PYTHONPATH"))  # WORKLOADS: _bench, _gate
+    env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
+    env["SYNCSCOPE_BENCH"] = "1"  # examples/common.py: the examples run as workloads
     return env
+
+
+def workload(name: str) -> Path:
+    """The script of configuration ``name`` (``.py`` optional): the example that is its
+    loop, or benchmarks/workloads/NAME.py."""
+    name = name.removesuffix(".py")
+    if name in EXAMPLE_WORKLOADS:
+        return EXAMPLES / EXAMPLE_WORKLOADS[name]
+    return WORKLOADS / f"{name}.py"
 
 
 @dataclass(frozen=True)

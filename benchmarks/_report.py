@@ -133,7 +133,8 @@ def _accelerate(results: dict[str, Any]) -> list[str]:
         "Seconds per micro-batch (ms) for the four ways of writing gradient accumulation in "
         "Accelerate's table, plus the baseline script after `syncscope fix --apply`; "
         "DDP over gloo, model 8 x Linear(1024,1024), batch 8, 4 micro-batches per step, "
-        f"workload arguments `{' '.join(acc['args'])}` (benchmarks/workloads/). Ratio: "
+        f"workload arguments `{' '.join(acc['args'])}` (the examples/ loops, run as benchmark "
+        "workloads: benchmarks/README.md). Ratio: "
         "median over the baseline's median. Published: Accelerate's docs (T4 GPUs, batch "
         "16/GPU; seconds per batch), ratio to their baseline.",
         "",
@@ -234,7 +235,7 @@ def _small_steps(results: dict[str, Any]) -> list[str]:
         "alone. *One after another*: the runs in a rotated order, as a user would compare "
         "them; *side by side*: each plain job and its profiled twin at once, their windows "
         "timed over the same seconds (the cores shared: read the CPU-time ratios). "
-        "`benchmarks/hook_time.py` gives the time inside the recorder per window, which "
+        "`benchmarks/internals/hook_time.py` gives the time inside the recorder per window, which "
         "noise does not blur.",
         "",
     ]
@@ -442,10 +443,10 @@ def _method_note() -> list[str]:
         "- Whole launched runs of the same command differ by tens of percent on a shared "
         "2-core machine, so a launched ratio near 1 (either way) is noise, not a cost; the "
         "paired ratios and CPU time are the steadier figures.",
-        "- A smaller cost is measured in one process: `benchmarks/capture_breakdown.py` "
+        "- A smaller cost is measured in one process: `benchmarks/internals/capture_breakdown.py` "
         "alternates blocks of windows with every hook installed and without any in the same "
-        "ranks and takes paired ratios per round; `benchmarks/hook_time.py` gives the time "
-        "inside the recorder per window, by hook; `benchmarks/hook_bytecodes.py` counts the "
+        "ranks and takes paired ratios per round; `benchmarks/internals/hook_time.py` gives the time "
+        "inside the recorder per window, by hook; `benchmarks/internals/hook_bytecodes.py` counts the "
         "Python bytecodes capture adds per window, by function, exactly (no noise), though a "
         "bytecode's time varies and a slow C call adds none.",
         "- The measurements behind a change to capture are in that change's commit message.",

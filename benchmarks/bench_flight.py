@@ -23,7 +23,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import WORKLOADS, Launch, rotated
+from _harness import Launch, rotated, workload
 
 MODES = {
     "torchrun, recorder off": (Launch("torchrun"), "0"),
@@ -112,9 +112,10 @@ def main() -> int:
     parser.add_argument(
         "--workloads",
         nargs="+",
-        default=["no_sync.py", "per_param_every_microbatch.py"],
+        default=["no_sync", "per_param_every_microbatch"],
         metavar="SCRIPT",
-        help="of benchmarks/workloads/ (default: %(default)s)",
+        help="configurations (_harness.workload: an example or benchmarks/workloads/NAME.py; "
+        "default: %(default)s)",
     )
     opts = parser.parse_args()
     reps, windows = (1, 3) if opts.quick else (opts.reps, 8)
@@ -123,7 +124,7 @@ def main() -> int:
         return 0
     with tempfile.TemporaryDirectory(prefix="syncscope-bench-fr-") as tmp:
         for name in opts.workloads:
-            times, cpu = measure(WORKLOADS / name, reps, windows, Path(tmp))
+            times, cpu = measure(workload(name), reps, windows, Path(tmp))
             report(f"{name}: window time", times)
             report(f"{name}: CPU time of rank 0 per window", cpu)
     return 0

@@ -2,7 +2,8 @@
 
     python benchmarks/bench_gpu.py [--reps 4] [--budget-s 100] [--hidden 2048 --layers 4 ...]
 
-The workload is benchmarks/workloads/no_sync.py with ``--device cuda`` (a window ends with
+The workload is the ``no_sync`` loop (examples/ddp_no_sync.py run as a benchmark workload,
+benchmarks/workloads/_bench.py) with ``--device cuda`` (a window ends with
 ``torch.cuda.synchronize()``), one rank per GPU. Launches alternate (plain, profile,
 profile, plain, ...) so drift hits both alike; the figure is the median of the paired
 per-repetition ratios of median window time, with CPU time of rank 0 beside it, and the
@@ -26,7 +27,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-from _harness import WORKLOADS, Launch, LaunchFailed
+from _harness import Launch, LaunchFailed, workload
 
 LIMIT = 1.03
 MIN_REPS = 2
@@ -106,7 +107,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    workload = [
+    workload_args = [
         "--device", args.device, "--hidden", str(args.hidden), "--layers", str(args.layers),
         "--batch", str(args.batch), "--accum", "4", "--windows", str(args.windows),
         "--warmup", "2",
@@ -114,7 +115,7 @@ def main(argv: list[str] | None = None) -> int:
     launches = [Launch("torchrun", nproc=args.nproc), Launch("profile", nproc=args.nproc)]
     for line in _versions(args.device):
         print(line)
-    print(f"workload: no_sync.py {' '.join(workload)}; {args.nproc} rank(s); up to {args.reps} "
+    print(f"workload: no_sync {' '.join(workload_args)}; {args.nproc} rank(s); up to {args.reps} "
           f"reps in {args.budget_s:.0f} s")  # fmt: skip
     rows: dict[str, list[dict[str, float]]] = {"torchrun": [], "profile": []}
     started = time.monotonic()
@@ -128,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             order = launches if rep % 2 == 0 else launches[::-1]
             for launch in order:
                 try:
-                    record = launch.run(WORKLOADS / "no_sync.py", workload, Path(tmp))
+                    record = launch.run(workload("no_sync"), workload_args, Path(tmp))
                 except LaunchFailed as exc:
                     print(f"bench_gpu: error: {exc}", file=sys.stderr)
                     return 1

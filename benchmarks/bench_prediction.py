@@ -28,7 +28,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import ROOT, WORKLOADS, Launch, rotated
+from _harness import ROOT, WORKLOADS, Launch, rotated, workload
 
 sys.path.insert(0, str(ROOT))
 
@@ -41,32 +41,32 @@ MODELS = {
     "large": ["--hidden", "1024", "--layers", "8", "--batch", "32"],
 }
 LAST_ONLY = ["--sync-last-only"]
-# name, label, nodes, model, (buggy script, args), (fixed script, args)
+# name, label, nodes, model, (buggy workload, args), (fixed workload, args): _harness.workload
 CASES: list[dict[str, Any]] = [
     {"name": "ddp-every-1x2", "loop": "ddp-every", "label": "DDP, sync every micro-batch, 1 node x 2 ranks",
-     "nodes": 1, "model": "base", "buggy": ("sync_every_microbatch.py", []),
-     "fixed": ("no_sync.py", [])},
+     "nodes": 1, "model": "base", "buggy": ("sync_every_microbatch", []),
+     "fixed": ("no_sync", [])},
     {"name": "ddp-bwd-only-1x2", "loop": "ddp-bwd-only", "label": "DDP, no_sync around backward only, 1 x 2",
-     "nodes": 1, "model": "base", "buggy": ("no_sync_backward_only.py", []),
-     "fixed": ("no_sync.py", [])},
+     "nodes": 1, "model": "base", "buggy": ("no_sync_backward_only", []),
+     "fixed": ("no_sync", [])},
     {"name": "ddp-every-2x1", "loop": "ddp-every", "label": 'DDP, sync every micro-batch, 2 "nodes" x 1 rank',
-     "nodes": 2, "model": "base", "buggy": ("sync_every_microbatch.py", []),
-     "fixed": ("no_sync.py", [])},
+     "nodes": 2, "model": "base", "buggy": ("sync_every_microbatch", []),
+     "fixed": ("no_sync", [])},
     {"name": "ddp-bwd-only-2x1", "loop": "ddp-bwd-only", "label": 'DDP, no_sync around backward only, 2 "nodes" x 1',
-     "nodes": 2, "model": "base", "buggy": ("no_sync_backward_only.py", []),
-     "fixed": ("no_sync.py", [])},
+     "nodes": 2, "model": "base", "buggy": ("no_sync_backward_only", []),
+     "fixed": ("no_sync", [])},
     {"name": "fsdp2-every-1x2", "loop": "fsdp2", "label": "FSDP2, reduce-scatter every micro-batch, 1 x 2",
-     "nodes": 1, "model": "base", "buggy": ("fsdp2_every_microbatch.py", []),
-     "fixed": ("fsdp2_every_microbatch.py", LAST_ONLY)},
+     "nodes": 1, "model": "base", "buggy": ("fsdp2_every_microbatch", []),
+     "fixed": ("fsdp2_last_only", [])},
     {"name": "per-param-1x2", "loop": "per-param", "label": "manual per-parameter all-reduce every micro-batch",
      "nodes": 1, "model": "base", "buggy": ("per_param_every_microbatch.py", []),
      "fixed": ("per_param_every_microbatch.py", LAST_ONLY)},
     {"name": "ddp-every-small", "loop": "ddp-every", "label": "DDP, sync every micro-batch, small model (2x128)",
-     "nodes": 1, "model": "small", "buggy": ("sync_every_microbatch.py", []),
-     "fixed": ("no_sync.py", [])},
+     "nodes": 1, "model": "small", "buggy": ("sync_every_microbatch", []),
+     "fixed": ("no_sync", [])},
     {"name": "ddp-every-large", "loop": "ddp-every", "label": "DDP, sync every micro-batch, large model (8x1024)",
-     "nodes": 1, "model": "large", "buggy": ("sync_every_microbatch.py", []),
-     "fixed": ("no_sync.py", [])},
+     "nodes": 1, "model": "large", "buggy": ("sync_every_microbatch", []),
+     "fixed": ("no_sync", [])},
 ]  # fmt: skip
 COMMON = ["--accum", "4", "--warmup", "1"]
 
@@ -123,7 +123,7 @@ def measure(work: Path, reps: int, windows: int, cases: list[dict[str, Any]]) ->
             case = by_name[name]
             script, extra = case[variant]
             args = [*MODELS[case["model"]], *COMMON, "--windows", str(windows), *extra]
-            record = Launch("profile", nodes=case["nodes"]).run(WORKLOADS / script, args, work)
+            record = Launch("profile", nodes=case["nodes"]).run(workload(script), args, work)
             run = _load(record, case["nodes"])
             window = figures.window_time(run)
             row: dict[str, Any] = {

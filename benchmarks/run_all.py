@@ -38,13 +38,15 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from _harness import (
+    EXAMPLE_WORKLOADS,
+    EXAMPLES,
     ROOT,
-    WORKLOADS,
     Launch,
     LaunchFailed,
     Spread,
     per_micro_batch,
     rotated,
+    workload,
 )
 from _report import render
 from bench_analyze import hta_ranks
@@ -84,19 +86,21 @@ def log(message: str) -> None:
 
 
 def fixed_script(work: Path) -> tuple[Path, str]:
-    """The baseline rewritten by ``syncscope fix --apply``; returns (path, unified diff)."""
+    """The baseline (the example examples/ddp_sync_every_step.py, beside a copy of its
+    common.py) rewritten by ``syncscope fix --apply``; returns (path, unified diff)."""
     fixed = work / "fixed"
     fixed.mkdir()
-    for name in ("_bench.py", "sync_every_microbatch.py"):
-        shutil.copy(WORKLOADS / name, fixed / name)
-    cmd = [sys.executable, "-m", "syncscope", "fix", "sync_every_microbatch.py"]
+    baseline = EXAMPLE_WORKLOADS["sync_every_microbatch"]
+    for name in ("common.py", baseline):
+        shutil.copy(EXAMPLES / name, fixed / name)
+    cmd = [sys.executable, "-m", "syncscope", "fix", baseline]
     diff = subprocess.run(cmd, cwd=fixed, capture_output=True, text=True, check=False).stdout
     subprocess.run([*cmd, "--apply", "--no-backup"], cwd=fixed, capture_output=True, check=True)
-    return fixed / "sync_every_microbatch.py", diff
+    return fixed / baseline, diff
 
 
 def script_for(name: str, fixed: Path) -> Path:
-    return fixed if name == "fixed" else WORKLOADS / f"{name}.py"
+    return fixed if name == "fixed" else workload(name)
 
 
 def accelerate_table(work: Path, fixed: Path, reps: int, args: list[str]) -> dict[str, Any]:
@@ -131,7 +135,7 @@ def capture_cost(work: Path, reps: int, args: list[str]) -> dict[str, Any]:
         "torch_profiler": Launch("torchrun"),
         "detached": Launch("profile", extra=("--windows", "2")),
     }
-    script = WORKLOADS / "no_sync.py"
+    script = workload("no_sync")
     runs: list[dict[str, Any]] = []
     for rep in range(reps):
         for mode in rotated(list(launches), rep):

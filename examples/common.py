@@ -14,6 +14,15 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+# benchmarks/ runs some examples as its workloads with SYNCSCOPE_BENCH=1 (timed windows,
+# data made up front: benchmarks/workloads/_bench.py). Unset, as when you run them, nothing
+# below changes.
+BENCH = None
+if os.environ.get("SYNCSCOPE_BENCH") == "1":
+    from _bench import ExampleBench
+
+    BENCH = ExampleBench()
+
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
@@ -26,7 +35,7 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--device", choices=("cpu", "cuda"), default="cpu", help="cuda: NCCL, one GPU per rank"
     )
-    return parser.parse_args()
+    return BENCH.parse_args(parser) if BENCH else parser.parse_args()
 
 
 def init(args: argparse.Namespace | None = None) -> int:
@@ -56,11 +65,15 @@ def device(args: argparse.Namespace) -> torch.device:
 
 def batch(args: argparse.Namespace, rank: int, step: int, micro: int) -> torch.Tensor:
     """Different data on every rank and micro-batch, reproducible."""
+    if BENCH:
+        return BENCH.batch(args, rank, micro)
     g = torch.Generator().manual_seed(1000 * step + 10 * micro + rank)
     return torch.randn(args.batch, args.hidden, generator=g).to(device(args))
 
 
 def report(args: argparse.Namespace, rank: int, step: int, loss: float) -> None:
+    if BENCH:
+        return BENCH.report(args, rank, step)
     if rank == 0 and not args.quiet:
         print(f"step {step} loss {loss:.6f}", flush=True)
 

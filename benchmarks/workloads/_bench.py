@@ -1,5 +1,12 @@
 """Shared by the benchmark workloads: arguments, model, data and the in-script window clock.
 
+Two kinds of workload use it. The scripts in this folder import it directly. The loops
+examples/ already has (``EXAMPLE_CONFIGS``) are not copied here: the harness runs the
+example itself with ``SYNCSCOPE_BENCH=1`` and this folder on ``PYTHONPATH``, and
+examples/common.py hands its ``parse_args``/``batch``/``report`` to ``ExampleBench``
+(benchmark arguments and sizes, data made before the clock starts, the clock ticked at
+the end of every optimizer step). Without that variable the examples are untouched.
+
 Each workload is a plain torchrun script that runs unchanged under ``torchrun`` and under
 ``syncscope profile``. It times its own optimizer-step windows with ``time.perf_counter``
 (start-up, warm-up windows and teardown excluded), and the CPU time of the rank process
@@ -17,6 +24,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -132,3 +140,65 @@ def finish(args: argparse.Namespace, rank: int) -> None:
         _profiler.export_chrome_trace(str(Path(args.torch_profiler) / f"rank-{rank}.json.gz"))
     if dist.is_initialized():
         dist.destroy_process_group()
+
+
+BENCH_ENV = "SYNCSCOPE_BENCH"
+# example script -> the configuration name its SYNCSCOPE_BENCH line carries (a copy that
+# ``syncscope fix`` rewrote keeps the name of the loop it was made from)
+EXAMPLE_CONFIGS = {
+    "ddp_sync_every_step": "sync_every_microbatch",
+    "ddp_no_sync_backward_only": "no_sync_backward_only",
+    "ddp_no_sync": "no_sync",
+    "accelerate_accumulate": "accelerate_accumulate",
+    "fsdp2_no_toggle": "fsdp2_every_microbatch",
+    "fsdp2_toggle": "fsdp2_last_only",
+}
+
+
+class ExampleBench:
+    """An example (examples/common.py) run as a benchmark workload, ``SYNCSCOPE_BENCH=1``.
+
+    The example's own loop is what runs; this changes what its helpers do: the arguments
+    and sizes are this folder's (``--windows``/``--warmup``/``--torch-profiler``; the
+    example's ``--steps`` is their sum), ``batch`` returns ``make_data``'s inputs, made on
+    the first call, before the clock (and the ``--torch-profiler`` trace) starts,
+    ``report`` ends a window (``Clock.tick``, the gate included) and after the last one
+    prints the ``SYNCSCOPE_BENCH`` line and exports the trace. The example's
+    ``loss.item()`` per optimizer step stays in the window (one scalar read)."""
+
+    def __init__(self) -> None:
+        self.data: list[torch.Tensor] | None = None
+        self.clock: Clock | None = None
+
+    def parse_args(self, parser: argparse.ArgumentParser) -> argparse.Namespace:
+        parser.add_argument("--windows", type=int, default=4, help="timed optimizer steps")
+        parser.add_argument("--warmup", type=int, default=1, help="untimed optimizer steps first")
+        parser.add_argument("--torch-profiler", metavar="DIR", help="trace with torch.profiler")
+        parser.set_defaults(hidden=1024, layers=8, batch=32)  # this folder's, as parse_args
+        args = parser.parse_args()
+        args.steps = args.warmup + args.windows
+        return args
+
+    def batch(self, args: argparse.Namespace, rank: int, micro: int) -> torch.Tensor:
+        if self.data is None:
+            global _profiler
+            self.data = make_data(args, rank)
+            if args.torch_profiler:
+                _profiler = torch.profiler.profile(
+                    activities=[torch.profiler.ProfilerActivity.CPU], record_shapes=True
+                )
+                _profiler.__enter__()
+            stem = Path(sys.argv[0]).stem
+            self.clock = Clock(args, rank, EXAMPLE_CONFIGS.get(stem, stem))
+        return self.data[micro]
+
+    def report(self, args: argparse.Namespace, rank: int, step: int) -> None:
+        assert self.clock is not None, "report() before the first batch()"
+        self.clock.tick()
+        if step == args.steps - 1:
+            self.clock.report()
+            if _profiler is not None:
+                _profiler.__exit__(None, None, None)
+                Path(args.torch_profiler).mkdir(parents=True, exist_ok=True)
+                trace = Path(args.torch_profiler) / f"rank-{rank}.json.gz"
+                _profiler.export_chrome_trace(str(trace))

@@ -2,7 +2,7 @@
 
 A diagnostic, not part of docs/benchmarks.md: run it under torchrun like a workload::
 
-    torchrun --standalone --nproc-per-node 2 benchmarks/capture_breakdown.py [--rounds 12]
+    torchrun --standalone --nproc-per-node 2 benchmarks/internals/capture_breakdown.py [--rounds 12]
 
 Every round runs one window per variant (plain, every hook, then one hook family at a time)
 in a rotating order, in one process, so machine noise hits all variants alike. Rank 0
@@ -161,7 +161,7 @@ def main() -> None:
     rank = dist.get_rank()
     torch.manual_seed(0)
     if args.model == "transformer":
-        sys.path.insert(0, str(Path(__file__).resolve().parent / "workloads"))
+        sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workloads"))
         import small_transformer as st
 
         sys.argv[1:] = []

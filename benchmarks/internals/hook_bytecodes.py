@@ -1,6 +1,6 @@
 """Python bytecodes capture adds per window, by function: a diagnostic that noise does not blur.
 
-    python benchmarks/hook_bytecodes.py [--model mlp|transformer] [--windows 10] [--top 25]
+    python benchmarks/internals/hook_bytecodes.py [--model mlp|transformer] [--windows 10] [--top 25]
 
 Runs small_steps.py's shapes (``--model``) under DDP on one gloo rank (no peer, no launcher),
 4 micro-batches under ``no_sync()``, twice: plain, then with every hook installed. Each time

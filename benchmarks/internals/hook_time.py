@@ -1,6 +1,6 @@
 """Time spent inside syncscope's recorder per window, by hook: a diagnostic, not a benchmark.
 
-    torchrun --standalone --nproc-per-node 1 benchmarks/hook_time.py [--windows 100] [--tiny]
+    torchrun --standalone --nproc-per-node 1 benchmarks/internals/hook_time.py [--windows 100] [--tiny]
 
 Runs ``workloads/small_transformer.py``'s model (``--tiny``: a near-zero-compute one) under
 DDP with 4 micro-batches under ``no_sync()``, every hook installed, and times each outermost
@@ -29,7 +29,7 @@ import torch
 import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "workloads"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workloads"))
 
 import small_mlp as mlp
 import small_transformer as st

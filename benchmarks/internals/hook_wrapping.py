@@ -7,7 +7,7 @@ interleaved, the time of one hook call bare, through ``opaque`` and through
 ``torch.compiler.disable`` alone, and the time of a captured micro-batch and optimizer step
 with the hooks wrapped each of those three ways::
 
-    python benchmarks/hook_wrapping.py [--rounds 15]
+    python benchmarks/internals/hook_wrapping.py [--rounds 15] [--calls 20000] [--steps 40]
 
 Single process, no process group: the hooks' cost does not depend on the collectives.
 """
@@ -71,6 +71,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--rounds", type=int, default=15)
     parser.add_argument("--calls", type=int, default=20000)
+    parser.add_argument("--steps", type=int, default=40, help="captured steps timed per round")
     args = parser.parse_args()
     torch.set_num_threads(1)
 
@@ -86,7 +87,7 @@ def main() -> None:
         for name in names:
             calls[name].append(per_call_ns(hooks[name], args.calls))
         for name in names:
-            steps[name].append(backward_us(name, 40))
+            steps[name].append(backward_us(name, args.steps))
     call = {name: statistics.median(v) for name, v in calls.items()}
     step = {name: statistics.median(v) for name, v in steps.items()}
     print(f"hook call, bare function:            {call['bare']:8.0f} ns")

@@ -1,0 +1,94 @@
+"""The benchmark workloads that are examples/ scripts run with ``SYNCSCOPE_BENCH=1``
+(benchmarks/workloads/_bench.py's ``ExampleBench``): they time their windows and print the
+``SYNCSCOPE_BENCH`` line; without the variable the example prints what it always did."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+BENCHMARKS = ROOT / "benchmarks"
+WORKLOADS = BENCHMARKS / "workloads"
+MARK = "SYNCSCOPE_BENCH "
+
+
+def _port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _run(script: Path, *args: str, bench: bool) -> str:
+    """``script`` as rank 0 of a world of 1 (no launcher); its stdout."""
+    paths = [str(ROOT), *([str(WORKLOADS)] if bench else []), os.environ.get("PYTHONPATH", "")]
+    env = dict(
+        os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p), OMP_NUM_THREADS="1",
+        PYTHONWARNINGS="ignore", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
+        LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_port()),
+    )  # fmt: skip
+    env.pop("SYNCSCOPE_BENCH", None)
+    if bench:
+        env["SYNCSCOPE_BENCH"] = "1"
+    proc = subprocess.run(
+        [sys.executable, str(script), *args],
+        capture_output=True, text=True, env=env, cwd=ROOT, timeout=120,
+    )  # fmt: skip
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    return proc.stdout
+
+
+def test_every_example_workload_names_its_configuration_back() -> None:
+    # the harness's configuration -> example map and the clock's example -> configuration map
+    sys.path[:0] = [str(BENCHMARKS), str(WORKLOADS)]
+    try:
+        from _bench import EXAMPLE_CONFIGS
+        from _harness import EXAMPLE_WORKLOADS, EXAMPLES, workload
+    finally:
+        del sys.path[:2]
+    assert {f"{stem}.py": name for stem, name in EXAMPLE_CONFIGS.items()} == {
+        script: name for name, script in EXAMPLE_WORKLOADS.items()
+    }
+    for name, script in EXAMPLE_WORKLOADS.items():
+        assert workload(name) == workload(f"{name}.py") == EXAMPLES / script
+        assert workload(name).is_file()
+    assert workload("alternating") == WORKLOADS / "alternating.py"
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize(
+    ("example", "config"),
+    [
+        ("ddp_sync_every_step.py", "sync_every_microbatch"),
+        ("accelerate_accumulate.py", "accelerate_accumulate"),
+        ("fsdp2_toggle.py", "fsdp2_last_only"),
+    ],
+)
+def test_an_example_run_as_a_workload_prints_its_timed_windows(example: str, config: str) -> None:
+    args = ("--hidden", "32", "--layers", "2", "--batch", "4", "--windows", "2", "--warmup", "1")
+    out = _run(ROOT / "examples" / example, *args, bench=True)
+    lines = out.splitlines()
+    assert len(lines) == 1 and lines[0].startswith(MARK)  # no "step N loss" lines
+    record = json.loads(lines[0][len(MARK) :])
+    assert record["config"] == config
+    assert len(record["window_s"]) == 2 and len(record["warmup_s"]) == 1
+    assert len(record["window_cpu_s"]) == len(record["window_thread_cpu_s"]) == 2
+    assert (record["accum"], record["layers"], record["hidden"], record["batch"]) == (4, 2, 32, 4)
+    assert record["world_size"] == 1 and record["torch_profiler"] is False
+
+
+@pytest.mark.slow
+def test_an_example_without_the_variable_is_the_example() -> None:
+    out = _run(ROOT / "examples" / "ddp_sync_every_step.py", bench=False)
+    assert [line.split(" loss ")[0] for line in out.splitlines()] == [
+        "step 0",
+        "step 1",
+        "step 2",
+    ]
+    assert MARK.strip() not in out
