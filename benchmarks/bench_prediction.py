@@ -32,7 +32,7 @@ from _harness import ROOT, WORKLOADS, Launch, rotated, workload
 
 sys.path.insert(0, str(ROOT))
 
-from syncscope.analysis.assemble import load_run
+from syncscope.load.runs import load_run
 from syncscope.model import Run, Window, figures
 
 MODELS = {

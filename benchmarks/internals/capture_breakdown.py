@@ -32,8 +32,9 @@ import torch.distributed as dist
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils._python_dispatch import TorchDispatchMode
 
-from syncscope.capture import collectives, instrument
-from syncscope.capture.recorder import MemorySink, Recorder
+from syncscope.capture.hooks import collectives
+from syncscope.capture.hooks import install as instrument
+from syncscope.capture.recorder.core import MemorySink, Recorder
 from syncscope.capture.writer import EventWriter
 
 Installer = Callable[[Recorder], Callable[[], None]]

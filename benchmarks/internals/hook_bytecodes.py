@@ -30,8 +30,8 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from hook_time import small_step
 
-from syncscope.capture import instrument
-from syncscope.capture.recorder import Recorder
+from syncscope.capture.hooks import install as instrument
+from syncscope.capture.recorder.core import Recorder
 from syncscope.capture.writer import EventWriter
 
 

@@ -34,10 +34,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "workloads"))
 import small_mlp as mlp
 import small_transformer as st
 
-import syncscope.capture.recorder as recorder_module
-import syncscope.capture.steps as steps_module
-from syncscope.capture import instrument, sites
-from syncscope.capture.recorder import Recorder
+import syncscope.capture.recorder.core as recorder_module
+import syncscope.capture.recorder.steps as steps_module
+from syncscope.capture import sites
+from syncscope.capture.hooks import install as instrument
+from syncscope.capture.recorder.core import Recorder
 from syncscope.capture.writer import EventWriter
 
 HOOKS = (

@@ -1,7 +1,7 @@
 """What keeping the hooks out of Dynamo costs in eager mode (no torch.compile anywhere).
 
 Every hook body syncscope runs is kept out of Dynamo's reach (docs/concepts.md,
-"torch.compile") by ``syncscope.capture.opaque.opaque``: ``torch.compiler.disable`` where
+"torch.compile") by ``syncscope.capture.hooks.opaque.opaque``: ``torch.compiler.disable`` where
 Dynamo could see the call, the body itself otherwise. This prints, side by side and
 interleaved, the time of one hook call bare, through ``opaque`` and through
 ``torch.compiler.disable`` alone, and the time of a captured micro-batch and optimizer step
@@ -22,9 +22,9 @@ from typing import Any
 
 import torch
 
-from syncscope.capture import instrument
-from syncscope.capture.opaque import opaque
-from syncscope.capture.recorder import MemorySink, Recorder
+from syncscope.capture.hooks import install as instrument
+from syncscope.capture.hooks.opaque import opaque
+from syncscope.capture.recorder.core import MemorySink, Recorder
 
 WRAPS: dict[str, Callable[[Callable[..., Any]], Callable[..., Any]]] = {
     "bare": lambda fn: fn,

@@ -250,7 +250,7 @@ def user_site(skip: int = 1, key: str | None = None) -> SiteDict | None:
 
     The hinted case is written out here and in ``user_site_through``, not shared: a shared
     helper (or this calling ``user_site_through``) added 270-330 bytecodes to each window of
-    the small MLP step (``benchmarks/hook_bytecodes.py``: 5,914 -> 6,188 / 6,240), every
+    the small MLP step (``benchmarks/internals/hook_bytecodes.py``: 5,914 -> 6,188 / 6,240), every
     hook of every micro-batch coming through one of the two."""
     if key is not None and (hint := _hints.get(key)) is not None:
         try:
