@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from syncscope.analysis import diagnose
+from syncscope.analysis import window_rules
 from syncscope.capture import native
 from syncscope.commands.saved import load_and_diagnose
 from tests.conftest import PROFILE_TIMEOUT, ROOT
@@ -233,7 +233,7 @@ def test_profile_records_the_same_run_with_either_kernel(
     # report has it or not by its times; without the share's gate, both find the same rounds.
     for report in reports:
         assert {f["kind"] for f in report["findings"]} - {"fragmented-sync"} == {"redundant-sync"}
-    monkeypatch.setattr(diagnose, "FRAGMENT_MIN_SHARE", 0.0)
+    monkeypatch.setattr(window_rules, "FRAGMENT_MIN_SHARE", 0.0)
     found = [_fragments(tmp_path / name) for name in ("compiled", "python")]
     assert found[0] == found[1] == {(r, w, 6 if w == 0 else 3) for r in (0, 1) for w in (0, 1, 2)}
 
@@ -247,7 +247,7 @@ def _fragments(run_dir: Path) -> set[tuple[int, int, int]]:
     for rank in run.ranks:
         for window in rank.windows:
             if window.complete:
-                for o in diagnose._fragmented(rank, window):
+                for o in window_rules._fragmented(rank, window):
                     assert o.evidence["collectives_per_round"] == 4
                     out.add((rank.rank, window.index, int(o.cost["extra_collectives_per_window"])))
     return out
