@@ -128,6 +128,7 @@ def _finish(proc: subprocess.Popen[str], timeout: float) -> tuple[int, str]:
     return proc.returncode, err
 
 
+@pytest.mark.slow  # a Dask scheduler and worker processes
 def test_a_scheduler_without_workers_waits_a_bounded_time(
     tmp_path: Path, traces: Path, scheduler: tuple[Path, list[subprocess.Popen[bytes]]]
 ) -> None:
@@ -176,6 +177,7 @@ def _run_reading(
     return proc
 
 
+@pytest.mark.slow  # a Dask scheduler and worker processes
 def test_a_scheduler_killed_mid_run_is_one_line(
     tmp_path: Path, scheduler: tuple[Path, list[subprocess.Popen[bytes]]]
 ) -> None:
@@ -191,6 +193,7 @@ def test_a_scheduler_killed_mid_run_is_one_line(
     )
 
 
+@pytest.mark.slow  # a Dask scheduler and worker processes
 def test_every_worker_gone_mid_run_is_one_line_in_bounded_time(
     tmp_path: Path, scheduler: tuple[Path, list[subprocess.Popen[bytes]]]
 ) -> None:

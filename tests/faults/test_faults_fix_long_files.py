@@ -447,6 +447,7 @@ def test_eliding_inside_every_fixture_changes_nothing(
     _fix_in_function(name, monkeypatch)
 
 
+@pytest.mark.slow  # a syncscope fix process
 def test_fix_of_a_30000_line_function_ends_in_seconds(tmp_path: Path) -> None:
     """GIVEN a script that is one 30,000-line function WHEN ``syncscope fix`` THEN its
     report within 90 s on a loaded machine (about 3 s; before: 248 s and 761 MB)."""
