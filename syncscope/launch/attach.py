@@ -46,8 +46,9 @@ ENV_THEN = "SYNCSCOPE_THEN"
 ENV_PROFILE_PID = "SYNCSCOPE_PROFILE_PID"  # the `syncscope profile` process: ranks end with it
 WATCH_S = 0.5  # how often a rank checks that `syncscope profile` is still there
 GRACE_S = 5.0  # after SIGTERM to itself, how long a rank waits before it exits anyway
-_HERE = os.path.dirname(os.path.abspath(__file__)) + os.sep
-_HERE_REAL = os.path.dirname(os.path.realpath(__file__)) + os.sep
+# syncscope/ (this file is syncscope/launch/attach.py): its frames are not the user's
+_HERE = os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep
+_HERE_REAL = os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep
 
 USAGE = (
     "usage: python -m syncscope.launch.attach [--out DIR] [--windows N] [--skip-windows W] "
