@@ -94,7 +94,7 @@ class DevTools:
         self.events: list[dict[str, Any]] = []
         self.session = ""
 
-    def call(self, method: str, timeout: float = 10.0, **params: Any) -> dict[str, Any]:
+    def call(self, method: str, timeout: float = 60.0, **params: Any) -> dict[str, Any]:
         self._next_id += 1
         message: dict[str, Any] = {"id": self._next_id, "method": method, "params": params}
         if self.session and not method.startswith("Target."):
@@ -110,7 +110,7 @@ class DevTools:
             if "method" in reply:
                 self.events.append(reply)
 
-    def wait_for(self, event: str, timeout: float = 10.0) -> dict[str, Any]:
+    def wait_for(self, event: str, timeout: float = 60.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         for seen in self.events:
             if seen.get("method") == event:
@@ -172,11 +172,11 @@ def open_page(
         mobile=False,
     )
     browser.call("Page.navigate", url=page.as_uri())
-    browser.wait_for("Page.loadEventFired", timeout=15)
+    browser.wait_for("Page.loadEventFired", timeout=60)
     return wait_for_charts(browser)
 
 
-def wait_for_charts(browser: DevTools, timeout: float = 10) -> dict[str, Any]:
+def wait_for_charts(browser: DevTools, timeout: float = 60) -> dict[str, Any]:
     deadline = time.monotonic() + timeout
     while True:
         state = json.loads(browser.evaluate(RENDERED_JS))
@@ -200,9 +200,9 @@ def screenshot(browser: DevTools, path: Path, width: int, height: int) -> None:
     )
     browser.events = [e for e in browser.events if e.get("method") != "Page.loadEventFired"]
     browser.call("Page.reload")
-    browser.wait_for("Page.loadEventFired", timeout=15)
+    browser.wait_for("Page.loadEventFired", timeout=60)
     wait_for_charts(browser)
-    shot = browser.call("Page.captureScreenshot", format="png", timeout=20)
+    shot = browser.call("Page.captureScreenshot", format="png", timeout=60)
     path.write_bytes(base64.b64decode(shot["data"]))
 
 
