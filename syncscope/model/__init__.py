@@ -465,15 +465,3 @@ def missing_ranks(present: Iterable[int], world: int) -> tuple[list[int], int]:
             listed.append(candidate)
         candidate += 1
     return listed, count
-
-
-# -- rank event files (ranks/rank-NNNNN.jsonl) ----------------------------------------------
-_EVENT_INTS = frozenset(
-    {"t", "seq", "bytes", "t_end", "mem", "cuda_peak", "params", "param_bytes", "window"}
-    | {"pid", "local_rank", "rank", "shard_world", "bucket_cap_bytes", "windows"}
-)
-_EVENT_ANY_INTS = frozenset({"depth", "status", "bucket"})
-_EVENT_DICTS = frozenset({"site", "accelerate"})
-_EVENT_STRS = frozenset({"type", "host"})
-_REQUIRED: dict[str, tuple[str, ...]] = {"done": ("seq", "t"), "coll": ("seq", "t")}
-_REQUIRED.update({"bwd": ("t",), "fp": ("window", "fp")})
