@@ -74,6 +74,19 @@ def _sites(window: Window, micro_batch: int) -> list[tuple[str, SourceLocation]]
     return out
 
 
+def _against_the_principle(window: Window) -> dict[str, object]:
+    """What the window did beside what the principle expects: one grad sync, on the last
+    micro-batch (the evidence ``redundant-sync`` and ``missing-sync`` both open with)."""
+    n = len(window.micro_batches)
+    return {
+        "micro_batches": n,
+        "expected_grad_syncs": 1,
+        "expected_micro_batches": [n - 1],
+        "grad_syncs": window.grad_syncs,
+        "grad_sync_micro_batches": window.grad_sync_micro_batches,
+    }
+
+
 def _redundant_cause(rank: RankRun, window: Window, position: int) -> tuple[str, Severity]:
     mb = window.micro_batches[position]
     if mb.sync_each_batch:
@@ -169,11 +182,7 @@ def _redundant(rank: RankRun, window: Window) -> Iterator[Observation]:
         rank.rank,
         window.index,
         {
-            "micro_batches": n,
-            "expected_grad_syncs": 1,
-            "expected_micro_batches": [n - 1],
-            "grad_syncs": window.grad_syncs,
-            "grad_sync_micro_batches": window.grad_sync_micro_batches,
+            **_against_the_principle(window),
             "grad_sync_collectives": len(window.grad_sync_collectives),
             **({"sync_helper": helper_text(helper)} if helper else {}),
             **evidence,
@@ -293,11 +302,7 @@ def _missing(rank: RankRun, window: Window) -> Iterator[Observation]:
         rank.rank,
         window.index,
         {
-            "micro_batches": n,
-            "expected_grad_syncs": 1,
-            "expected_micro_batches": [n - 1],
-            "grad_syncs": window.grad_syncs,
-            "grad_sync_micro_batches": window.grad_sync_micro_batches,
+            **_against_the_principle(window),
             "unsynced_micro_batches": [
                 i for i in range(n) if i > max(window.grad_sync_micro_batches, default=-1)
             ],
