@@ -26,7 +26,6 @@ import contextlib
 import functools
 import os
 import sys
-import sysconfig
 import threading
 import time
 from pathlib import Path
@@ -35,6 +34,7 @@ from typing import Any
 
 import orjson
 
+from syncscope.capture.sites import is_library_path
 from syncscope.rundir import rank_beat_path
 
 __all__ = ["BEAT_S", "describe", "start_heartbeat"]
@@ -48,15 +48,6 @@ _OURS = tuple(
 # rendezvous, c10d_logger, _functional_collectives) and the elastic store utilities; not
 # fsdp/, tensor/, checkpoint/, which compute in Python between their collectives
 _DIST = f"{_SEP}torch{_SEP}distributed{_SEP}"
-_LIBRARY = tuple(
-    sorted(
-        {
-            os.path.realpath(p) + _SEP
-            for key in ("stdlib", "platstdlib", "purelib", "platlib")
-            if (p := sysconfig.get_paths().get(key))
-        }
-    )
-)
 
 
 def _ours(filename: str) -> bool:
@@ -72,8 +63,8 @@ def _communicating(filename: str) -> bool:
 
 @functools.lru_cache(maxsize=4096)
 def _library(filename: str) -> bool:
-    """A file of Python's own library or of an installed package (not the script's)."""
-    return os.path.realpath(filename).startswith(_LIBRARY)
+    """Library code, not the script's: capture's own rule (``sites.is_library_path``)."""
+    return filename.startswith("<") or is_library_path(os.path.abspath(filename))
 
 
 def _in_torch(filename: str) -> bool:
