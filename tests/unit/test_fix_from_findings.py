@@ -34,10 +34,9 @@ for i, batch in enumerate(loader):
 """
 
 
-def test_a_forward_around_ddp_is_rewritten_to_call_the_wrapper(
-    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
-) -> None:
-    # GIVEN a profile that saw the forward at line 6 go around DDP (missing-sync)
+def _bypass_run(tmp_path: Path) -> tuple[Path, Path]:
+    """train.py whose forward at line 6 goes around DDP, and a run that saw it
+    (missing-sync, wrapper-bypassed)."""
     script = tmp_path / "train.py"
     script.write_text(HEADER + BYPASS)
     finding = {
@@ -47,7 +46,14 @@ def test_a_forward_around_ddp_is_rewritten_to_call_the_wrapper(
         "sources": [{"role": "forward", "file": str(script), "line": 6}],
         "fix": {"style": "call-wrapper", "summary": "Call the DDP wrapper"},
     }
-    run = report_run_dir(tmp_path, script, [finding])
+    return script, report_run_dir(tmp_path, script, [finding])
+
+
+def test_a_forward_around_ddp_is_rewritten_to_call_the_wrapper(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN a profile that saw the forward at line 6 go around DDP (missing-sync)
+    script, run = _bypass_run(tmp_path)
     monkeypatch.chdir(tmp_path)
     # WHEN fixed from it THEN the forward calls the wrapper, and the problem is said
     status, err = _fix(tmp_path, "train.py", "--from", str(run), "--apply", capsys=capsys)
@@ -151,16 +157,7 @@ def test_a_renamed_copy_of_the_profiled_script_gets_the_bypass_rewrite_too(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
 ) -> None:
     # GIVEN a run of train.py, and copy.py with the same bytes (a renamed or moved copy)
-    script = tmp_path / "train.py"
-    script.write_text(HEADER + BYPASS)
-    finding = {
-        "kind": "missing-sync",
-        "severity": "error",
-        "cause": "wrapper-bypassed",
-        "sources": [{"role": "forward", "file": str(script), "line": 6}],
-        "fix": {"style": "call-wrapper", "summary": "Call the DDP wrapper"},
-    }
-    run = report_run_dir(tmp_path, script, [finding])
+    script, run = _bypass_run(tmp_path)
     (tmp_path / "copy.py").write_text(script.read_text())
     monkeypatch.chdir(tmp_path)
     # WHEN the copy is fixed from the run THEN its forward calls the wrapper, as the original's

@@ -72,8 +72,9 @@ def test_from_run_names_a_wrapper_decided_elsewhere(tmp_path: Path) -> None:
     assert "with (model.no_sync() if not is_last else contextlib.nullcontext()):" in result.fixed
 
 
-def test_from_run_moves_a_helper_toggle(tmp_path: Path) -> None:
-    # GIVEN the flag toggled through a helper after the forward (invisible to syntax)
+def _helper_toggle_run(tmp_path: Path) -> tuple[Path, Path]:
+    """train.py whose sync flag is toggled through a helper after the forward (line 7,
+    invisible to syntax), and a run that saw the toggle there (missing-sync)."""
     script = tmp_path / "train.py"
     body = LOOP.replace(
         "    loss.backward()", "    set_sync(model, (i + 1) % accum == 0)\n    loss.backward()"
@@ -84,7 +85,13 @@ def test_from_run_moves_a_helper_toggle(tmp_path: Path) -> None:
         "sources": [{"role": "toggle", "file": str(script), "line": 7}],
         "fix": {"style": "ddp-flag"},
     }
-    hints = load_hints(report_run_dir(tmp_path, script, [finding]), script, script.read_bytes())
+    return script, report_run_dir(tmp_path, script, [finding])
+
+
+def test_from_run_moves_a_helper_toggle(tmp_path: Path) -> None:
+    # GIVEN the flag toggled through a helper after the forward (invisible to syntax)
+    script, run = _helper_toggle_run(tmp_path)
+    hints = load_hints(run, script, script.read_bytes())
     result = fix_source(script.read_text(), FixOptions(hints=hints))
     lines = result.fixed.splitlines()
     assert lines.index("    set_sync(model, (i + 1) % accum == 0)") < lines.index(
@@ -191,17 +198,7 @@ def test_contextlib_import_opens_its_own_section_before_third_party_imports() ->
 def test_from_run_applies_to_a_renamed_identical_copy(tmp_path: Path) -> None:
     """Issue 42: the run profiled train.py; fix --from on copy.py, the same bytes, said
     nothing to fix. The content hash matched, so the run's sources apply to the copy."""
-    script = tmp_path / "train.py"
-    body = LOOP.replace(
-        "    loss.backward()", "    set_sync(model, (i + 1) % accum == 0)\n    loss.backward()"
-    )
-    script.write_text(HEADER + "model = DDP(net)\n" + body)
-    finding = {
-        "kind": "missing-sync",
-        "sources": [{"role": "toggle", "file": str(script), "line": 7}],
-        "fix": {"style": "ddp-flag"},
-    }
-    run = report_run_dir(tmp_path, script, [finding])
+    script, run = _helper_toggle_run(tmp_path)
     copy = tmp_path / "elsewhere" / "copy.py"
     copy.parent.mkdir()
     copy.write_bytes(script.read_bytes())
