@@ -119,35 +119,40 @@ def _increments(statements: Sequence[cst.BaseStatement], name: str) -> int:
 
 
 def is_last_binding(ctx: Context) -> tuple[str, list[str], str | None] | None:
-    """(name, setup lines, new gate test) to say "last micro-batch" before the forward."""
+    """(the expression, setup lines, new gate test) to say "last micro-batch" before the
+    forward: a name (``is_last``), or ``not accumulating`` for the script's own flag."""
     loop = ctx.loop
     code = loop.is_last_code
     if code is None:
         return None
     gate = loop.gate
-    if gate is not None and isinstance(gate.test, cst.Name):
-        name = gate.test.value
+    test = loop.last_test
+    negated = isinstance(test, cst.UnaryOperation) and isinstance(test.operator, cst.Not)
+    flag = test.expression if isinstance(test, cst.UnaryOperation) and negated else test
+    if gate is not None and isinstance(flag, cst.Name):  # ``if is_last:``, ``if not accumulating:``
+        name = flag.value
         bound_before = any(name in _assigned(s) for s in loop.body[: loop.forward])
-        return (name, [], None) if bound_before else None
+        return (f"not {name}" if negated else name, [], None) if bound_before else None
     for statement in loop.body[: loop.forward]:
         small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
         if isinstance(small, cst.Assign) and code_of(small.value) == code:
             target = small.targets[0].target
             if isinstance(target, cst.Name):
-                return target.value, [], target.value if gate is not None else None
-    if gate is not None:
+                name = target.value
+                return name, [], loop.gate_test(name) if gate is not None else None
+    if gate is not None and test is not None:
         between = loop.body[loop.forward : loop.gate_index]
-        changed = _names_in(gate.test) & {n for s in between for n in _assigned(s)}
+        changed = _names_in(test) & {n for s in between for n in _assigned(s)}
         if any(_increments(between, counter) != 1 for counter in changed):
             return None  # the gate's counter changes between forward and gate
-        test: cst.CSTNode = gate.test
+        ahead: cst.CSTNode = test
         for counter in changed:  # ``micro += 1`` before the gate: test ``micro + 1`` ahead
-            shifted = m.replace(test, m.Name(counter), cst.parse_expression(f"({counter} + 1)"))
+            shifted = m.replace(ahead, m.Name(counter), cst.parse_expression(f"({counter} + 1)"))
             assert isinstance(shifted, cst.CSTNode)
-            test = shifted
-        code = code_of(test)
+            ahead = shifted
+        code = code_of(ahead)
     name = _fresh_name(ctx.module)
-    return name, [f"{name} = {code}"], name if gate is not None else None
+    return name, [f"{name} = {code}"], loop.gate_test(name) if gate is not None else None
 
 
 def _accelerator_of(ctx: Context) -> str | None:
@@ -168,6 +173,11 @@ def _bound_before(name: str, code: str, position: int) -> bool:
 
 
 def accelerate_rewrite(ctx: Context) -> tuple[Edit | None, str]:
+    """``with accelerator.accumulate(model):``, training kept as the user had it:
+    ``accelerator.backward`` divides by ``gradient_accumulation_steps``, so where the
+    keyword is added the loop's own ``/ N`` goes; a loop that does not divide (its
+    gradients are sums), or whose N is defined after the ``Accelerator``, gets
+    ``accelerator.no_sync(model)`` on every micro-batch but the last instead."""
     loop = ctx.loop
     acc = _accelerator_of(ctx)
     if acc is None:
@@ -177,41 +187,53 @@ def accelerate_rewrite(ctx: Context) -> tuple[Edit | None, str]:
     n = loop.last_gate.pred.n
     call = ctx.resolution.accelerators[acc]
     keywords = {a.keyword.value for a in call.args if a.keyword is not None}
-    rewrite = edits.wrap_span(
-        loop,
-        f"with {acc}.accumulate({loop.model}):",
-        [],
-        f"{acc}.sync_gradients" if loop.gate is not None else None,
-        span_fix=lambda span: _drop_loss_division(span, acc, n),
-    )
-    if "gradient_accumulation_steps" not in keywords:
+    span = loop.body[loop.forward : loop.backward + 1]
+    divides = f"{acc}.backward(" in "".join(code_of(s) for s in span)
+    has_steps = "gradient_accumulation_steps" in keywords
+    if not has_steps and divides:
         source = ctx.module.code
         position = source.find(code_of(call))
         roots = {r for r in re.findall(r"[A-Za-z_]\w*", n) if r not in {"len", "int"}}
-        if not all(_bound_before(r, source, position) for r in roots):
-            return None, f"'{n}' is defined after {acc} = Accelerator(...)"
-        rewrite = edits.merge(rewrite, edits.add_keyword(call, "gradient_accumulation_steps", n))
-    return rewrite, ""
+        if not all(_bound_before(r, source, position) for r in roots) or not any(
+            _divided_by(s, n) for s in span
+        ):
+            return no_sync_rewrite(ctx, f"{acc}.no_sync({loop.model})")
+    gate = loop.gate_test(f"{acc}.sync_gradients") if loop.gate is not None else None
+    header = f"with {acc}.accumulate({loop.model}):"
+    if has_steps:  # it divides already: nothing to add, nothing to drop
+        return edits.wrap_span(loop, header, [], gate), ""
+    rewrite = edits.wrap_span(
+        loop, header, [], gate, span_fix=lambda span: _drop_loss_division(span, n)
+    )
+    return edits.merge(rewrite, edits.add_keyword(call, "gradient_accumulation_steps", n)), ""
 
 
-def _drop_loss_division(span: Statements, acc: str, n: str) -> Statements:
-    """``accelerator.backward`` divides by ``gradient_accumulation_steps``: drop ``/ n``."""
+def _divided_by(statement: cst.BaseStatement, n: str) -> bool:
+    """``loss = <expr> / n``."""
+    small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
+    value = small.value if isinstance(small, cst.Assign) else None
+    return (
+        isinstance(value, cst.BinaryOperation)
+        and isinstance(value.operator, cst.Divide)
+        and code_of(value.right) == n
+    )
+
+
+def _drop_loss_division(span: Statements, n: str) -> Statements:
+    """``accelerator.backward`` divides by ``gradient_accumulation_steps``: drop ``/ n``
+    (``loss = loss / n`` goes whole)."""
     out: Statements = []
     for statement in span:
-        small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
-        value = small.value if isinstance(small, (cst.Assign, cst.Expr)) else None
-        if (
-            isinstance(value, cst.BinaryOperation)
-            and isinstance(value.operator, cst.Divide)
-            and code_of(value.right) == n
-            and isinstance(small, cst.Assign)
-            and f"{acc}.backward(" in "".join(code_of(s) for s in span)
-        ):
-            left = (
-                value.left.with_changes(lpar=(), rpar=())
-                if _bare_parens(value.left)
-                else value.left
-            )
+        if _divided_by(statement, n):
+            assert isinstance(statement, cst.SimpleStatementLine)
+            small = statement.body[0]
+            assert isinstance(small, cst.Assign) and isinstance(small.value, cst.BinaryOperation)
+            value = small.value
+            left = value.left.with_changes(lpar=()) if _bare_parens(value.left) else value.left
+            if _bare_parens(value.left):
+                left = left.with_changes(rpar=())
+            if code_of(left) == code_of(small.targets[0].target) and len(small.targets) == 1:
+                continue  # ``loss = loss / n``: nothing left of it
             statement = statement.with_changes(body=[small.with_changes(value=left)])
         out.append(statement)
     return out
@@ -229,6 +251,11 @@ def canonical_rewrite(ctx: Context) -> tuple[Edit | None, str]:
         return None, (
             "DDP(static_graph=True) needs the first backward of training synced; "
             "not rewritten: see the finding's advice (syncscope profile)"
+        )
+    if ctx.loop.split:
+        return None, (
+            "the step's if/else runs the backward in both branches, and they differ beyond "
+            "a sync toggle: cannot move the sync before the forward"
         )
     binding = is_last_binding(ctx)
     if binding is None:
@@ -255,8 +282,19 @@ def canonical_rewrite(ctx: Context) -> tuple[Edit | None, str]:
     if ctx.wrapper == "ddp" and ctx.ddp_form == "flag":
         lines = [*setup, guarded(f"{model}.require_backward_grad_sync = {name}")]
         return edits.insert_before_forward(ctx.loop, lines, None, gate), ""
-    skip = f"{guard} and not {name}" if guard else f"not {name}"
-    header = f"with ({model}.no_sync() if {skip} else contextlib.nullcontext()):"
+    return no_sync_rewrite(ctx, f"{model}.no_sync()")
+
+
+def no_sync_rewrite(ctx: Context, no_sync: str) -> tuple[Edit | None, str]:
+    """``with (NO_SYNC if not is_last else contextlib.nullcontext()):`` around the forward
+    and the backward."""
+    binding = is_last_binding(ctx)
+    if binding is None:
+        return None, "cannot tell, before the forward, whether a micro-batch is the last"
+    name, setup, gate = binding
+    skip = name.removeprefix("not ") if name.startswith("not ") else f"not {name}"
+    skip = f"{ctx.guard} and {skip}" if ctx.guard else skip
+    header = f"with ({no_sync} if {skip} else contextlib.nullcontext()):"
     rewrite = edits.wrap_span(ctx.loop, header, setup, gate)
     rewrite.imports = ("contextlib",)
     return rewrite, ""

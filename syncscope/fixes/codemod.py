@@ -28,6 +28,7 @@ from syncscope.fixes.resolve import (
     usable_guard,
 )
 from syncscope.fixes.rules import ALL_RULES, Violation
+from syncscope.fixes.sites import find_sites, site_message, site_reason, suggestion
 from syncscope.fixes.styles import Style
 from syncscope.fixes.syntax import effects
 
@@ -77,7 +78,8 @@ class Problem:
     line: int
     message: str
     fixed: bool
-    suggestion: str = ""
+    suggestion: str = ""  # why it is not rewritten, and what to do
+    snippet: str = ""  # where not rewritten: the canonical form in the script's own names
 
 
 @dataclass(frozen=True)
@@ -174,6 +176,7 @@ class _Driver:
         self.distributed = any(word in source for word in DISTRIBUTED_WORDS)
         self.targets: set[int] | None = None  # loop ordinals, with --from
         self.forms: dict[int, DdpForm] = {}  # chosen on the original file, kept across passes
+        self.sites: list[Problem] = []  # accumulation loops of the original no rule reads
 
     def analyze(self, module: cst.Module) -> _Pass:
         wrapper = MetadataWrapper(module)
@@ -181,6 +184,8 @@ class _Driver:
         hints = self.options.hints
         helpers = hints.helper_codes if hints is not None else frozenset()
         loops = find_loops(wrapper, resolution, helpers)
+        if module is self.module:
+            self.sites = self._unread_sites(wrapper, resolution, loops)
         if self.targets is None and hints is not None:
             self.targets = {
                 i
@@ -206,6 +211,40 @@ class _Driver:
                 if violation is not None:
                     found.append((ordinal, violation))
         return _Pass(wrapper.module, found)
+
+    def _unread_sites(
+        self, wrapper: MetadataWrapper, resolution: Resolution, loops: list[AccumLoop]
+    ) -> list[Problem]:
+        """SYN109 for each accumulation site of a distributed file that no loop the rules
+        read covers (with ``--from``: only those a finding points into)."""
+        words = ("no_sync", "require_backward_grad_sync", "set_requires_gradient_sync")
+        if not (resolution.kinds or any(w in self.source for w in words)):
+            return []
+        read = [loop.lines for loop in loops]
+        helpers = {loop.loop.name.value for loop in loops if isinstance(loop.loop, cst.FunctionDef)}
+        hints = self.options.hints
+        problems = []
+        for site in find_sites(wrapper, resolution):
+            if any(lines & site.lines for lines in read):
+                continue
+            if site.through is not None and site.through.rsplit(".", 1)[-1] in helpers:
+                continue
+            lines = {self.focus.original_line(n) for n in site.lines}
+            if hints is not None and not lines & hints.lines:
+                continue
+            wrapper_kind = site.wrapper or (hints.wrapper if hints is not None else None)
+            problems.append(
+                Problem(
+                    "SYN109",
+                    "loop-not-rewritten",
+                    self.focus.original_line(site.line),
+                    site_message(site),
+                    False,
+                    site_reason(site),
+                    suggestion(site, wrapper_kind),
+                )
+            )
+        return problems
 
     def apply(self, state: _Pass, violations: list[Violation]) -> cst.Module:
         """Apply the rewrites of several loops in one visit (their edits touch other nodes)."""
@@ -282,8 +321,9 @@ class _Driver:
             suggestion = v.suggestion or refused.get((ordinal, v.code), "")
             line = self.focus.original_line(v.line)
             problems.append(Problem(v.code, v.name, line, v.message, fixed, suggestion))
+        problems.extend(self.sites)
         notes: list[str] = []
-        if self.targets == set():
+        if self.targets == set() and not self.sites:
             notes.append("no finding of the profile points into an accumulation loop here")
         if state is initial:
             fixed_text: str | None = self.source  # nothing rewritten: not one byte changed

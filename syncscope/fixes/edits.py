@@ -7,6 +7,7 @@ by index, so comments and blank lines attached to statements move with them.
 
 from __future__ import annotations
 
+import textwrap
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
@@ -14,8 +15,8 @@ import libcst as cst
 import libcst.matchers as m
 
 from syncscope.fixes.gates import code_of
-from syncscope.fixes.loops import AccumLoop, Toggle
-from syncscope.fixes.syntax import calls_in, is_zero_grad, no_sync_item
+from syncscope.fixes.loops import AccumLoop, Toggle, is_continue_gate
+from syncscope.fixes.syntax import calls_in, is_zero_grad, negation, no_sync_item
 
 Replacement = cst.CSTNode | cst.FlattenSentinel[cst.BaseStatement] | cst.RemovalSentinel
 EditFn = Callable[[cst.CSTNode], Replacement]
@@ -74,6 +75,16 @@ def _unwrap_with(node: cst.With) -> Statements:
     return body
 
 
+def same_statement(a: cst.BaseStatement, b: cst.BaseStatement) -> bool:
+    """The same code, comments and layout aside (compared as Python's syntax trees)."""
+    import ast
+
+    def tree(node: cst.BaseStatement) -> str:
+        return ast.dump(ast.parse(textwrap.dedent(code_of(node.with_changes(leading_lines=())))))
+
+    return tree(a) == tree(b)
+
+
 def _suite_code(statements: Sequence[cst.BaseStatement]) -> str:
     return "".join(code_of(s).strip() + "\n" for s in statements)
 
@@ -97,20 +108,51 @@ def _strip_statement(node: cst.BaseStatement, names: dict[str, cst.BaseExpressio
             ]
             for branch in branches
         ]
-        if len(stripped) == 2 and _suite_code(stripped[0]) == _suite_code(stripped[1]):
-            plain = (
-                branches[0]
-                if not any(isinstance(s, cst.With) for s in branches[0])
-                else branches[1]
-            )
-            plain[0] = plain[0].with_changes(leading_lines=node.leading_lines)
-            return plain
-        body = node.body.with_changes(body=stripped[0])
-        orelse = node.orelse
-        if len(stripped) == 2 and isinstance(orelse, cst.Else):
-            orelse = orelse.with_changes(body=orelse.body.with_changes(body=stripped[1]))
-        return [node.with_changes(body=body, orelse=orelse)]
+        if len(stripped) == 2:
+            return _hoisted(node, branches, stripped)
+        return [node.with_changes(body=node.body.with_changes(body=stripped[0]))]
     return [node]
+
+
+def _hoisted(node: cst.If, branches: list[Statements], stripped: list[Statements]) -> Statements:
+    """An if/else whose branches start alike once the toggles are gone: the shared
+    statements before it, then what is left of it (nothing, when the branches were the
+    same; ``if not test:`` when only the ``else`` keeps statements). The shared statements
+    are the branch's that had no toggle: a comment inside a removed ``with`` went with it."""
+    body, orelse = stripped
+    shared = 0
+    while shared < min(len(body), len(orelse)) and same_statement(body[shared], orelse[shared]):
+        shared += 1
+    if shared == 0:
+        assert isinstance(node.orelse, cst.Else)
+        else_block = node.orelse.body.with_changes(body=orelse)
+        return [
+            node.with_changes(
+                body=node.body.with_changes(body=body),
+                orelse=node.orelse.with_changes(body=else_block),
+            )
+        ]
+    plain = 1 if any(isinstance(s, cst.With) for s in branches[0]) else 0
+    head = list(stripped[plain][:shared])
+    head[0] = head[0].with_changes(leading_lines=[*node.leading_lines, *head[0].leading_lines])  # type: ignore[attr-defined]
+    rest_body, rest_else = body[shared:], orelse[shared:]
+    assert isinstance(node.body, cst.IndentedBlock)
+    if not rest_body and not rest_else:
+        return head
+    if not rest_else:
+        tail = node.with_changes(body=node.body.with_changes(body=rest_body), orelse=None)
+    elif not rest_body:
+        tail = node.with_changes(
+            test=negation(node.test), body=node.body.with_changes(body=rest_else), orelse=None
+        )
+    else:
+        assert isinstance(node.orelse, cst.Else)
+        else_block = node.orelse.body.with_changes(body=rest_else)
+        tail = node.with_changes(
+            body=node.body.with_changes(body=rest_body),
+            orelse=node.orelse.with_changes(body=else_block),
+        )
+    return [*head, tail.with_changes(leading_lines=())]
 
 
 def strip_toggles(loop: AccumLoop, toggles: Sequence[Toggle]) -> Edit:
@@ -119,18 +161,91 @@ def strip_toggles(loop: AccumLoop, toggles: Sequence[Toggle]) -> Edit:
 
     def rebuild(body: Statements) -> Statements:
         out: Statements = []
+        taken = 0  # statements after a ``continue`` gate that moved above it
         for index, node in enumerate(body):
-            if index not in indices:
+            if taken:
+                taken -= 1
+            elif index not in indices:
                 out.append(node)
             elif isinstance(node, cst.SimpleStatementLine) or _is_toggle_if(node):
                 if out or index + 1 < len(body):
                     continue
                 out.append(statement("pass"))
             else:
-                out.extend(_strip_statement(node, loop.names))
+                stripped = _strip_statement(node, loop.names)
+                if len(stripped) == 1 and is_continue_gate(stripped[0]):
+                    stripped, taken = _hoisted_continue(stripped[0], body[index + 1 :])
+                out.extend(stripped)
         return out
 
     return Edit({id(loop.loop): _body_edit(rebuild)})
+
+
+def _hoisted_continue(node: cst.BaseStatement, after: Statements) -> tuple[Statements, int]:
+    """``if test: X; continue`` followed by ``X``: ``X`` once, then ``if test: continue``;
+    also how many of the statements ``after`` it that took."""
+    assert isinstance(node, cst.If) and isinstance(node.body, cst.IndentedBlock)
+    inner = list(node.body.body[:-1])
+    following = list(after[: len(inner)])
+    if not inner or len(following) < len(inner):
+        return [node], 0
+    if not all(same_statement(a, b) for a, b in zip(inner, following, strict=True)):
+        return [node], 0
+    following[0] = following[0].with_changes(
+        leading_lines=[*node.leading_lines, *getattr(following[0], "leading_lines", ())]
+    )
+    gate = node.with_changes(body=node.body.with_changes(body=node.body.body[-1:]))
+    return [*following, gate.with_changes(leading_lines=())], len(inner)
+
+
+def _names_read(node: cst.CSTNode) -> set[str]:
+    return {n.value for n in m.findall(node, m.Name()) if isinstance(n, cst.Name)}
+
+
+def _names_bound(node: cst.CSTNode) -> set[str]:
+    targets = m.findall(node, m.AssignTarget() | m.AugAssign() | m.AnnAssign() | m.NamedExpr())
+    bound: set[str] = set()
+    for target in targets:
+        value = getattr(target, "target", None)
+        if value is not None:
+            bound |= _names_read(value)
+    return bound
+
+
+def extend_with_over_forward(block: cst.CSTNode, forward: int, at: int) -> Edit | None:
+    """The ``with`` at direct statement ``at`` of ``block`` (a loop or a function) made to
+    hold the statements from the ``forward`` on as well: the smallest fix of a ``no_sync``
+    around the backward only. Statements in between that its header reads (``ctx = ...``)
+    stay before it; None when those read what the forward computes."""
+    body = _suite_of(block)
+    node = body[at]
+    assert isinstance(node, cst.With)
+    header = set().union(*(_names_read(item) for item in node.items))
+    span = list(body[forward:at])
+    before = [s for s in span if _names_bound(s) & header]
+    moved = [s for s in span if not _names_bound(s) & header]
+    computed = set().union(set(), *(_names_bound(s) for s in moved))
+    if not moved or any(_names_read(s) & computed for s in before):
+        return None
+
+    def rebuild(statements: Statements) -> Statements:
+        with_node = statements[at]
+        assert isinstance(with_node, cst.With) and isinstance(with_node.body, cst.IndentedBlock)
+        inner = [moved[0].with_changes(leading_lines=()), *moved[1:], *with_node.body.body]
+        leading = [*getattr(span[0], "leading_lines", ()), *with_node.leading_lines]
+        wrapped = with_node.with_changes(
+            body=with_node.body.with_changes(body=inner), leading_lines=()
+        )
+        head = [*before, wrapped]
+        head[0] = head[0].with_changes(leading_lines=leading)
+        return [*statements[:forward], *head, *statements[at + 1 :]]
+
+    return Edit({id(block): _body_edit(rebuild)})
+
+
+def _suite_of(block: cst.CSTNode) -> Statements:
+    suite = getattr(block, "body", None)
+    return list(suite.body) if isinstance(suite, cst.IndentedBlock) else []
 
 
 def _is_toggle_if(node: cst.BaseStatement) -> bool:
@@ -148,7 +263,8 @@ def _is_toggle_if(node: cst.BaseStatement) -> bool:
 
 def _body_edit(rebuild: Callable[[Statements], Statements]) -> EditFn:
     def fn(node: cst.CSTNode) -> Replacement:
-        assert isinstance(node, (cst.For, cst.While)) and isinstance(node.body, cst.IndentedBlock)
+        assert isinstance(node, (cst.For, cst.While, cst.FunctionDef))
+        assert isinstance(node.body, cst.IndentedBlock)
         return node.with_changes(body=node.body.with_changes(body=rebuild(list(node.body.body))))
 
     return fn

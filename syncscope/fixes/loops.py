@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import libcst as cst
+import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
 
 from syncscope.fixes.gates import Gate, Pred, code_of, parse_gate
@@ -22,13 +23,20 @@ from syncscope.fixes.syntax import (
     accumulate_model,
     calls_in,
     contains,
+    dotted,
     is_backward,
     is_step,
+    negation,
     no_sync_item,
     zero_grad_receiver,
 )
 
-Style = Literal["gated", "inner", "accumulate"]
+# ``helper``: a function (not a loop) that runs a micro-batch's backward under a sync toggle
+# its caller chose (``def micro_step(model, x, sync): ... with ctx: loss.backward()``)
+Style = Literal["gated", "inner", "accumulate", "helper"]
+# where the step runs, relative to the gate ``if``: in its body, in its ``else``, or after it
+# (``if micro % accum != 0: continue``)
+GateKind = Literal["if", "else", "continue"]
 ToggleKind = Literal["no_sync", "flag", "setter", "accumulate", "helper"]
 Covers = Literal["forward", "backward", "both", "none"]
 
@@ -57,7 +65,7 @@ class ZeroGrad:
 class AccumLoop:
     """One accumulation loop, as the rules and rewrites see it."""
 
-    loop: cst.For | cst.While
+    loop: cst.For | cst.While | cst.FunctionDef  # a function for style ``helper``
     body: Sequence[cst.BaseStatement]  # the micro loop's direct statements
     style: Style
     model: str
@@ -66,6 +74,9 @@ class AccumLoop:
     backward: int
     line: int
     gate_index: int | None = None  # style ``gated``: the step ``if`` in ``body``
+    gate_kind: GateKind = "if"
+    split: bool = False  # the gate ``if`` holds the backward too (if/else gate)
+    last_test: cst.BaseExpression | None = None  # the gate's test, true on the last micro-batch
     step_block: Sequence[cst.BaseStatement] = ()  # statements holding the step
     step_index: int = 0  # index of the step statement within ``step_block``
     is_last_code: str | None = None  # expression true on the window's last micro-batch
@@ -84,6 +95,10 @@ class AccumLoop:
             return None
         node = self.body[self.gate_index]
         return node if isinstance(node, cst.If) else None
+
+    def gate_test(self, name: str) -> str:
+        """The gate's new test when ``name`` holds "last micro-batch"."""
+        return name if self.gate_kind == "if" else f"not {name}"
 
 
 def _loop_bases(loop: cst.For | cst.While, int_assigns: dict[str, int]) -> dict[str, int]:
@@ -151,9 +166,14 @@ class _Names(cst.CSTVisitor):
         super().__init__()
         self.int_assigns: dict[str, int] = {}
         self.defined: set[str] = set()
+        # context managers of the file that call ``no_sync()`` (stylegan2's ``ddp_sync``)
+        self.no_sync_helpers: set[str] = set()
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.defined.add(node.name.value)
+        yields = m.findall(node.body, m.Yield())
+        if yields and contains(node.body, lambda c: _method(c) == "no_sync"):
+            self.no_sync_helpers.add(node.name.value)
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.defined.add(node.name.value)
@@ -174,6 +194,51 @@ class _Finder(cst.CSTVisitor):
         self.loops: list[AccumLoop] = []
         self.int_assigns = names.int_assigns
         self.defined = names.defined
+        self.no_sync_helpers = names.no_sync_helpers
+
+    def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
+        found = self._helper(node)
+        if found is not None:
+            self.loops.append(found)
+
+    def _helper(self, function: cst.FunctionDef) -> AccumLoop | None:
+        """A function that runs one micro-batch's forward and backward under a sync toggle
+        it does not decide (the caller passes the flag): style ``helper``, no gate."""
+        if not isinstance(function.body, cst.IndentedBlock):
+            return None
+        body = function.body.body
+        backward = next(
+            (
+                i
+                for i, s in enumerate(body)
+                if not isinstance(s, (cst.For, cst.While)) and contains(s, is_backward)
+            ),
+            None,
+        )
+        if backward is None:
+            return None
+        model = self._model_of(body[: backward + 1])
+        if model is None:
+            return None
+        forward = next(
+            i for i, s in enumerate(body) if contains(s, lambda c: _calls_name(c, model))
+        )
+        accum = AccumLoop(
+            loop=function,
+            body=body,
+            style="helper",
+            model=model,
+            wrapper=self.resolution.kind_of(model),
+            forward=forward,
+            backward=backward,
+            line=self._line(function),
+            names=_local_names(body),
+            lines=self._lines(function),
+        )
+        self._find_toggles(accum)
+        if not any(t.kind in ("no_sync", "flag", "setter") for t in accum.toggles):
+            return None
+        return accum
 
     def visit_Module(self, node: cst.Module) -> None:
         self._scan(node.body)
@@ -196,24 +261,26 @@ class _Finder(cst.CSTVisitor):
                     self.loops.append(found)
 
     def _model_of(self, body: Sequence[cst.BaseStatement]) -> str | None:
+        """The model the loop calls: a name or ``self.model``, resolved to a wrapper or named
+        like one; never an imported function or one defined in the file."""
         names: list[str] = []
         for statement in body:
             for call in calls_in(statement):
                 func = call.func
-                if isinstance(func, cst.Name) and func.value not in self.defined:
-                    if self.get_metadata(QualifiedNameProvider, func, set()):
-                        imported = any(
-                            q.source.name == "IMPORT"
-                            for q in self.get_metadata(QualifiedNameProvider, func, set())
-                        )
-                        if imported:
-                            continue
-                    names.append(func.value)
+                name = dotted(func)
+                if name is None or name in self.defined:
+                    continue
+                if isinstance(func, cst.Name):
+                    qualified = self.get_metadata(QualifiedNameProvider, func, set())
+                    if any(q.source.name == "IMPORT" for q in qualified):
+                        continue
+                names.append(name)
         for name in names:
             if self.resolution.kind_of(name) is not None or name in self.resolution.kinds:
                 return name
         for name in names:
-            if any(word in name.lower() for word in ("model", "net", "ddp", "fsdp")):
+            last = name.rsplit(".", 1)[-1].lower()
+            if any(word in last for word in ("model", "net", "ddp", "fsdp")):
                 return name
         return None
 
@@ -250,23 +317,27 @@ class _Finder(cst.CSTVisitor):
             lines=self._lines(loop),
         )
         self._find_toggles(accum)
-        if step is not None and isinstance(body[step], cst.If) and step > backward:
-            accum.gate_index = step
-            gate = body[step]
-            assert isinstance(gate, cst.If)
-            accum.step_block = gate.body.body if isinstance(gate.body, cst.IndentedBlock) else ()
-            accum.is_last_code = code_of(gate.test)
-            _counter_bases_at(accum, step)
-            accum.last_gate = parse_gate(gate.test, accum.names)
+        gate = _step_gate(body, backward, step)
+        if gate is not None:
+            index, kind, block = gate
+            node = body[index]
+            assert isinstance(node, cst.If)
+            accum.gate_index, accum.gate_kind, accum.step_block = index, kind, block
+            accum.split = index == backward
+            accum.last_test = node.test if kind == "if" else negation(node.test)
+            accum.is_last_code = code_of(accum.last_test)
+            _counter_bases_at(accum, index)
+            accum.last_gate = parse_gate(accum.last_test, accum.names)
         elif step is not None and any(
             t.kind == "accumulate" and t.index == step and isinstance(body[step], cst.With)
             for t in accum.toggles
         ):
             accum.style = "accumulate"
             accum.accumulate_index = step
-            block = body[step]
-            assert isinstance(block, cst.With) and isinstance(block.body, cst.IndentedBlock)
-            accum.step_block = block.body.body
+            with_node = body[step]
+            assert isinstance(with_node, cst.With)
+            assert isinstance(with_node.body, cst.IndentedBlock)
+            accum.step_block = with_node.body.body
         elif step is None and (follow := _inner_last(loop)) is not None:
             if not any(contains(s, is_step) for s in after):
                 return None
@@ -288,8 +359,11 @@ class _Finder(cst.CSTVisitor):
             if "scaler" in receiver and step_call.args:
                 receiver = code_of(step_call.args[0].value)
             accum.optimizer = receiver
+        per_micro_batch = body
+        if accum.gate_kind == "continue" and accum.gate_index is not None:
+            per_micro_batch = body[: accum.gate_index]  # what follows runs at the step only
         for index, statement in enumerate(
-            accum.step_block if accum.style == "accumulate" else body
+            accum.step_block if accum.style == "accumulate" else per_micro_batch
         ):
             zeroed = zero_grad_receiver(statement)
             if zeroed is not None:
@@ -317,7 +391,8 @@ class _Finder(cst.CSTVisitor):
                 item = with_node.items[0].item
                 kind: ToggleKind = "accumulate" if accumulate_model(item) else "no_sync"
                 no_sync = no_sync_item(item, accum.names)
-                if kind == "no_sync" and no_sync is None:
+                helper = isinstance(item, cst.Call) and dotted(item.func) in self.no_sync_helpers
+                if kind == "no_sync" and no_sync is None and not helper:
                     continue
                 covers = _covers(with_node, model)
                 never = no_sync is not None and not no_sync.conditional and statement is with_node
@@ -375,8 +450,55 @@ def _setter_value(statement: cst.BaseStatement) -> cst.BaseExpression | None:
     return None
 
 
+def _method(call: cst.Call) -> str | None:
+    return call.func.attr.value if isinstance(call.func, cst.Attribute) else None
+
+
 def _calls_name(call: cst.Call, name: str) -> bool:
-    return isinstance(call.func, cst.Name) and call.func.value == name
+    return dotted(call.func) == name
+
+
+def _suite(node: cst.BaseSuite | None) -> Sequence[cst.BaseStatement]:
+    return node.body if isinstance(node, cst.IndentedBlock) else ()
+
+
+def is_continue_gate(statement: cst.BaseStatement) -> bool:
+    """``if test: ... continue`` (no ``else``): what follows it runs when ``test`` fails."""
+    if not isinstance(statement, cst.If) or statement.orelse is not None:
+        return False
+    body = _suite(statement.body)
+    return (
+        bool(body)
+        and isinstance(body[-1], cst.SimpleStatementLine)
+        and isinstance(body[-1].body[-1], cst.Continue)
+    )
+
+
+def _step_gate(
+    body: Sequence[cst.BaseStatement], backward: int, step: int | None
+) -> tuple[int, GateKind, Sequence[cst.BaseStatement]] | None:
+    """The ``if`` that gates the optimizer step: (its index, where the step runs, the
+    statements holding the step). Three spellings: ``if gate: step`` after the backward
+    (the step in its body or its ``else``); an if/else whose branches both run the backward
+    and one of them the step; ``if not gate: continue`` between the backward and the step."""
+    if step is None or step < backward:
+        return None
+    node = body[step]
+    if isinstance(node, cst.If):
+        orelse = node.orelse.body if isinstance(node.orelse, cst.Else) else None
+        in_body = any(contains(s, is_step) for s in _suite(node.body))
+        kind: GateKind = "if" if in_body else "else"
+        block = _suite(node.body) if in_body else _suite(orelse)
+        if step > backward:
+            return step, kind, block
+        other = _suite(orelse) if in_body else _suite(node.body)
+        if orelse is not None and any(contains(s, is_backward) for s in other):
+            return step, kind, block  # an if/else gate: both branches run the backward
+        return None
+    for index in range(backward, step):  # at the backward: ``if not last: backward; continue``
+        if is_continue_gate(body[index]):
+            return index, "continue", body[index + 1 :]
+    return None
 
 
 def _covers(with_node: cst.With, model: str) -> Covers:
@@ -453,8 +575,8 @@ def _inner_last(loop: cst.For | cst.While) -> tuple[str, Gate] | None:
         var, n = target.value, code_of(args[0].value)
     elif func.value == "enumerate" and isinstance(target, cst.Tuple) and len(args) == 1:
         first = target.elements[0].value
-        if not isinstance(first, cst.Name):
-            return None
+        if not isinstance(first, cst.Name) or dotted(args[0].value) is None:
+            return None  # ``len(zip(...))`` would raise: only a named sequence has a length
         var, n = first.value, f"len({code_of(args[0].value)})"
     else:
         return None

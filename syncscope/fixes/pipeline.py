@@ -13,6 +13,7 @@ import errno
 import os
 import stat
 import sys
+import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
@@ -167,6 +168,8 @@ def _print_problems(result: FixResult, shown: str, written: bool) -> None:
             f"{shown}:{problem.line}: {problem.code} {problem.message} {tail}".rstrip(),
             file=sys.stderr,
         )
+        if problem.snippet and not problem.fixed:
+            print(textwrap.indent(problem.snippet, "    "), file=sys.stderr)
     for note in result.notes:
         print(f"{shown}: {note}", file=sys.stderr)
 

@@ -15,6 +15,8 @@ from typing import Literal
 import libcst as cst
 from libcst.metadata import MetadataWrapper, ParentNodeProvider, QualifiedNameProvider
 
+from syncscope.fixes.syntax import dotted
+
 WrapperKind = Literal["ddp", "fsdp1", "fsdp2", "accelerate"]
 
 WRAPPER_WORDS: dict[WrapperKind, str] = {
@@ -87,14 +89,10 @@ class Resolution:
 
 def _target_names(target: cst.BaseExpression) -> list[str | None]:
     """Names bound by an assignment target, positionally (``None`` for non-names)."""
-    if isinstance(target, cst.Name):
-        return [target.value]
+    if isinstance(target, (cst.Name, cst.Attribute)):
+        return [dotted(target)]  # ``self.model = DDP(...)``: the attribute, by its code
     if isinstance(target, (cst.Tuple, cst.List)):
-        names: list[str | None] = []
-        for element in target.elements:
-            value = element.value
-            names.append(value.value if isinstance(value, cst.Name) else None)
-        return names
+        return [dotted(element.value) for element in target.elements]
     return [None]
 
 
@@ -168,8 +166,8 @@ class _Resolver(cst.CSTVisitor):
         """Wrapper kinds an expression can evaluate to."""
         if isinstance(value, cst.IfExp):
             return self._kinds_of_value(value.body) | self._kinds_of_value(value.orelse)
-        if isinstance(value, cst.Name):
-            return set(self.result.kinds.get(value.value, set()))
+        if isinstance(value, (cst.Name, cst.Attribute)):
+            return set(self.result.kinds.get(dotted(value) or "", set()))
         if not isinstance(value, cst.Call):
             return set()
         names = self._qualified(value.func)
@@ -187,8 +185,7 @@ class _Resolver(cst.CSTVisitor):
         return (
             isinstance(value, cst.Call)
             and isinstance(value.func, cst.Attribute)
-            and isinstance(value.func.value, cst.Name)
-            and value.func.value.value in self.result.accelerators
+            and dotted(value.func.value) in self.result.accelerators
             and value.func.attr.value in methods
         )
 
@@ -224,9 +221,9 @@ class _Resolver(cst.CSTVisitor):
     def visit_Call(self, node: cst.Call) -> None:
         # ``fully_shard(model)`` wraps in place: the argument's name now holds FSDP2.
         if self._qualified(node.func) & FSDP2_NAMES and node.args:
-            first = node.args[0].value
-            if isinstance(first, cst.Name):
-                self._bind_guarded(first.value, {"fsdp2"}, node, node)
+            first = dotted(node.args[0].value)
+            if first is not None:
+                self._bind_guarded(first, {"fsdp2"}, node, node)
 
 
 def resolve_wrappers(wrapper: MetadataWrapper) -> Resolution:

@@ -119,13 +119,17 @@ class NoSyncBackwardOnly(Rule):
     def check(self, ctx: Context) -> Violation | None:
         if ctx.wrapper not in ("ddp", "accelerate"):
             return None
-        for toggle in ctx.loop.toggles:
+        loop = ctx.loop
+        for toggle in loop.toggles:
             if toggle.kind == "no_sync" and toggle.covers == "backward":
                 message = (
                     "no_sync() wraps the backward only: DDP decides at forward, so every "
                     "micro-batch still all-reduces"
                 )
-                return self.found(ctx, message, _strip(ctx), line=toggle.line)
+                rewrite = None
+                if toggle.node is loop.body[toggle.index] and loop.forward < toggle.index:
+                    rewrite = edits.extend_with_over_forward(loop.loop, loop.forward, toggle.index)
+                return self.found(ctx, message, rewrite or _strip(ctx), line=toggle.line)
         return None
 
 
@@ -183,6 +187,8 @@ class NeverSyncs(Rule):
     name = "sync-never-enabled"
 
     def check(self, ctx: Context) -> Violation | None:
+        if ctx.loop.style == "helper":  # its caller decides when it runs: not "never"
+            return None
         decides_at = "backward" if ctx.wrapper in ("fsdp1", "fsdp2") else "forward"
         setters = [t for t in ctx.loop.toggles if t.kind == "setter"]
         for toggle in ctx.loop.toggles:

@@ -40,6 +40,57 @@ def contains(node: cst.CSTNode, predicate: Callable[[cst.Call], bool]) -> bool:
     return any(predicate(call) for call in calls_in(node))
 
 
+def dotted(node: cst.CSTNode) -> str | None:
+    """``model`` or ``self.model`` (a name, or attributes of a name), else None."""
+    if isinstance(node, cst.Name):
+        return node.value
+    if isinstance(node, cst.Attribute):
+        owner = dotted(node.value)
+        return None if owner is None else f"{owner}.{node.attr.value}"
+    return None
+
+
+_FLIPPED: dict[type[cst.BaseCompOp], type[cst.BaseCompOp]] = {
+    cst.Equal: cst.NotEqual,
+    cst.NotEqual: cst.Equal,
+    cst.LessThan: cst.GreaterThanEqual,
+    cst.GreaterThanEqual: cst.LessThan,
+    cst.GreaterThan: cst.LessThanEqual,
+    cst.LessThanEqual: cst.GreaterThan,
+    cst.In: cst.NotIn,
+    cst.NotIn: cst.In,
+    cst.Is: cst.IsNot,
+    cst.IsNot: cst.Is,
+}
+
+
+def negation(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``not node``, written as a person would: ``a != b`` -> ``a == b``, ``not x`` -> ``x``."""
+    if isinstance(node, cst.UnaryOperation) and isinstance(node.operator, cst.Not):
+        inner = node.expression
+        return inner.with_changes(lpar=(), rpar=()) if isinstance(inner, cst.Name) else inner
+    if isinstance(node, cst.Comparison) and len(node.comparisons) == 1 and not node.lpar:
+        target = node.comparisons[0]
+        flipped = _FLIPPED.get(type(target.operator))
+        if flipped is not None:
+            operator = flipped(
+                whitespace_before=target.operator.whitespace_before,  # type: ignore[call-arg, attr-defined]
+                whitespace_after=target.operator.whitespace_after,  # type: ignore[call-arg, attr-defined]
+            )
+            return node.with_changes(comparisons=[target.with_changes(operator=operator)])
+    if isinstance(node, cst.BinaryOperation) and isinstance(node.operator, cst.Modulo):
+        return cst.Comparison(  # ``not (i % n)`` reads better as ``i % n == 0``
+            left=node.with_changes(lpar=(), rpar=()),
+            comparisons=[cst.ComparisonTarget(operator=cst.Equal(), comparator=cst.Integer("0"))],
+        )
+    if isinstance(node, (cst.Name, cst.Attribute, cst.Call, cst.Subscript)) or node.lpar:
+        return cst.UnaryOperation(operator=cst.Not(), expression=node)
+    return cst.UnaryOperation(
+        operator=cst.Not(),
+        expression=node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]),
+    )
+
+
 def method_name(call: cst.Call) -> str | None:
     return call.func.attr.value if isinstance(call.func, cst.Attribute) else None
 
@@ -81,9 +132,7 @@ def zero_grad_receiver(statement: cst.BaseStatement) -> str | None:
 def accumulate_model(item: cst.BaseExpression) -> str | None:
     """``accelerator.accumulate(model)`` -> ``"model"``."""
     if isinstance(item, cst.Call) and method_name(item) == "accumulate" and item.args:
-        first = item.args[0].value
-        if isinstance(first, cst.Name):
-            return first.value
+        return dotted(item.args[0].value)
     return None
 
 
@@ -100,10 +149,19 @@ def _bare_no_sync(node: cst.BaseExpression) -> str | None:
     """``model.no_sync()`` or ``accelerator.no_sync(model)`` -> the model's name."""
     if not isinstance(node, cst.Call) or method_name(node) != "no_sync":
         return None
-    if node.args and isinstance(node.args[0].value, cst.Name):
-        return node.args[0].value.value
+    if node.args and dotted(node.args[0].value) is not None:
+        return dotted(node.args[0].value)
     assert isinstance(node.func, cst.Attribute)
     return code_of(node.func.value)
+
+
+def _called(node: cst.BaseExpression) -> cst.BaseExpression:
+    """``model.no_sync`` chosen as a callable (called later, ``ctx()``): as if called."""
+    if isinstance(node, cst.IfExp):
+        return node.with_changes(body=_called(node.body), orelse=_called(node.orelse))
+    if isinstance(node, (cst.Name, cst.Attribute)):
+        return cst.Call(func=node)
+    return node
 
 
 def no_sync_item(
@@ -111,6 +169,14 @@ def no_sync_item(
 ) -> NoSync | None:
     if isinstance(item, cst.Name) and item.value in names and depth < 3:
         return no_sync_item(names[item.value], names, depth + 1)
+    if (
+        isinstance(item, cst.Call)
+        and not item.args
+        and isinstance(item.func, cst.Name)
+        and item.func.value in names
+        and depth < 3
+    ):  # ``ctx = model.no_sync if not last else contextlib.nullcontext`` ... ``with ctx():``
+        return no_sync_item(_called(names[item.func.value]), names, depth + 1)
     model = _bare_no_sync(item)
     if model is not None:
         return NoSync(model, None, conditional=False)
