@@ -2,6 +2,7 @@
 (issue 28: linear in the loops; a long file costs about its loops).
 
     python benchmarks/bench_fix.py [--loops 100 400] [--lines 20000 200000] [--reps 1]
+    python benchmarks/bench_fix.py --loops --lines 2000 --reps 5  # a training file: < 1 s
 
 Loops: each file holds N accumulation loops, each in its own function with its own DDP
 model (the shape that was quadratic), fixed in this process; prints the seconds per size and
@@ -10,7 +11,7 @@ the ratio of the largest to the smallest, against the ratio of their sizes.
 Lines: a script of about L lines holding a few accumulation loops (each in a function whose
 ``no_sync`` covers the backward only: rewritten) among L lines of functions, classes,
 comments and plain statements. Each point is a fresh process (``syncscope fix FILE``, the
-dry run, then ``syncscope fix --apply FILE``): wall and CPU seconds (median of ``--reps``)
+dry run, ``syncscope fix --check FILE``, then ``syncscope fix --apply FILE``): wall and CPU seconds (median of ``--reps``)
 and the peak RSS of the process. The applied file is checked to keep every padding line.
 """
 
@@ -89,7 +90,8 @@ def _run(path: Path, *flags: str) -> tuple[float, float, float]:
 def _lines(n: int, reps: int, tmp: Path) -> None:
     text = long_file(n)
     path = tmp / f"long{n}.py"
-    for label, flags in (("dry run", ()), ("--apply", ("--apply", "--no-backup"))):
+    modes = (("dry run", ()), ("--check", ("--check",)), ("--apply", ("--apply", "--no-backup")))
+    for label, flags in modes:
         runs = []
         for _ in range(reps):
             path.write_text(text)
@@ -106,7 +108,7 @@ def _lines(n: int, reps: int, tmp: Path) -> None:
 
 def _loops(counts: list[int]) -> None:
     from syncscope.fixes.codemod import FixOptions, fix_source
-    from tests.faults.test_faults_fix import _functions
+    from tests.faults.test_faults_fix_input import _functions
 
     times: list[float] = []
     for n in counts:

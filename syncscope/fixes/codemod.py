@@ -80,6 +80,7 @@ class Problem:
     fixed: bool
     suggestion: str = ""  # why it is not rewritten, and what to do
     snippet: str = ""  # where not rewritten: the canonical form in the script's own names
+    span: tuple[int, int] = (0, 0)  # the first and last line of its loop
 
 
 @dataclass(frozen=True)
@@ -177,6 +178,7 @@ class _Driver:
         self.targets: set[int] | None = None  # loop ordinals, with --from
         self.forms: dict[int, DdpForm] = {}  # chosen on the original file, kept across passes
         self.sites: list[Problem] = []  # accumulation loops of the original no rule reads
+        self.spans: dict[int, tuple[int, int]] = {}  # loop ordinal -> its lines, in the file
 
     def analyze(self, module: cst.Module) -> _Pass:
         wrapper = MetadataWrapper(module)
@@ -186,6 +188,7 @@ class _Driver:
         loops = find_loops(wrapper, resolution, helpers)
         if module is self.module:
             self.sites = self._unread_sites(wrapper, resolution, loops)
+            self.spans = {i: self._span(loop.lines) for i, loop in enumerate(loops)}
         if self.targets is None and hints is not None:
             self.targets = {
                 i
@@ -211,6 +214,11 @@ class _Driver:
                 if violation is not None:
                     found.append((ordinal, violation))
         return _Pass(wrapper.module, found)
+
+    def _span(self, lines: frozenset[int]) -> tuple[int, int]:
+        if not lines:
+            return (0, 0)
+        return (self.focus.original_line(min(lines)), self.focus.original_line(max(lines)))
 
     def _unread_sites(
         self, wrapper: MetadataWrapper, resolution: Resolution, loops: list[AccumLoop]
@@ -242,6 +250,7 @@ class _Driver:
                     False,
                     site_reason(site),
                     suggestion(site, wrapper_kind),
+                    self._span(site.lines),
                 )
             )
         return problems
@@ -320,7 +329,8 @@ class _Driver:
             fixed = (ordinal, v.code) not in remaining and (ordinal, v.code) not in refused
             suggestion = v.suggestion or refused.get((ordinal, v.code), "")
             line = self.focus.original_line(v.line)
-            problems.append(Problem(v.code, v.name, line, v.message, fixed, suggestion))
+            span = self.spans.get(ordinal, (line, line))
+            problems.append(Problem(v.code, v.name, line, v.message, fixed, suggestion, span=span))
         problems.extend(self.sites)
         notes: list[str] = []
         if self.targets == set() and not self.sites:

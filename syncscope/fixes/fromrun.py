@@ -92,13 +92,17 @@ class _RunFacts:
 
 def load_hints(run_dir: Path, script: Path, data: bytes) -> RunHints:
     """Hints for ``script`` (whose bytes are ``data``) from ``run_dir/report.json``."""
-    report = _read_report(run_dir)
-    where = run_dir / "report.json"
+    return hints_from_report(_read_report(run_dir), run_dir / "report.json", script, data)
+
+
+def hints_from_report(report: dict[str, Any], where: Path, script: Path, data: bytes) -> RunHints:
+    """Hints for ``script`` from a report (as report.json holds it; ``where`` names it in
+    errors)."""
     recorded = field_of(report, "script", where, dict, default={})
     digest = hashlib.sha256(data).hexdigest()
     if recorded.get("sha256") != digest:
         raise SyncscopeError(
-            f"{script} changed since the run in {run_dir} (sha256 differs): profile it again"
+            f"{script} changed since the run in {where.parent} (sha256 differs): profile it again"
         )
     # the content matched: a renamed or moved copy of the profiled script is that script
     profiled = str(recorded.get("path", "") or script)

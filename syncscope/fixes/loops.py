@@ -396,8 +396,9 @@ class _Finder(cst.CSTVisitor):
                     continue
                 covers = _covers(with_node, model)
                 never = no_sync is not None and not no_sync.conditional and statement is with_node
+                at = self._line(with_node)  # the ``with`` itself, in an ``if`` branch too
                 accum.toggles.append(
-                    Toggle(kind, index, with_node, covers, sync, never_syncs=never, line=line)
+                    Toggle(kind, index, with_node, covers, sync, never_syncs=never, line=at)
                 )
             text = code_of(statement.with_changes(leading_lines=())).strip()
             known = any(t.index == index for t in accum.toggles)

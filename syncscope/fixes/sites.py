@@ -38,6 +38,7 @@ class Site:
     optimizer: str  # the receiver of the step (``optimizer``, ``self.opt``)
     step: str  # the step statement (``optimizer.step()``, ``scaler.step(optimizer)``)
     through: str | None  # the file's function the backward runs in, if not the loop
+    inner: str | None = None  # the header of the inner micro-batch loop, steps outside it
 
 
 class _Sites(cst.CSTVisitor):
@@ -50,10 +51,10 @@ class _Sites(cst.CSTVisitor):
         self.sites: list[Site] = []
 
     def visit_For(self, node: cst.For) -> None:
-        self._loop(node, f"for {code_of(node.target)} in {code_of(node.iter)}:")
+        self._loop(node, _header(node))
 
     def visit_While(self, node: cst.While) -> None:
-        self._loop(node, f"while {code_of(node.test)}:")
+        self._loop(node, _header(node))
 
     def _calls_backward(self, call: cst.Call) -> bool:
         name = dotted(call.func) or ""
@@ -62,13 +63,21 @@ class _Sites(cst.CSTVisitor):
     def _loop(self, node: cst.For | cst.While, header: str) -> None:
         body = node.body.body if isinstance(node.body, cst.IndentedBlock) else ()
         backward = _first_statement(body, self._calls_backward)
-        if backward is None:
-            return
-        gate = _step_gate(body)
-        inner_then_step = any(
-            isinstance(s, (cst.For, cst.While)) and contains(s, self._calls_backward) for s in body
-        ) and any(contains(s, is_step) for s in body if not isinstance(s, (cst.For, cst.While)))
-        if gate is None and not inner_then_step:
+        gate = _step_gate(body, backward) if backward is not None else None
+        inner = None
+        if backward is None:  # steps outside, micro-batches in an inner loop
+            loops = [s for s in body if isinstance(s, (cst.For, cst.While))]
+            inner = next((s for s in loops if contains(s, self._calls_backward)), None)
+            stepped = any(contains(s, is_step) for s in body if s not in loops)
+            if inner is None or not stepped or contains(inner, is_step):
+                return
+            assert isinstance(inner, (cst.For, cst.While))
+            inner_body = inner.body.body if isinstance(inner.body, cst.IndentedBlock) else ()
+            backward = _first_statement(inner_body, self._calls_backward)
+            if backward is None:
+                return
+            body = [*inner_body, *(s for s in body if s is not inner)]
+        elif gate is None:
             return
         step_call = next(c for s in body for c in calls_in(s) if is_step(c))
         model = self._model(body)
@@ -93,6 +102,7 @@ class _Sites(cst.CSTVisitor):
                 optimizer=_optimizer(step_call),
                 step=code_of(step_call),
                 through=through,
+                inner=_header(inner) if inner is not None else None,
             )
         )
 
@@ -111,6 +121,12 @@ class _Sites(cst.CSTVisitor):
 
 
 Predicate = Callable[[cst.Call], bool]
+
+
+def _header(node: cst.For | cst.While) -> str:
+    if isinstance(node, cst.For):
+        return f"for {code_of(node.target)} in {code_of(node.iter)}:"
+    return f"while {code_of(node.test)}:"
 
 
 def _first_statement(
@@ -138,19 +154,29 @@ def _statement_code(statement: cst.BaseStatement) -> str:
     return code_of(statement.with_changes(leading_lines=())).strip().splitlines()[0]
 
 
-def _step_gate(body: Sequence[cst.BaseStatement]) -> tuple[cst.If, bool] | None:
-    """The ``if`` whose body (True) or ``else`` (False) holds the step, or that is a
-    ``continue`` before it (False: the step runs when its test fails)."""
-    for statement in body:
-        if not isinstance(statement, cst.If) or not contains(statement, is_step):
-            if isinstance(statement, cst.If) and m.findall(statement.body, m.Continue()):
-                later = body[list(body).index(statement) + 1 :]
-                if any(contains(s, is_step) for s in later):
-                    return statement, False
+def _step_gate(
+    body: Sequence[cst.BaseStatement], backward: cst.BaseStatement
+) -> tuple[cst.If, bool] | None:
+    """The ``if``, at or after the backward's statement, whose body (True) or ``else``
+    (False) holds the step, or that ``continue``s before it (False: the step runs when its
+    test fails). A ``continue`` before the backward skips a micro-batch: no gate."""
+    statements = list(body)
+    start = next(i for i, s in enumerate(statements) if s is backward or _holds(s, backward))
+    for index in range(start, len(statements)):
+        statement = statements[index]
+        if not isinstance(statement, cst.If):
             continue
-        in_body = contains(statement.body, is_step)
-        return statement, in_body
+        if contains(statement, is_step):
+            return statement, contains(statement.body, is_step)
+        if m.findall(statement.body, m.Continue()) and any(
+            contains(s, is_step) for s in statements[index + 1 :]
+        ):
+            return statement, False
     return None
+
+
+def _holds(statement: cst.BaseStatement, inner: cst.BaseStatement) -> bool:
+    return any(node is inner for node in m.findall(statement, m.SimpleStatementLine()))
 
 
 def _last_test(gate: tuple[cst.If, bool]) -> str:
@@ -219,7 +245,10 @@ def suggestion(site: Site, wrapper: WrapperKind | None) -> str:
             "    if is_last:",
         ]
     body = [line for line in body if line.strip()]  # no backward line where a call runs it
-    return "\n".join([site.header, *body, *(f"        {s}" for s in step)])
+    if site.inner is None:
+        return "\n".join([site.header, *body, *(f"        {s}" for s in step)])
+    inner = [f"    {line}" for line in body[:-1]]  # the step after the inner loop, ungated
+    return "\n".join([site.header, f"    {site.inner}", *inner, *(f"    {s}" for s in step)])
 
 
 def site_message(site: Site) -> str:
@@ -241,6 +270,11 @@ def site_reason(site: Site) -> str:
         why = f"its backward runs in {site.through}(), which takes no sync toggle"
     elif site.model is None:
         why = "cannot tell which model it trains"
+    elif site.inner is not None:
+        why = (
+            f"its inner loop `{site.inner}` has no index that tells the last micro-batch "
+            "(enumerate a list of the micro-batches)"
+        )
     elif site.wrapper is None:
         why = f"'{site.model}' is not wrapped in this file"
     else:

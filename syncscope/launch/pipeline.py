@@ -409,12 +409,14 @@ def report_run(run_dir: Path, status: int, failed: int | None, fail_on: str, qui
     """Diagnose the run in ``run_dir``, write its reports, show the summary; the exit status
     (the job's own when it failed, else by ``fail_on``)."""
     from syncscope.analysis.findings import findings_for, with_flight_dumps
+    from syncscope.fixes.proposals import with_fix_proposals
     from syncscope.load.inputs import load, run_dumps
     from syncscope.render.outputs import finish, show_summary
 
     run, _ = load([run_dir], skip_bad=True, progress=False)  # with --trace: both sources
     dumps, problem = run_dumps([run_dir])  # the ranks' Flight Recorder dumps of a hang
     run, findings = with_flight_dumps(run, findings_for(run), dumps, str(run_dir), problem)
+    findings = with_fix_proposals(run, findings, run_dir)
     try:
         code = finish(
             run, findings, run_dir, fail_on, quiet, summary="terminal", where="run directory"

@@ -382,6 +382,10 @@ class Fix:
     style: str  # "ddp-no_sync", "ddp-flag", "accelerate", "fsdp2", "hsdp", ...
     summary: str
     snippet: str
+    # where ``syncscope fix`` rewrites the loop: the command to run, and the diff it makes to
+    # the script (then ``snippet`` is that diff too)
+    command: str = ""
+    diff: str = ""
 
 
 @dataclass(frozen=True, slots=True)

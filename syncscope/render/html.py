@@ -364,7 +364,8 @@ def finding_card(f: Finding, ident: str, *, folded: bool = False) -> str:
     if f.fix is not None:
         body.append(
             f'<div class="fix"><h4>Fix <span class="pill style">{esc(f.fix.style)}</span></h4>'
-            f'<p class="summary">{html_text(f.fix.summary)}</p>{code_block(f.fix.snippet)}</div>'
+            f'<p class="summary">{html_text(f.fix.summary)}</p>'
+            f"{code_block(f.fix.snippet, diff=bool(f.fix.diff))}</div>"
         )
     body.append(f"</{tag}>")
     return "\n".join(body)

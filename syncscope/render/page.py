@@ -103,13 +103,15 @@ def _code_css() -> str:
     return str(HtmlFormatter(style="friendly").get_style_defs(".code"))
 
 
-def code_block(source: str) -> str:
-    """Python source with syntax highlighting (pygments escapes the text)."""
+def code_block(source: str, diff: bool = False) -> str:
+    """Python source (or a unified diff of it) with syntax highlighting (pygments escapes
+    the text)."""
     from pygments import highlight
     from pygments.formatters import HtmlFormatter
-    from pygments.lexers import PythonLexer
+    from pygments.lexers import DiffLexer, PythonLexer
 
-    return str(highlight(source, PythonLexer(), HtmlFormatter(cssclass="code", style="friendly")))
+    lexer = DiffLexer() if diff else PythonLexer()
+    return str(highlight(source, lexer, HtmlFormatter(cssclass="code", style="friendly")))
 
 
 def figure_json(fig: dict[str, Any]) -> str:

@@ -289,7 +289,8 @@ def finding_panel(f: Finding) -> Panel:
         body.append(VisibleText(f"{role}: {_site_text(site)}", style="dim"))
     if f.fix is not None:
         body.append(VisibleText("fix: " + plain_text(f.fix.summary), style="green"))
-        body.append(Syntax(f.fix.snippet, "python", theme="ansi_dark", background_color="default"))
+        language = "diff" if f.fix.diff else "python"  # fix's own rewrite, or the form to write
+        body.append(Syntax(f.fix.snippet, language, theme="ansi_dark", background_color="default"))
     title = f"[{SEVERITY_STYLE[f.severity]}]{f.severity}[/] {f.kind} ({f.cause})"
     return Panel(
         Group(*body), title=title, title_align="left", border_style=SEVERITY_STYLE[f.severity]

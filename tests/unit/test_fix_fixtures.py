@@ -20,11 +20,16 @@ LEAVE_ALONE = {
     "stylegan_ddp_sync",
     "ddp_no_sync_correct",
     "ddp_no_sync_forward_only",
+    "fsdp1_no_sync_backward_only",
     "fsdp2_toggle",
     "nanogpt_flag_before_forward",
     "single_process",
     "unresolved_wrapper",
+    "helper_no_toggle",
+    "zip_chunks_unindexed",
 }
+# left as they are, but said: a loop fix cannot read or rewrite (SYN100, SYN109)
+NOT_REWRITTEN = {"unresolved_wrapper", "helper_no_toggle", "zip_chunks_unindexed"}
 
 
 def _name(path: Path) -> str:
@@ -45,11 +50,11 @@ def test_fix_is_idempotent(source: Path) -> None:
     once = fix_source(source.read_text()).fixed
     again = fix_source(once)
     assert again.fixed == once
-    assert all(p.code == "SYN100" for p in again.problems)
+    assert all(p.code in ("SYN100", "SYN109") for p in again.problems)
 
 
 def test_leave_alone_cases_report_nothing() -> None:
-    for name in LEAVE_ALONE - {"unresolved_wrapper"}:
+    for name in LEAVE_ALONE - NOT_REWRITTEN:
         result = fix_source((FIXTURES / f"{name}.in.py").read_text())
         assert result.problems == (), name
 
