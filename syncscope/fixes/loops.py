@@ -338,7 +338,7 @@ class _Finder(cst.CSTVisitor):
             assert isinstance(with_node, cst.With)
             assert isinstance(with_node.body, cst.IndentedBlock)
             accum.step_block = with_node.body.body
-        elif step is None and (follow := _inner_last(loop)) is not None:
+        elif step is None and (follow := inner_last(loop)) is not None:
             if not any(contains(s, is_step) for s in after):
                 return None
             accum.style = "inner"
@@ -565,7 +565,7 @@ def _match_withs(
     return found
 
 
-def _inner_last(loop: cst.For | cst.While) -> tuple[str, Gate] | None:
+def inner_last(loop: cst.For | cst.While) -> tuple[str, Gate] | None:
     """``for micro in range(n)`` -> (``"micro == n - 1"``, its canonical gate)."""
     if not isinstance(loop, cst.For) or not isinstance(loop.iter, cst.Call):
         return None

@@ -19,6 +19,7 @@ import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider
 
 from syncscope.fixes.gates import code_of
+from syncscope.fixes.loops import inner_last
 from syncscope.fixes.resolve import Resolution, WrapperKind
 from syncscope.fixes.syntax import calls_in, contains, dotted, is_backward, is_step, negation
 
@@ -39,6 +40,7 @@ class Site:
     step: str  # the step statement (``optimizer.step()``, ``scaler.step(optimizer)``)
     through: str | None  # the file's function the backward runs in, if not the loop
     inner: str | None = None  # the header of the inner micro-batch loop, steps outside it
+    bypass: str | None = None  # ``model.module(...)``: a forward around the wrapper
 
 
 class _Sites(cst.CSTVisitor):
@@ -98,11 +100,15 @@ class _Sites(cst.CSTVisitor):
                 wrapper=self.resolution.kind_of(model) if model else None,
                 forward=_statement_code(forward) if forward is not None else None,
                 backward=_statement_code(backward) if through is None else "",
-                last=_last_test(gate) if gate is not None else None,
+                last=_last_test(gate) if gate is not None else _inner_test(inner),
                 optimizer=_optimizer(step_call),
                 step=code_of(step_call),
                 through=through,
                 inner=_header(inner) if inner is not None else None,
+                bypass=f"{model}.module(...)"
+                if model
+                and any(dotted(c.func) == f"{model}.module" for s in body for c in calls_in(s))
+                else None,
             )
         )
 
@@ -177,6 +183,12 @@ def _step_gate(
 
 def _holds(statement: cst.BaseStatement, inner: cst.BaseStatement) -> bool:
     return any(node is inner for node in m.findall(statement, m.SimpleStatementLine()))
+
+
+def _inner_test(inner: cst.For | cst.While | None) -> str | None:
+    """``micro == N - 1`` for an inner ``for micro in range(N)`` (or ``enumerate``)."""
+    follow = inner_last(inner) if inner is not None else None
+    return follow[0] if follow is not None else None
 
 
 def _last_test(gate: tuple[cst.If, bool]) -> str:
@@ -260,7 +272,9 @@ def site_message(site: Site) -> str:
         "accelerate": "an Accelerate model",
     }
     model = f"{words[site.wrapper]} '{site.model}'" if site.wrapper else "a model"
-    gate = f" (step when `{site.last}`)" if site.last else " (step after an inner loop)"
+    gate = " (step after an inner loop)"
+    if site.last and site.inner is None:
+        gate = f" (step when `{site.last}`)"
     return f"accumulation loop over {model}{gate} that syncscope fix does not rewrite"
 
 
@@ -270,7 +284,11 @@ def site_reason(site: Site) -> str:
         why = f"its backward runs in {site.through}(), which takes no sync toggle"
     elif site.model is None:
         why = "cannot tell which model it trains"
-    elif site.inner is not None:
+    elif site.forward is None:
+        why = f"the loop never calls '{site.model}' itself"
+        if site.bypass:
+            why += f" ({site.bypass} bypasses it: `syncscope fix --from RUN` rewrites that)"
+    elif site.inner is not None and site.last is None:
         why = (
             f"its inner loop `{site.inner}` has no index that tells the last micro-batch "
             "(enumerate a list of the micro-batches)"

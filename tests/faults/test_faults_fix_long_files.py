@@ -65,7 +65,7 @@ def _pad(text: str, padding: str = PADDING) -> tuple[str, int]:
     and at its end; and the line ``padding`` went before."""
     body = ast.parse(text).body
     first = next(
-        node.lineno
+        min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))])
         for node in body
         if not isinstance(node, (ast.Import, ast.ImportFrom))
         and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
