@@ -5,12 +5,16 @@ The pipeline shows in the modules:
 - ``resolve``: which wrapper (DDP, FSDP1, FSDP2, Accelerate) each name in a file holds;
 - ``loops``: the accumulation loops of a file, described as plain data (forward, backward,
   step gate, sync toggles, ``zero_grad`` calls), with the gates canonicalized;
+- ``toggles``: where a loop changes sync intent (the DDP flag, the FSDP setters, ``with``);
+- ``sites``: every accumulation loop of a file, so that one no rule reads is still said
+  (SYN109) with the form to write in the script's own names;
 - ``rules``: one small class per problem, each with a code, a message and an optional
   rewrite (TorchFix style);
 - ``codemod``: the driver that applies rewrites one at a time until none is left, adds the
   imports they need and renders the unified diff;
 - ``fromrun``: hints from a profile's ``report.json`` (``--from``);
-- ``verify``: profiles the original and the fixed script and compares them (``--verify``).
+- ``verify``: profiles the original and the fixed script and compares them (``--verify``);
+- ``proposals``: what ``fix`` does about each finding of a profile, for its report.
 
 The package exports the codemod's API lazily: importing ``syncscope.fixes.styles`` (the
 command line does, to list ``--style``) imports no libcst.

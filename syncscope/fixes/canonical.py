@@ -24,7 +24,7 @@ from syncscope.fixes.edits import Edit, Statements
 from syncscope.fixes.gates import code_of
 from syncscope.fixes.loops import AccumLoop
 from syncscope.fixes.resolve import Resolution, WrapperKind
-from syncscope.fixes.syntax import calls_in, is_backward
+from syncscope.fixes.syntax import assigned_names, calls_in, is_backward, names_in
 
 DdpForm = Literal["no_sync", "flag"]
 
@@ -83,28 +83,11 @@ def _fresh_name(module: cst.Module) -> str:
     return "syncscope_is_last_"
 
 
-def _names_in(node: cst.CSTNode) -> set[str]:
-    return {n.value for n in m.findall(node, m.Name()) if isinstance(n, cst.Name)}
-
-
-def _assigned(statement: cst.BaseStatement) -> set[str]:
-    out: set[str] = set()
-    for node in m.findall(statement, m.Assign() | m.AugAssign()):
-        targets: list[cst.BaseExpression] = []
-        if isinstance(node, cst.Assign):
-            targets = [t.target for t in node.targets]
-        elif isinstance(node, cst.AugAssign):
-            targets = [node.target]
-        for target in targets:
-            out |= _names_in(target)
-    return out
-
-
 def _increments(statements: Sequence[cst.BaseStatement], name: str) -> int:
     """How many ``name += 1`` lines ``statements`` hold; -1 if ``name`` changes otherwise."""
     count = 0
     for statement in statements:
-        if name not in _assigned(statement):
+        if name not in assigned_names(statement):
             continue
         small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
         if (
@@ -131,7 +114,7 @@ def is_last_binding(ctx: Context) -> tuple[str, list[str], str | None] | None:
     flag = test.expression if isinstance(test, cst.UnaryOperation) and negated else test
     if gate is not None and isinstance(flag, cst.Name):  # ``if is_last:``, ``if not accumulating:``
         name = flag.value
-        bound_before = any(name in _assigned(s) for s in loop.body[: loop.forward])
+        bound_before = any(name in assigned_names(s) for s in loop.body[: loop.forward])
         return (f"not {name}" if negated else name, [], None) if bound_before else None
     for statement in loop.body[: loop.forward]:
         small = statement.body[0] if isinstance(statement, cst.SimpleStatementLine) else None
@@ -142,7 +125,7 @@ def is_last_binding(ctx: Context) -> tuple[str, list[str], str | None] | None:
                 return name, [], loop.gate_test(name) if gate is not None else None
     if gate is not None and test is not None:
         between = loop.body[loop.forward : loop.gate_index]
-        changed = _names_in(test) & {n for s in between for n in _assigned(s)}
+        changed = names_in(test) & {n for s in between for n in assigned_names(s)}
         if any(_increments(between, counter) != 1 for counter in changed):
             return None  # the gate's counter changes between forward and gate
         ahead: cst.CSTNode = test

@@ -16,7 +16,14 @@ import libcst.matchers as m
 
 from syncscope.fixes.gates import code_of
 from syncscope.fixes.loops import AccumLoop, Toggle, is_continue_gate
-from syncscope.fixes.syntax import calls_in, is_zero_grad, negation, no_sync_item
+from syncscope.fixes.syntax import (
+    assigned_names,
+    calls_in,
+    is_zero_grad,
+    names_in,
+    negation,
+    no_sync_item,
+)
 
 Replacement = cst.CSTNode | cst.FlattenSentinel[cst.BaseStatement] | cst.RemovalSentinel
 EditFn = Callable[[cst.CSTNode], Replacement]
@@ -83,10 +90,6 @@ def same_statement(a: cst.BaseStatement, b: cst.BaseStatement) -> bool:
         return ast.dump(ast.parse(textwrap.dedent(code_of(node.with_changes(leading_lines=())))))
 
     return tree(a) == tree(b)
-
-
-def _suite_code(statements: Sequence[cst.BaseStatement]) -> str:
-    return "".join(code_of(s).strip() + "\n" for s in statements)
 
 
 def _strip_statement(node: cst.BaseStatement, names: dict[str, cst.BaseExpression]) -> Statements:
@@ -198,20 +201,6 @@ def _hoisted_continue(node: cst.BaseStatement, after: Statements) -> tuple[State
     return [*following, gate.with_changes(leading_lines=())], len(inner)
 
 
-def _names_read(node: cst.CSTNode) -> set[str]:
-    return {n.value for n in m.findall(node, m.Name()) if isinstance(n, cst.Name)}
-
-
-def _names_bound(node: cst.CSTNode) -> set[str]:
-    targets = m.findall(node, m.AssignTarget() | m.AugAssign() | m.AnnAssign() | m.NamedExpr())
-    bound: set[str] = set()
-    for target in targets:
-        value = getattr(target, "target", None)
-        if value is not None:
-            bound |= _names_read(value)
-    return bound
-
-
 def extend_with_over_forward(block: cst.CSTNode, forward: int, at: int) -> Edit | None:
     """The ``with`` at direct statement ``at`` of ``block`` (a loop or a function) made to
     hold the statements from the ``forward`` on as well: the smallest fix of a ``no_sync``
@@ -220,12 +209,12 @@ def extend_with_over_forward(block: cst.CSTNode, forward: int, at: int) -> Edit 
     body = _suite_of(block)
     node = body[at]
     assert isinstance(node, cst.With)
-    header = set().union(*(_names_read(item) for item in node.items))
+    header = set().union(*(names_in(item) for item in node.items))
     span = list(body[forward:at])
-    before = [s for s in span if _names_bound(s) & header]
-    moved = [s for s in span if not _names_bound(s) & header]
-    computed = set().union(set(), *(_names_bound(s) for s in moved))
-    if not moved or any(_names_read(s) & computed for s in before):
+    before = [s for s in span if assigned_names(s) & header]
+    moved = [s for s in span if not assigned_names(s) & header]
+    computed = set().union(set(), *(assigned_names(s) for s in moved))
+    if not moved or any(names_in(s) & computed for s in before):
         return None
 
     def rebuild(statements: Statements) -> Statements:

@@ -26,10 +26,12 @@ from syncscope.fixes.syntax import (
     dotted,
     is_backward,
     is_step,
+    method_name,
     negation,
     no_sync_item,
     zero_grad_receiver,
 )
+from syncscope.fixes.toggles import Covers, covers, flag_value, setter_value, withs
 
 # ``helper``: a function (not a loop) that runs a micro-batch's backward under a sync toggle
 # its caller chose (``def micro_step(model, x, sync): ... with ctx: loss.backward()``)
@@ -38,7 +40,6 @@ Style = Literal["gated", "inner", "accumulate", "helper"]
 # (``if micro % accum != 0: continue``)
 GateKind = Literal["if", "else", "continue"]
 ToggleKind = Literal["no_sync", "flag", "setter", "accumulate", "helper"]
-Covers = Literal["forward", "backward", "both", "none"]
 
 
 @dataclass
@@ -172,7 +173,7 @@ class _Names(cst.CSTVisitor):
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.defined.add(node.name.value)
         yields = m.findall(node.body, m.Yield())
-        if yields and contains(node.body, lambda c: _method(c) == "no_sync"):
+        if yields and contains(node.body, lambda c: method_name(c) == "no_sync"):
             self.no_sync_helpers.add(node.name.value)
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
@@ -347,6 +348,11 @@ class _Finder(cst.CSTVisitor):
             accum.step_block = after
         else:
             return None
+        self._step_and_resets(accum)
+        return accum
+
+    def _step_and_resets(self, accum: AccumLoop) -> None:
+        """The step's place and optimizer, and the ``zero_grad`` calls of every micro-batch."""
         accum.step_index = next(
             (i for i, s in enumerate(accum.step_block) if contains(s, is_step)), 0
         )
@@ -359,27 +365,26 @@ class _Finder(cst.CSTVisitor):
             if "scaler" in receiver and step_call.args:
                 receiver = code_of(step_call.args[0].value)
             accum.optimizer = receiver
-        per_micro_batch = body
+        per_micro_batch = accum.body
         if accum.gate_kind == "continue" and accum.gate_index is not None:
-            per_micro_batch = body[: accum.gate_index]  # what follows runs at the step only
+            per_micro_batch = accum.body[: accum.gate_index]  # what follows: at the step only
         for index, statement in enumerate(
             accum.step_block if accum.style == "accumulate" else per_micro_batch
         ):
             zeroed = zero_grad_receiver(statement)
             if zeroed is not None:
                 accum.zero_grads.append(ZeroGrad(index, zeroed, self._line(statement)))
-        return accum
 
     def _find_toggles(self, accum: AccumLoop) -> None:
         model = accum.model
         for index, statement in enumerate(accum.body):
             line = self._line(statement)
-            flag = _flag_value(statement)
+            flag = flag_value(statement)
             if flag is not None:
                 gate = parse_gate(flag, accum.names)
                 accum.toggles.append(Toggle("flag", index, statement, "none", gate, line=line))
                 continue
-            value = _setter_value(statement)
+            value = setter_value(statement)
             if value is not None:
                 gate = parse_gate(value, accum.names)
                 never = isinstance(value, cst.Name) and value.value == "False"
@@ -387,72 +392,24 @@ class _Finder(cst.CSTVisitor):
                     Toggle("setter", index, statement, "none", gate, never_syncs=never, line=line)
                 )
                 continue
-            for with_node, sync in _withs(statement, accum.names):
+            for with_node, sync in withs(statement, accum.names):
                 item = with_node.items[0].item
                 kind: ToggleKind = "accumulate" if accumulate_model(item) else "no_sync"
                 no_sync = no_sync_item(item, accum.names)
                 helper = isinstance(item, cst.Call) and dotted(item.func) in self.no_sync_helpers
                 if kind == "no_sync" and no_sync is None and not helper:
                     continue
-                covers = _covers(with_node, model)
+                span = covers(with_node, model)
                 never = no_sync is not None and not no_sync.conditional and statement is with_node
                 at = self._line(with_node)  # the ``with`` itself, in an ``if`` branch too
                 accum.toggles.append(
-                    Toggle(kind, index, with_node, covers, sync, never_syncs=never, line=at)
+                    Toggle(kind, index, with_node, span, sync, never_syncs=never, line=at)
                 )
             text = code_of(statement.with_changes(leading_lines=())).strip()
             known = any(t.index == index for t in accum.toggles)
             compute = index in (accum.forward, accum.backward)
             if text in self.helper_codes and not known and not compute:
                 accum.toggles.append(Toggle("helper", index, statement, "none", None, line=line))
-
-
-def _simple_statements(statement: cst.BaseStatement) -> list[cst.BaseSmallStatement]:
-    """Small statements of a line, or of an ``if`` body made of lines only (``if ddp:``)."""
-    if isinstance(statement, cst.SimpleStatementLine):
-        return list(statement.body)
-    if (
-        isinstance(statement, cst.If)
-        and statement.orelse is None
-        and isinstance(statement.body, cst.IndentedBlock)
-        and all(isinstance(s, cst.SimpleStatementLine) for s in statement.body.body)
-        and len(statement.body.body) == 1
-    ):
-        line = statement.body.body[0]
-        assert isinstance(line, cst.SimpleStatementLine)
-        return list(line.body)
-    return []
-
-
-def _flag_value(statement: cst.BaseStatement) -> cst.BaseExpression | None:
-    """``model.require_backward_grad_sync = value`` -> value."""
-    for small in _simple_statements(statement):
-        if (
-            isinstance(small, cst.Assign)
-            and isinstance(small.targets[0].target, cst.Attribute)
-            and small.targets[0].target.attr.value == "require_backward_grad_sync"
-        ):
-            return small.value
-    return None
-
-
-def _setter_value(statement: cst.BaseStatement) -> cst.BaseExpression | None:
-    """``model.set_requires_gradient_sync(value)`` (or HSDP's ``set_requires_all_reduce``)
-    -> value."""
-    for small in _simple_statements(statement):
-        call = small.value if isinstance(small, cst.Expr) else None
-        if (
-            isinstance(call, cst.Call)
-            and isinstance(call.func, cst.Attribute)
-            and call.func.attr.value in ("set_requires_gradient_sync", "set_requires_all_reduce")
-            and call.args
-        ):
-            return call.args[0].value
-    return None
-
-
-def _method(call: cst.Call) -> str | None:
-    return call.func.attr.value if isinstance(call.func, cst.Attribute) else None
 
 
 def _calls_name(call: cst.Call, name: str) -> bool:
@@ -500,69 +457,6 @@ def _step_gate(
         if is_continue_gate(body[index]):
             return index, "continue", body[index + 1 :]
     return None
-
-
-def _covers(with_node: cst.With, model: str) -> Covers:
-    forward = contains(with_node, lambda c: _calls_name(c, model))
-    backward = contains(with_node, is_backward)
-    if forward and backward:
-        return "both"
-    return "forward" if forward else "backward" if backward else "none"
-
-
-def _withs(
-    statement: cst.BaseStatement, names: dict[str, cst.BaseExpression]
-) -> list[tuple[cst.With, Gate | None]]:
-    """``with`` statements at the top of ``statement`` or in its ``if`` branches, each with
-    the condition under which it lets gradients sync (None if unconditional or unknown)."""
-    if isinstance(statement, cst.With):
-        no_sync = no_sync_item(statement.items[0].item, names)
-        return [(statement, no_sync.sync if no_sync is not None else None)]
-    found: list[tuple[cst.With, Gate | None]] = []
-    if isinstance(statement, cst.Match):
-        return _match_withs(statement, names)
-    if isinstance(statement, cst.If):
-        test = parse_gate(statement.test, names)
-        branches: list[tuple[cst.BaseSuite, Gate | None]] = [
-            (statement.body, test.negated() if test is not None else None)
-        ]
-        if isinstance(statement.orelse, cst.Else):
-            branches.append((statement.orelse.body, test))
-        for suite, sync in branches:
-            if isinstance(suite, cst.IndentedBlock):
-                for inner in suite.body:
-                    if isinstance(inner, cst.With):
-                        found.append((inner, sync))
-    return found
-
-
-def _match_withs(
-    statement: cst.Match, names: dict[str, cst.BaseExpression]
-) -> list[tuple[cst.With, Gate | None]]:
-    """``with`` statements at the top of a ``match``'s cases. A case ``V`` runs when
-    ``subject == V``; a wildcard case after exactly one value case runs when it does not."""
-    subject = code_of(statement.subject)
-    values = [c.pattern for c in statement.cases if isinstance(c.pattern, cst.MatchValue)]
-    found: list[tuple[cst.With, Gate | None]] = []
-    for case in statement.cases:
-        runs: Gate | None = None
-        if isinstance(case.pattern, cst.MatchValue):
-            equal = parse_gate(
-                cst.parse_expression(f"{subject} == {code_of(case.pattern.value)}"), names
-            )
-            runs = equal
-        elif (
-            isinstance(case.pattern, cst.MatchAs)
-            and case.pattern.pattern is None
-            and len(values) == 1
-        ):
-            other = f"{subject} == {code_of(values[0].value)}"
-            equal = parse_gate(cst.parse_expression(other), names)
-            runs = equal.negated() if equal is not None else None
-        sync = runs.negated() if runs is not None else None  # no_sync here: syncs otherwise
-        if isinstance(case.body, cst.IndentedBlock):
-            found += [(inner, sync) for inner in case.body.body if isinstance(inner, cst.With)]
-    return found
 
 
 def inner_last(loop: cst.For | cst.While) -> tuple[str, Gate] | None:

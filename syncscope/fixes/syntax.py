@@ -6,6 +6,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import libcst as cst
+import libcst.matchers as m
 
 from syncscope.fixes.gates import Gate, code_of, parse_gate
 
@@ -89,6 +90,22 @@ def negation(node: cst.BaseExpression) -> cst.BaseExpression:
         operator=cst.Not(),
         expression=node.with_changes(lpar=[cst.LeftParen()], rpar=[cst.RightParen()]),
     )
+
+
+def names_in(node: cst.CSTNode) -> set[str]:
+    """Every name ``node`` mentions."""
+    return {n.value for n in m.findall(node, m.Name()) if isinstance(n, cst.Name)}
+
+
+def assigned_names(node: cst.CSTNode) -> set[str]:
+    """The names ``node`` binds by assignment (``=``, ``+=``, annotated, ``:=``)."""
+    found = m.findall(node, m.AssignTarget() | m.AugAssign() | m.AnnAssign() | m.NamedExpr())
+    bound: set[str] = set()
+    for target in found:
+        value = getattr(target, "target", None)
+        if value is not None:
+            bound |= names_in(value)
+    return bound
 
 
 def method_name(call: cst.Call) -> str | None:
