@@ -14,6 +14,7 @@ from syncscope.model import (
     Collective,
     GradReset,
     MicroBatch,
+    ParamPrint,
     PendingCollective,
     RankRun,
     SourceLocation,
@@ -105,7 +106,13 @@ class _WindowBuilder:
     def empty(self) -> bool:
         return not (self.micro_batches or self.collectives or self.resets)
 
-    def build(self, end_ns: int, complete: bool, step_ns: int = 0) -> Window:
+    def build(
+        self,
+        end_ns: int,
+        complete: bool,
+        step_ns: int = 0,
+        params: tuple[ParamPrint, ...] = (),
+    ) -> Window:
         start = self.start_ns if self.start_ns is not None else end_ns
         return Window(
             index=self.index,
@@ -122,6 +129,7 @@ class _WindowBuilder:
             fingerprint=self.fingerprint,
             fingerprint_sharded=self.fp_sharded,
             records_dropped=self.dropped,
+            params=params,
         )
 
 
@@ -134,6 +142,7 @@ class _RankReader:
         # fingerprints written after their step began (CUDA, or after a step's closure ran):
         # the last one of a window is what the update used (an LBFGS step runs its closure often)
         self.late_fp = {e["window"]: e for e in events if e.get("type") == "fp"}
+        self.param_prints, self.initial_params = param_prints(events)
         self.cuda = any(e.get("type") == "step" and e.get("cuda_peak") for e in events)
         self.header: dict[str, Any] = {}
         self.footer: dict[str, Any] | None = None
@@ -336,7 +345,8 @@ class _RankReader:
                 previous, steps=previous.steps + 1, end_ns=t, step_ns=previous.step_ns + step_ns
             )
         else:
-            windows.append(current.build(t, True, step_ns))
+            params = tuple(self.param_prints.get(current.index, {}).values())
+            windows.append(current.build(t, True, step_ns, params))
         self.current = _WindowBuilder(self.first_window + len(windows))
         self.no_sync_at_forward = False
 
@@ -379,6 +389,7 @@ class _RankReader:
             framework=str(self.framework.get("name", "")),
             framework_version=str(self.framework.get("version", "")),
             zero_stage=self.framework.get("zero_stage"),
+            initial_params=tuple(self.initial_params.values()),
         )
 
 
@@ -413,6 +424,39 @@ def rank_from_events(events: Sequence[dict[str, Any]], rank: int | None = None) 
     for ev in events:
         reader.feed(ev)
     return reader.finish(rank)
+
+
+def param_prints(
+    events: Sequence[dict[str, Any]],
+) -> tuple[dict[int, dict[str, ParamPrint]], dict[str, ParamPrint]]:
+    """The parameter fingerprints of a rank's ``params`` and ``pfp`` events: per window,
+    name -> fingerprint after its step(s) (the last one of a name wins), and those taken
+    before each optimizer's first step. A ``pfp`` of an optimizer no ``params`` event named
+    is left out."""
+    named: dict[Any, tuple[list[Any], list[Any]]] = {}
+    after: dict[int, dict[str, ParamPrint]] = {}
+    initial: dict[str, ParamPrint] = {}
+    for ev in events:
+        kind = ev.get("type")
+        if kind == "params":
+            named[ev.get("opt")] = (_list(ev.get("names")), _list(ev.get("dtypes")))
+        elif kind == "pfp" and ev.get("opt") in named and isinstance(ev.get("window"), int):
+            names, dtypes = named[ev.get("opt")]
+            values, scales = _list(ev.get("values")), _list(ev.get("scales"))
+            into = initial if ev.get("initial") else after.setdefault(ev["window"], {})
+            for i, name in enumerate(names):
+                into[str(name)] = ParamPrint(
+                    str(name),
+                    _number(values[i] if i < len(values) else None),
+                    _number(scales[i] if i < len(scales) else None),
+                    str(dtypes[i]) if i < len(dtypes) else "",
+                )
+    return after, initial
+
+
+def _number(value: object) -> float:
+    """A recorded float; NaN for one that was not finite (written as null) or not there."""
+    return float(value) if isinstance(value, (int, float)) else float("nan")
 
 
 def _list(value: object) -> list[Any]:
