@@ -25,13 +25,12 @@ from typing import Any
 import torch
 
 from syncscope.capture.fingerprint import SAMPLE
-
-ENV = "SYNCSCOPE_PARAM_FINGERPRINTS"
+from syncscope.rundir import PARAM_FINGERPRINTS_ENV
 
 
 def wanted() -> bool:
     """Whether this rank records parameter fingerprints (the environment says so)."""
-    return os.environ.get(ENV, "") == "1"
+    return os.environ.get(PARAM_FINGERPRINTS_ENV, "") == "1"
 
 
 class ParamPlan:
