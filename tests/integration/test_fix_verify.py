@@ -214,10 +214,10 @@ def test_a_redundant_sync_fix_is_accepted_whatever_the_printed_losses_say(
     # THEN the printed losses differ as read, but training is the same: accepted
     assert checked.original.losses is not None and checked.fixed.losses is not None
     assert checked.original.losses != checked.fixed.losses
+    assert checked.ok, render(checked)
     assert checked.training is not None and checked.training.status == "match", render(checked)
     assert checked.training.windows == 3
     assert checked.training.largest < 1e-6  # float32 reduction order only
-    assert checked.ok
     assert (
         "training matches: every parameter equal after each of 3 optimizer steps"
         in (render(checked)[-1])
@@ -263,10 +263,10 @@ def test_an_accelerate_fix_that_drops_the_loss_division_is_accepted(tmp_path: Pa
     assert checked.original.losses and checked.fixed.losses
     for before, after in zip(checked.original.losses, checked.fixed.losses, strict=True):
         assert after == pytest.approx(4 * before, rel=1e-4)
+    assert checked.ok, render(checked)
     assert checked.minimum, render(checked)
     assert checked.training is not None and checked.training.status == "match", render(checked)
     assert checked.training.windows == 2
-    assert checked.ok
 
 
 def test_a_fix_that_changes_training_is_refused_naming_window_and_parameter(
