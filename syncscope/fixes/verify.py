@@ -221,10 +221,11 @@ def training_line(training: TrainingComparison | None, correctness_fix: bool) ->
         reason = training.reason if training is not None else "not recorded"
         return f"training not compared: {reason} (printed losses are information only)"
     if training.status == "match":
+        n = training.windows
+        steps = f"each of {n} optimizer steps" if n > 1 else "its optimizer step"
         return (
-            f"training matches: every parameter equal after each of {training.windows} optimizer "
-            f"steps on every rank, within reduction-order tolerance (largest difference "
-            f"{training.largest:.1e} of the parameter's scale, tolerance {RTOL:.0e})"
+            f"training matches: every parameter equal on every rank after {steps} "
+            f"(largest difference {training.largest:.1e} of its scale, tolerance {RTOL:.0e})"
         )
     return f"training DIFFERS although the original was only wasteful: {_where(training)}"
 

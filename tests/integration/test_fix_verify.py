@@ -105,7 +105,10 @@ def test_fix_verify_passes_script_arguments_after_script(tmp_path: Path) -> None
     table = {line.split("  ")[0]: line.split() for line in done.stdout.splitlines()}
     assert table["grad syncs per window"][-2:] == ["4", "1"], done.stdout
     assert "minimum reached: one grad sync per window" in done.stdout
-    assert "training matches: every parameter equal after each of 1 optimizer steps" in done.stdout
+    assert (
+        "training matches: every parameter equal on every rank after its optimizer step"
+        in done.stdout
+    )
     assert script.read_text() == (FIXTURES / f"{NANOGPT}.in.py").read_text()
 
 
@@ -219,7 +222,7 @@ def test_a_redundant_sync_fix_is_accepted_whatever_the_printed_losses_say(
     assert checked.training.windows == 3
     assert checked.training.largest < 1e-6  # float32 reduction order only
     assert (
-        "training matches: every parameter equal after each of 3 optimizer steps"
+        "training matches: every parameter equal on every rank after each of 3 optimizer steps"
         in (render(checked)[-1])
     )
 

@@ -73,7 +73,7 @@ def test_parameters_equal_within_reduction_order_noise_match() -> None:
     assert result.status == "match" and result.windows == 3
     assert result.largest == pytest.approx(1e-8, rel=0.01)
     line = render(_verification(result))[-1]
-    assert line.startswith("training matches: every parameter equal after each of 3 optimizer")
+    assert line.startswith("training matches: every parameter equal on every rank after each of 3 ")
     assert "largest difference 1.0e-08" in line
 
 
