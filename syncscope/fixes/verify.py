@@ -112,14 +112,13 @@ def window_change(original: Profiled, fixed: Profiled) -> str:
 
 def _profile(script: Path, out: Path, launcher: Sequence[str], args: Sequence[str]) -> Profiled:
     from syncscope.load.runs import load_run
-    from syncscope.rundir import PARAM_FINGERPRINTS_ENV
+    from syncscope.rundir import PARAM_FINGERPRINTS_ENV, SEED_ENV
 
     command = [sys.executable, "-m", "syncscope", "profile", "--quiet", "--fail-on", "never"]
     command += ["--out", str(out), *launcher, str(script), *args]
     command[-1 - len(args)] = str(script.resolve())  # works whatever the cwd: see cwd below
-    env = dict(
-        os.environ, **{PARAM_FINGERPRINTS_ENV: "1"}
-    )  # the ranks record their parameters' fingerprints
+    # the ranks record their parameters' fingerprints, their random generators seeded alike
+    env = dict(os.environ, **{PARAM_FINGERPRINTS_ENV: "1", SEED_ENV: "0"})
     done = subprocess.run(
         command, capture_output=True, text=True, cwd=script.resolve().parent, check=False, env=env
     )

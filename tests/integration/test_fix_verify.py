@@ -227,6 +227,37 @@ def test_a_redundant_sync_fix_is_accepted_whatever_the_printed_losses_say(
     )
 
 
+UNSEEDED = """
+import torch, torch.distributed as dist
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+dist.init_process_group("gloo")
+model = DDP(torch.nn.Linear(8, 1))  # initialised and fed from unseeded generators
+optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+for step in range(2):
+    for micro in range(2):
+        loss = model(torch.randn(4, 8)).pow(2).mean() / 2
+        loss.backward()
+    optimizer.step()
+    optimizer.zero_grad()
+    if dist.get_rank() == 0:
+        print(f"step {step} loss {loss.item():.6f}", flush=True)
+dist.destroy_process_group()
+"""
+
+
+def test_a_script_that_seeds_nothing_is_verified_from_seeded_runs(tmp_path: Path) -> None:
+    # GIVEN a script whose parameters and data come from generators it never seeds
+    script = tmp_path / "train.py"
+    script.write_text(UNSEEDED)
+    result = fix_source(script.read_text())
+    # WHEN verified THEN both runs start alike and train alike: accepted
+    checked = verify(script, result.fixed, [p.code for p in result.problems])
+    assert checked.ok, render(checked)
+    assert checked.training is not None and checked.training.status == "match"
+    assert checked.original.losses == checked.fixed.losses
+
+
 ACCELERATE_MANUAL_GATE = """
 import torch
 from accelerate import Accelerator

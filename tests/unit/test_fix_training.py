@@ -262,3 +262,31 @@ def test_capture_writes_no_parameter_fingerprints_unless_asked(
     finally:
         session.close()
     assert not [e for e in sink.events if e["type"] in ("params", "pfp")]
+
+
+def test_verify_runs_seed_the_random_generators_by_rank(monkeypatch: pytest.MonkeyPatch) -> None:
+    import random
+
+    import numpy
+
+    from syncscope.launch.attach import seed_generators
+
+    python, np_state = random.getstate(), numpy.random.get_state()
+    with torch.random.fork_rng():
+        # GIVEN SYNCSCOPE_SEED=7 (what fix --verify sets) on rank 1
+        monkeypatch.setenv("SYNCSCOPE_SEED", "7")
+        seed_generators(1)
+        drawn = (random.random(), float(numpy.random.rand()), float(torch.rand(1)))
+        # THEN every generator starts from 8, as in any other run of that rank
+        assert torch.initial_seed() == 8
+        random.seed(8)
+        numpy.random.seed(8)
+        torch.manual_seed(8)
+        assert drawn == (random.random(), float(numpy.random.rand()), float(torch.rand(1)))
+        # AND without it nothing is seeded
+        monkeypatch.delenv("SYNCSCOPE_SEED")
+        torch.manual_seed(123)
+        seed_generators(1)
+        assert torch.initial_seed() == 123
+    random.setstate(python)
+    numpy.random.set_state(np_state)
