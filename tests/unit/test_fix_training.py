@@ -290,3 +290,35 @@ def test_verify_runs_seed_the_random_generators_by_rank(monkeypatch: pytest.Monk
         assert torch.initial_seed() == 123
     random.setstate(python)
     numpy.random.set_state(np_state)
+
+
+class _OnDevice:
+    """A parameter fingerprint whose device copy completes when told (a CUDA stand-in)."""
+
+    def __init__(self) -> None:
+        self.done = False
+
+    def ready(self) -> bool:
+        return self.done
+
+    def fields(self) -> dict[str, Any]:
+        return {"values": [1.0], "scales": [2.0]}
+
+
+def test_device_fingerprints_are_written_once_their_copy_completes() -> None:
+    from syncscope.capture.recorder.core import MemorySink, Recorder
+
+    # GIVEN a recorder holding a device fingerprint of window 3 not yet copied
+    sink = MemorySink()
+    rec = Recorder(sink, rank=0, world_size=1)
+    pending = _OnDevice()
+    rec._pending_pfp.append(({"type": "pfp", "window": 3, "opt": 0}, pending))  # type: ignore[arg-type]
+    # WHEN asked before it completes THEN nothing is written; after, its event
+    rec._resolve_fingerprints(wait=False)
+    assert not [e for e in sink.events if e["type"] == "pfp"]
+    pending.done = True
+    rec._resolve_fingerprints(wait=False)
+    assert [e for e in sink.events if e["type"] == "pfp"] == [
+        {"type": "pfp", "window": 3, "opt": 0, "values": [1.0], "scales": [2.0]}
+    ]
+    assert rec._pending_pfp == []
