@@ -234,17 +234,17 @@ def refusal(result: Verification) -> str:
     why = []
     if not result.minimum:
         why.append("the fixed script does not sync once per window")
-    if result.training is not None and result.training.status == "differ":
-        why.append(f"training differs {_where(result.training)}")
+    training = result.training
+    if not result.correctness_fix and training is not None and training.status == "differ":
+        why.append(f"training differs {_where(training)}")
     return "verification failed: " + "; ".join(why or ["see above"]) + "; the fix was not applied"
 
 
 def _where(training: TrainingComparison) -> str:
     """Where training first differs, with both values."""
     if training.steps is not None:
-        return (
-            f"the original made {training.steps[0]} optimizer steps, the fixed {training.steps[1]}"
-        )
+        original, fixed = training.steps
+        return f"in optimizer steps: the original made {original}, the fixed {fixed}"
     d = training.difference
     if d is None:
         return ""

@@ -147,8 +147,17 @@ def test_runs_from_different_starting_parameters_are_not_called_equal() -> None:
 def test_another_number_of_optimizer_steps_is_a_difference() -> None:
     result = compare(training_of(_run(TRAINED)), training_of(_run(TRAINED[:2])))
     assert result.status == "differ" and result.steps == (3, 2)
-    assert render(_verification(result))[-1].endswith(
-        "the original made 3 optimizer steps, the fixed 2"
+    checked = _verification(result)
+    assert render(checked)[-1].endswith("in optimizer steps: the original made 3, the fixed 2")
+    assert "training differs in optimizer steps: the original made 3, the fixed 2" in (
+        refusal(checked)
+    )
+    # AND a correctness fix is refused only for its grad syncs, never for its training
+    fixed_a_bug = Verification(checked.original, checked.fixed, False, result, True)
+    assert not fixed_a_bug.ok
+    assert refusal(fixed_a_bug) == (
+        "verification failed: the fixed script does not sync once per window; "
+        "the fix was not applied"
     )
 
 
