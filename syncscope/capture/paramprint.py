@@ -166,6 +166,8 @@ class ParamPrints:
         """``optimizer``'s plan, and True when it is new (its ``params`` event is due): made
         again when its param groups change."""
         shape = tuple(len(g["params"]) for g in optimizer.param_groups)
+        for key in [k for k, (ref, _, _) in self._plans.items() if ref() is None]:
+            del self._plans[key]  # an optimizer gone: its parameters are not held
         entry = self._plans.get(id(optimizer))
         if entry is not None and entry[0]() is optimizer and entry[1] == shape:
             return entry[2], False
