@@ -32,6 +32,12 @@ RUN_FORMAT_VERSION = 1
 EVENTS_FORMAT = "syncscope-events"
 EVENTS_FORMAT_VERSION = 2  # 2: a group's ranks once, in a ``pg`` event (1: on every ``coll``)
 META_FILE = "meta.json"
+# set to "1" in the ranks' environment: they write ``params`` and ``pfp`` events (parameter
+# fingerprints; ``syncscope fix --verify`` sets it)
+PARAM_FINGERPRINTS_ENV = "SYNCSCOPE_PARAM_FINGERPRINTS"
+# a whole number N: each rank seeds Python's, torch's and NumPy's random generators with
+# N + its rank before the script runs (``syncscope fix --verify`` sets it)
+SEED_ENV = "SYNCSCOPE_SEED"
 META_MAX_BYTES = 16 << 20  # meta.json: a command line and notes; more is not one
 EVENT_MAX_BYTES = 16 << 20  # one event line (a huge group list was ~100 KB a line)
 RANKS_DIR = "ranks"

@@ -178,14 +178,14 @@ def _verify(
     script: Path, result: FixResult, nproc_per_node: int, args: Sequence[str], encoding: str
 ) -> None:
     """Profile the original and the fixed script; refuse the fix unless it checks out."""
-    from syncscope.fixes.verify import render, verify
+    from syncscope.fixes.verify import refusal, render, verify
 
     codes = [p.code for p in result.problems]
     launcher = ("--nproc-per-node", str(nproc_per_node))
     checked = verify(script, result.fixed, codes, launcher, args, encoding)
     print("\n".join(render(checked)))
     if not checked.ok:
-        raise SyncscopeError("verification failed: the fix was not applied")
+        raise SyncscopeError(refusal(checked))
 
 
 def _check_unchanged(script: Path, data: bytes) -> None:

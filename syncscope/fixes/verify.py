@@ -1,16 +1,20 @@
 """``--verify``: profile the original and the fixed script and compare them side by side.
 
-Both runs go through ``python -m syncscope profile`` with the same launcher options. The
-fixed copy is written next to the original (so its relative imports work) and removed
-afterwards. The fixed run must reach the minimum (one grad sync per window on every rank);
-losses, read from lines like ``loss 0.1234`` the script prints, must match when the original
-was only wasteful, and are expected to change when a correctness bug was fixed.
+Both runs go through ``python -m syncscope profile`` with the same launcher options and
+parameter fingerprints on (``SYNCSCOPE_PARAM_FINGERPRINTS=1``). The fixed copy is written next
+to the original (so its relative imports work) and removed afterwards. The fixed run must
+reach the minimum (one grad sync per window on every rank); its parameters, window by window
+on every rank, must match the original's (``syncscope.fixes.training``) when the original was
+only wasteful, and are expected to change when a correctness bug was fixed. The losses the
+script prints (lines like ``loss 0.1234``) are shown beside, as information: they decide
+nothing (a script may print a loss scaled otherwise, or its ranks' lines in any order).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
-import math
+import os
 import re
 import subprocess
 import sys
@@ -21,6 +25,13 @@ from pathlib import Path
 from typing import Any
 
 from syncscope.errors import SyncscopeError
+from syncscope.fixes.training import (
+    RTOL,
+    RankTraining,
+    TrainingComparison,
+    compare,
+    training_of,
+)
 from syncscope.model.figures import Stat, within_noise
 
 LOSS = re.compile(r"\bloss[\s=:]+([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)\b")
@@ -35,19 +46,25 @@ class Profiled:
     losses: tuple[float, ...] | None
     kinds: frozenset[str]
     window_spread: Stat | None = None  # the same windows' median, low and high (ms)
+    training: tuple[RankTraining, ...] = ()  # each rank's parameter fingerprints
 
 
 @dataclass(frozen=True)
 class Verification:
+    """What ``--verify`` found; ``render`` writes its verdict lines from it."""
+
     original: Profiled
     fixed: Profiled
-    minimum: bool
-    losses_match: bool | None  # None: losses not available
-    correctness_fix: bool
+    minimum: bool  # the fixed run syncs once per window on every rank
+    training: TrainingComparison | None  # the parameters compared (None: not compared)
+    correctness_fix: bool  # the original was wrong: training is expected to change
 
     @property
     def ok(self) -> bool:
-        return self.minimum and (self.correctness_fix or self.losses_match is not False)
+        """Accepted: the minimum reached and, where the original was only wasteful, the
+        same training (nothing to compare is no difference)."""
+        differ = self.training is not None and self.training.status == "differ"
+        return self.minimum and (self.correctness_fix or not differ)
 
 
 def _summarize(report: dict[str, Any], stdout: str) -> Profiled:
@@ -94,11 +111,16 @@ def window_change(original: Profiled, fixed: Profiled) -> str:
 
 
 def _profile(script: Path, out: Path, launcher: Sequence[str], args: Sequence[str]) -> Profiled:
+    from syncscope.load.runs import load_run
+    from syncscope.rundir import PARAM_FINGERPRINTS_ENV, SEED_ENV
+
     command = [sys.executable, "-m", "syncscope", "profile", "--quiet", "--fail-on", "never"]
     command += ["--out", str(out), *launcher, str(script), *args]
     command[-1 - len(args)] = str(script.resolve())  # works whatever the cwd: see cwd below
+    # the ranks record their parameters' fingerprints, their random generators seeded alike
+    env = dict(os.environ, **{PARAM_FINGERPRINTS_ENV: "1", SEED_ENV: "0"})
     done = subprocess.run(
-        command, capture_output=True, text=True, cwd=script.resolve().parent, check=False
+        command, capture_output=True, text=True, cwd=script.resolve().parent, check=False, env=env
     )
     report_path = out / "report.json"
     if done.returncode != 0 or not report_path.is_file():
@@ -108,13 +130,12 @@ def _profile(script: Path, out: Path, launcher: Sequence[str], args: Sequence[st
         last = (said or lines or ["no output"])[-1]
         raise SyncscopeError(f"profiling {script.name} failed (exit {done.returncode}): {last}")
     report = json.loads(report_path.read_text(encoding="utf-8"))
-    return _summarize(report, done.stdout)
-
-
-def _close(a: Sequence[float], b: Sequence[float]) -> bool:
-    return len(a) == len(b) and all(
-        math.isclose(x, y, rel_tol=1e-5, abs_tol=1e-6) for x, y in zip(a, b, strict=True)
-    )
+    summary = _summarize(report, done.stdout)
+    try:
+        training = training_of(load_run(out))
+    except SyncscopeError:  # unreadable rank files: the parameters are not compared
+        training = ()
+    return dataclasses.replace(summary, training=training)
 
 
 def verify(
@@ -155,10 +176,8 @@ def verify(
             signal.signal(sig, handler)
     minimum = bool(fixed.grad_syncs) and all(n == 1 for n in fixed.grad_syncs)
     correctness = bool(set(codes) & CORRECTNESS_CODES) or bool(original.kinds & CORRECTNESS_KINDS)
-    losses_match = None
-    if original.losses is not None and fixed.losses is not None:
-        losses_match = _close(original.losses, fixed.losses)
-    return Verification(original, fixed, minimum, losses_match, correctness)
+    training = compare(original.training, fixed.training)
+    return Verification(original, fixed, minimum, training, correctness)
 
 
 def _cell(values: Sequence[float] | None, digits: int = 4) -> str:
@@ -169,13 +188,13 @@ def _cell(values: Sequence[float] | None, digits: int = 4) -> str:
 
 
 def render(result: Verification) -> list[str]:
-    """The side-by-side table and the verdict, as lines of text."""
+    """The side-by-side table and the verdict, as lines of text (from the data alone)."""
     o, f = result.original, result.fixed
     rows = [
         ("", "original", "fixed"),
         ("grad syncs per window", _cell(o.grad_syncs), _cell(f.grad_syncs)),
         ("window time (ms)", _window_cell(o), _window_cell(f)),
-        ("losses", _cell(o.losses), _cell(f.losses)),
+        ("printed losses", _cell(o.losses), _cell(f.losses)),
     ]
     width = [max(len(r[i]) for r in rows) for i in range(3)]
     lines = ["  ".join(c.ljust(width[i]) for i, c in enumerate(r)).rstrip() for r in rows]
@@ -185,14 +204,56 @@ def render(result: Verification) -> list[str]:
         else "minimum NOT reached: the fixed script still syncs more or less than once per window"
     )
     lines.append(window_change(o, f))
-    if result.correctness_fix:
-        lines.append(
-            "losses change because a correctness bug is fixed (missing sync or wiped gradients)"
-        )
-    elif result.losses_match is None:
-        lines.append("losses not available: the script prints no 'loss <value>' lines")
-    elif result.losses_match:
-        lines.append("losses match within floating-point tolerance")
-    else:
-        lines.append("losses DIFFER although the original was only wasteful")
+    lines.append(training_line(result.training, result.correctness_fix))
     return lines
+
+
+def training_line(training: TrainingComparison | None, correctness_fix: bool) -> str:
+    """The verdict on training: the parameters compared, window by window."""
+    if correctness_fix:
+        said = (
+            "training changes because a correctness bug is fixed (missing sync or wiped gradients)"
+        )
+        where = _where(training) if training is not None else ""
+        return said + (f"; parameters first differ {where}" if where else "")
+    if training is None or training.status == "not compared":
+        reason = training.reason if training is not None else "not recorded"
+        return f"training not compared: {reason} (printed losses are information only)"
+    if training.status == "match":
+        n = training.windows
+        steps = f"each of {n} optimizer steps" if n > 1 else "its optimizer step"
+        return (
+            f"training matches: every parameter equal on every rank after {steps} "
+            f"(largest difference {training.largest:.1e} of its scale, tolerance {RTOL:.0e})"
+        )
+    return f"training DIFFERS although the original was only wasteful: {_where(training)}"
+
+
+def refusal(result: Verification) -> str:
+    """Why a fix that did not check out is refused, in one line."""
+    why = []
+    if not result.minimum:
+        why.append("the fixed script does not sync once per window")
+    training = result.training
+    if not result.correctness_fix and training is not None and training.status == "differ":
+        why.append(f"training differs {_where(training)}")
+    return "verification failed: " + "; ".join(why or ["see above"]) + "; the fix was not applied"
+
+
+def _where(training: TrainingComparison) -> str:
+    """Where training first differs, with both values."""
+    if training.steps is not None:
+        original, fixed = training.steps
+        return f"in optimizer steps: the original made {original}, the fixed {fixed}"
+    d = training.difference
+    if d is None:
+        return ""
+    when = (
+        "before the first optimizer step (the runs did not start from the same parameters)"
+        if d.window is None
+        else f"after window {d.window}'s optimizer step"
+    )
+    return (
+        f"{when}, rank {d.rank}, parameter {d.name}: original {d.original:.9g}, "
+        f"fixed {d.fixed:.9g} (fingerprints; allowed difference {d.allowed:.2g})"
+    )

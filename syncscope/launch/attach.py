@@ -235,7 +235,33 @@ def main(argv: list[str] | None = None) -> int:
 
     start_dumper(run_dir, rank)  # under profile: the Flight Recorder's buffer on a hang
     sys.argv = [target, *script_args]
+    seed_generators(rank)
     return _run(session, is_module, target)
+
+
+def seed_generators(rank: int) -> None:
+    """Under ``SYNCSCOPE_SEED=N`` (``fix --verify`` sets it): Python's, torch's (every device)
+    and NumPy's global random generators seeded with N + rank before the script runs, so two
+    runs of a script that seeds none start from the same parameters and data (a script that
+    seeds its own overrides this)."""
+    from syncscope.rundir import SEED_ENV
+
+    value = os.environ.get(SEED_ENV, "").strip()
+    if not value:
+        return
+    if not value.isdigit():
+        _die(f"environment variable {SEED_ENV}={value!r}: must be a whole number >= 0")
+    import random
+
+    import torch
+
+    seed = int(value) + rank
+    random.seed(seed)
+    torch.manual_seed(seed)
+    numpy = sys.modules.get("numpy")  # imported by torch where installed
+    if numpy is not None:
+        with contextlib.suppress(Exception):
+            numpy.random.seed(seed % 2**32)
 
 
 def _store_per_attempt(restart: int) -> None:

@@ -10,10 +10,12 @@ import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
+from syncscope.load.params import param_prints
 from syncscope.model import (
     Collective,
     GradReset,
     MicroBatch,
+    ParamPrint,
     PendingCollective,
     RankRun,
     SourceLocation,
@@ -105,7 +107,13 @@ class _WindowBuilder:
     def empty(self) -> bool:
         return not (self.micro_batches or self.collectives or self.resets)
 
-    def build(self, end_ns: int, complete: bool, step_ns: int = 0) -> Window:
+    def build(
+        self,
+        end_ns: int,
+        complete: bool,
+        step_ns: int = 0,
+        params: tuple[ParamPrint, ...] = (),
+    ) -> Window:
         start = self.start_ns if self.start_ns is not None else end_ns
         return Window(
             index=self.index,
@@ -122,6 +130,7 @@ class _WindowBuilder:
             fingerprint=self.fingerprint,
             fingerprint_sharded=self.fp_sharded,
             records_dropped=self.dropped,
+            params=params,
         )
 
 
@@ -134,6 +143,7 @@ class _RankReader:
         # fingerprints written after their step began (CUDA, or after a step's closure ran):
         # the last one of a window is what the update used (an LBFGS step runs its closure often)
         self.late_fp = {e["window"]: e for e in events if e.get("type") == "fp"}
+        self.param_prints, self.initial_params = param_prints(events)
         self.cuda = any(e.get("type") == "step" and e.get("cuda_peak") for e in events)
         self.header: dict[str, Any] = {}
         self.footer: dict[str, Any] | None = None
@@ -336,7 +346,8 @@ class _RankReader:
                 previous, steps=previous.steps + 1, end_ns=t, step_ns=previous.step_ns + step_ns
             )
         else:
-            windows.append(current.build(t, True, step_ns))
+            params = tuple(self.param_prints.get(current.index, {}).values())
+            windows.append(current.build(t, True, step_ns, params))
         self.current = _WindowBuilder(self.first_window + len(windows))
         self.no_sync_at_forward = False
 
@@ -379,6 +390,7 @@ class _RankReader:
             framework=str(self.framework.get("name", "")),
             framework_version=str(self.framework.get("version", "")),
             zero_stage=self.framework.get("zero_stage"),
+            initial_params=tuple(self.initial_params.values()),
         )
 
 

@@ -212,6 +212,18 @@ class SyncToggle:
 
 
 @dataclass(frozen=True, slots=True)
+class ParamPrint:
+    """A parameter's fingerprint at a point of training (recorded only where asked, see
+    docs/formats.md): the position-weighted sum of a fixed sample of its values and that
+    weighted sample's Euclidean norm (``scale``); NaN for a value that was not finite."""
+
+    name: str
+    value: float
+    scale: float
+    dtype: str = "float32"
+
+
+@dataclass(frozen=True, slots=True)
 class Window:
     """The micro-batches that end in one optimizer step (``complete``), or a trailing span."""
 
@@ -231,6 +243,9 @@ class Window:
     fingerprint: tuple[float, ...] | None = None
     fingerprint_sharded: bool = False
     fingerprint_match: bool | None = None  # filled in across ranks
+    # each parameter's fingerprint after the window's optimizer step(s), in the optimizers'
+    # order (empty unless the run recorded them)
+    params: tuple[ParamPrint, ...] = ()
     # lines of the rank's file read in this window that were no event (dropped): no finding
     # is drawn from such a window, whose record is known to be incomplete
     records_dropped: int = 0
@@ -334,6 +349,8 @@ class RankRun:
     framework: str = ""  # "lightning", "transformers" (HF Trainer), "accelerate", "deepspeed"
     framework_version: str = ""
     zero_stage: int | None = None  # DeepSpeed: the engine's ZeRO stage
+    # the parameters' fingerprints before each optimizer's first step (where recorded)
+    initial_params: tuple[ParamPrint, ...] = ()
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,6 +98,7 @@ _WINDOW_EVENTS = frozenset(
         "step",
         "step_end",
         "fp",
+        "pfp",
     )
 )
 
@@ -275,6 +276,7 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork, StepHooks):
         self._closed = True
         # hold nothing of the job's once closed: its tensors and works must be free to go
         self._pending_fp = []
+        self._pending_pfp = []
         self._forget_gradients()
 
     # -- forward ----------------------------------------------------------------------------
@@ -513,7 +515,7 @@ def _inert_in_children() -> None:
     for rec in list(_LIVE):
         rec.trace = None
         rec._closed = True
-        rec._works, rec._pending_fp = [], []
+        rec._works, rec._pending_fp, rec._pending_pfp = [], [], []
 
 
 os.register_at_fork(after_in_child=_inert_in_children)

@@ -12,6 +12,7 @@ import time
 from typing import TYPE_CHECKING, Any, Protocol
 
 from syncscope.capture.fingerprint import PendingFingerprint
+from syncscope.capture.paramprint import PendingParams
 from syncscope.capture.recorder.records import Item
 
 
@@ -33,6 +34,8 @@ class PendingWork:
     def _init_pending(self) -> None:
         self._works: list[tuple[int, Any]] = []
         self._pending_fp: list[tuple[int, PendingFingerprint]] = []
+        # parameter fingerprints on a device: (their event's first fields, the fingerprints)
+        self._pending_pfp: list[tuple[dict[str, Any], PendingParams]] = []
 
     def _watch(self, work: Any, seq: int) -> None:
         """Remember an in-flight collective; its completion is noticed by ``poll_works``.
@@ -76,3 +79,11 @@ class PendingWork:
             else:
                 keep.append((window, fp))
         self._pending_fp = keep
+        if self._pending_pfp:
+            later: list[tuple[dict[str, Any], PendingParams]] = []
+            for head, pending in self._pending_pfp:
+                if wait or pending.ready():
+                    self.emit({**head, **pending.fields()})
+                else:
+                    later.append((head, pending))
+            self._pending_pfp = later

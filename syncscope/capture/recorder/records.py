@@ -47,6 +47,7 @@ FIELDS: dict[str, tuple[str, ...]] = {
     "reset": ("type", "t", "how", "set_to_none", "site"),
     "step": ("type", "t", "optimizer", "site", "mem", "cuda_peak"),
     "step_end": ("type", "t"),
+    "pfp": ("type", "window", "opt"),
     "coll": (
         "type",
         "seq",

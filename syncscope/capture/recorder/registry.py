@@ -43,6 +43,8 @@ class WrapperRegistry:
         self.ddp_labels: dict[int, tuple[weakref.ref[Any], str]] = {}
         self._sync_dicts: dict[bool, dict[str, bool]] = {}  # sync_state's, one DDP module
         self.optimizers: weakref.WeakSet[Any] = weakref.WeakSet()
+        # the modules wrapped, in order: where parameter fingerprints find their names
+        self.wrapped_modules: list[weakref.ref[Any]] = []
         self._labels = 0
         self.framework: tuple[str, str] | None = None
         self._framework_final = False
@@ -78,6 +80,8 @@ class WrapperRegistry:
         self._note_dist()
         self.note_framework(2)
         label = self.new_label(kind, module)
+        with contextlib.suppress(TypeError):  # a module without weak references: unnamed
+            self.wrapped_modules.append(weakref.ref(module))
         if kind == "ddp":
             self.ddp_modules[module] = label
             self._wrappers.append(("ddp", weakref.ref(module), label))

@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 
 from syncscope.capture import sites
 from syncscope.capture.fingerprint import PendingFingerprint, cuda_peak_and_reset, fingerprint
+from syncscope.capture.paramprint import ParamPrints, PendingParams, wanted
 from syncscope.capture.recorder.records import MEM_AT_WRITE, Record
 from syncscope.capture.recorder.records import perf_ns as _perf_ns
 
@@ -42,6 +43,8 @@ class StepHooks:
         _params_dirty: bool
         _framework_final: bool
         _pending_fp: list[tuple[int, PendingFingerprint]]
+        _pending_pfp: list[tuple[dict[str, Any], PendingParams]]
+        wrapped_modules: list[weakref.ref[Any]]
         _window_open: bool
         _window_activity: bool
         _grad_ptrs: set[int] | None
@@ -56,6 +59,8 @@ class StepHooks:
     def _init_steps(self) -> None:
         self._group_counts: dict[int, int] = {}  # id(optimizer) -> its param groups
         self._fp_window = -1  # the window fingerprint_window last fingerprinted
+        # parameter fingerprints, where the ranks' environment asks for them
+        self._param_prints = ParamPrints() if wanted() else None
 
     def on_step_begin(
         self, optimizer: Any, args: tuple[Any, ...] = (), kwargs: dict[str, Any] | None = None
@@ -75,8 +80,10 @@ class StepHooks:
         if not self._framework_final:
             self.note_framework(2)
             self._framework_final = True
-        if self._pending_fp:
+        if self._pending_fp or self._pending_pfp:
             self._resolve_fingerprints(wait=False)
+        if self._param_prints is not None:
+            self._print_params(optimizer, self.window, before=True)
         # the hook sees step's own arguments: (optimizer, closure) or closure=...
         at = 1 if args and args[0] is optimizer else 0
         if kwargs and "closure" in kwargs:
@@ -176,14 +183,39 @@ class StepHooks:
         else:
             self._pending_fp.append((self.window, fp))
 
-    def on_step_end(self, *_hook_args: Any) -> None:
-        """An optimizer step returned (``_hook_args``: a step post-hook's (optimizer, args,
-        kwargs), unused)."""
+    def _print_params(self, optimizer: Any, window: int, before: bool) -> None:
+        """Record the fingerprints of ``optimizer``'s parameters now: ``before`` its step
+        (only ahead of its first one, the parameters training starts from), else after it."""
+        prints = self._param_prints
+        assert prints is not None
+        try:
+            modules = [m for ref in self.wrapped_modules if (m := ref()) is not None]
+            plan, new = prints.plan(optimizer, modules)
+            if new:
+                self.emit({**plan.event(optimizer), "t": self.now()})
+            elif before:
+                return
+            pending = plan.take(initial=before)
+        except Exception:  # a record must never break the user's job
+            return
+        if pending is None:
+            return
+        if pending.on_host:
+            self.hold(("pfp", window, plan.key, pending))  # summed off the training thread
+        else:
+            self._pending_pfp.append(({"type": "pfp", "window": window, "opt": plan.key}, pending))
+
+    def on_step_end(self, *hook_args: Any) -> None:
+        """An optimizer step returned (``hook_args``: a step post-hook's (optimizer, args,
+        kwargs); a framework's boundary step gives none)."""
         self.step_depth = max(0, self.step_depth - 1)
         if self.step_depth:
             return
         self.hold(("step_end", _perf_ns() + self._clock_offset))
-        if self.window > 0 and not self._window_activity:
+        second = self.window > 0 and not self._window_activity
+        if self._param_prints is not None and hook_args:
+            self._print_params(hook_args[0], self.window - 1 if second else self.window, False)
+        if second:
             return  # a second optimizer's step closes the same window (as the builder merges)
         if self.trace is not None and self._window_open:
             self.trace.window_end(self.window)
