@@ -135,7 +135,9 @@ def _record_monitor(run_dir: Path, meta: dict[str, Any], result: LaunchResult) -
 
 
 def _note_lingering(ranks: tuple[int, ...], hang_timeout: float) -> None:
-    which = ", ".join(str(r) for r in ranks)
+    from syncscope.model import compress_ranks
+
+    which = compress_ranks(ranks)
     print(
         f"syncscope: warning: rank(s) {which} finished the script (every window is captured: "
         f"the report is complete) but the process did not end for {hang_timeout:g} s: "
