@@ -13,6 +13,14 @@ early collectives' durations) is computed from the same buggy runs for compariso
 
 Jobs are interleaved: every repetition runs every (configuration, buggy/fixed) job once, in
 an order rotated by the repetition, so drift in machine load spreads across all of them.
+
+``--mode examples`` checks the claim where a new user meets it: every bundled example that
+``syncscope fix`` rewrites, at its default size and at the README's (``--hidden 1024
+--layers 8 --steps 6``), run as ``fix --verify`` runs it (``syncscope profile
+--nproc-per-node 2``, 2 CPU ranks): the speed-up the original's report projects (range and
+median, and why a range is widened) against the one then measured as ``fix --verify``
+measures it (rank 0's median complete window, window 0 apart, original over fixed), the
+original and the fixed script run back to back in alternating order, ``--reps`` times.
 """
 
 from __future__ import annotations
@@ -102,6 +110,18 @@ def _old_model(run: Run) -> float:
     return float(statistics.median(values)) if values else float("nan")
 
 
+def _top_model(run: Run, windows: list[Window]) -> float:
+    """The other end of the projected range on CPU (figures.projection's ``widened``): window
+    minus the early syncs' whole time in flight, median over ``windows``."""
+    saved = figures.saved_ns(run, in_flight=True)
+    return _med([max(1, w.duration_ns - saved.get(w.index, 0)) for w in windows])
+
+
+def _steady(run: Run) -> list[Window]:
+    steady = figures.steady_windows(run)
+    return [w for r in run.ranks for w in r.windows if w.complete and w.index in steady]
+
+
 def _iqr(run: Run) -> float:
     steady = figures.steady_windows(run)
     values = sorted(
@@ -138,6 +158,7 @@ def measure(work: Path, reps: int, windows: int, cases: list[dict[str, Any]]) ->
                 p = figures.projection(run)
                 row["predicted_ns"] = p.projected.median if p.projected else None
                 row["old_predicted_ns"] = _old_model(run)
+                row["top_ns"] = _top_model(run, _steady(run))
                 row["omitted"] = p.omitted
             row["run_dir"] = record["run_dir"]
             runs.append(row)
@@ -173,6 +194,7 @@ def same_process(
                 "buggy_ns": _med([w.duration_ns for w in buggy]),
                 "predicted_ns": _med([max(1, w.duration_ns - saved[w.index]) for w in buggy]),
                 "old_predicted_ns": _med([_old_projected(w) for w in buggy]),
+                "top_ns": _top_model(run, buggy),
                 "measured_ns": _med([w.duration_ns for w in fixed]),
                 "iqr_ns": _iqr_of([w.duration_ns for w in fixed]),
                 "run_dir": record["run_dir"],
@@ -194,6 +216,7 @@ def same_process(
             "buggy_ns": _med([r["buggy_ns"] for r in mine]), "predicted_ns": predicted,
             "measured_ns": measured, "error": (predicted - measured) / measured,
             "old_predicted_ns": old, "old_error": (old - measured) / measured,
+            "top_ns": _med([r["top_ns"] for r in mine]),
             "noise_iqr": _med([r["iqr_ns"] for r in mine]) / measured,
             "noise_reps": (max(r["measured_ns"] for r in mine)
                            - min(r["measured_ns"] for r in mine)) / measured,
@@ -233,6 +256,7 @@ def summarize(runs: list[dict[str, Any]], cases: list[dict[str, Any]]) -> dict[s
             "buggy_ns": before, "predicted_ns": predicted, "measured_ns": measured,
             "error": (predicted - measured) / measured, "old_predicted_ns": old,
             "old_error": (old - measured) / measured,
+            "top_ns": _med([r["top_ns"] for r in buggy if r.get("top_ns")]),
             "predicted_speedup": before / predicted, "measured_speedup": before / measured,
             # noise: the fixed runs' window-time IQR over ranks and steady windows, and the
             # spread of their medians across repetitions, both relative to the measured time
@@ -253,7 +277,7 @@ def summarize(runs: list[dict[str, Any]], cases: list[dict[str, Any]]) -> dict[s
 def table(result: dict[str, Any]) -> str:
     head = (
         f"{'configuration':<52} {'buggy':>8} {'predicted':>9} {'measured':>9} {'error':>7} "
-        f"{'old err':>8} {'noise':>6} {'claimed':>7}"
+        f"{'old err':>8} {'noise':>6} {'in-flight':>9} {'bracket':>7} {'claimed':>7}"
     )
     lines = [head, "-" * len(head)]
     for r in result["rows"]:
@@ -261,13 +285,19 @@ def table(result: dict[str, Any]) -> str:
         lines.append(
             f"{r['label']:<52} {r['buggy_ns'] / 1e6:>6.1f}ms {r['predicted_ns'] / 1e6:>7.1f}ms "
             f"{r['measured_ns'] / 1e6:>7.1f}ms {r['error']:>+7.0%} {r['old_error']:>+8.0%} "
-            f"{r['noise_iqr']:>6.0%} {claimed}"
+            f"{r['noise_iqr']:>6.0%} {r['top_ns'] / 1e6:>7.1f}ms {_bracket(r):>7} {claimed}"
         )
     lines.append(
         f"median absolute error: {result['median_abs_error']:.0%} "
         f"(previous model: {result['old_median_abs_error']:.0%})"
     )
     return "\n".join(lines)
+
+
+def _bracket(row: dict[str, Any]) -> str:
+    """Whether the measured window lies between the two ends of the projected range (CPU)."""
+    inside = row["top_ns"] <= row["measured_ns"] <= row["predicted_ns"]
+    return "inside" if inside else "outside"
 
 
 def reanalyze(saved: dict[str, Any], cases: list[dict[str, Any]]) -> dict[str, Any]:
@@ -278,8 +308,10 @@ def reanalyze(saved: dict[str, Any], cases: list[dict[str, Any]]) -> dict[str, A
     for row in saved["runs"]:
         row = dict(row)
         if row["variant"] == "buggy":
-            p = figures.projection(_load(row, nodes[row["case"]]))
+            run = _load(row, nodes[row["case"]])
+            p = figures.projection(run)
             row["predicted_ns"] = p.projected.median if p.projected else None
+            row["top_ns"] = _top_model(run, _steady(run))
             row["omitted"] = p.omitted
         runs.append(row)
     result = summarize(runs, cases)
@@ -298,6 +330,123 @@ def run_modes(
     return result
 
 
+# the bundled examples that ``syncscope fix`` rewrites (the others are already correct)
+EXAMPLES_FIXED = ("ddp_sync_every_step.py", "ddp_no_sync_backward_only.py", "fsdp2_no_toggle.py")
+EXAMPLE_SIZES = {"default": [], "readme": ["--hidden", "1024", "--layers", "8", "--steps", "6"]}
+
+
+def _fixed_copy(example: str, work: Path) -> tuple[Path, Path]:
+    """The example and its fixed form (``syncscope fix --apply`` on a copy), beside a copy of
+    examples/common.py, in ``work``."""
+    import shutil
+    import subprocess
+
+    work.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "examples" / "common.py", work / "common.py")
+    original = work / example
+    fixed = work / f"fixed_{example}"
+    shutil.copy(ROOT / "examples" / example, original)
+    shutil.copy(original, fixed)
+    command = [sys.executable, "-m", "syncscope", "fix", "--apply", "--allow-outside", str(fixed)]
+    subprocess.run(command, capture_output=True, check=True, env=_example_env())
+    return original, fixed
+
+
+def _example_env() -> dict[str, str]:
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "SYNCSCOPE_BENCH"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _profile_example(script: Path, args: list[str], out: Path) -> Run:
+    import subprocess
+
+    command = [sys.executable, "-m", "syncscope", "profile", "--quiet", "--fail-on", "never",
+               "--out", str(out), "--nproc-per-node", "2", str(script), *args]  # fmt: skip
+    subprocess.run(command, capture_output=True, check=True, cwd=script.parent, env=_example_env())
+    return load_run(out)
+
+
+def verify_window_ns(run: Run) -> float | None:
+    """What ``fix --verify`` measures: rank 0's median complete window, window 0 apart."""
+    rank0 = [r for r in run.ranks if r.rank == 0]
+    durations = {w.index: w.duration_ns for r in rank0 for w in r.windows if w.complete}
+    steady = [d for i, d in durations.items() if i != 0] or list(durations.values())
+    return float(statistics.median(steady)) if steady else None
+
+
+def examples(work: Path, reps: int, only: list[str] | None = None) -> dict[str, Any]:
+    runs: list[dict[str, Any]] = []
+    names = [e for e in EXAMPLES_FIXED if not only or e.removesuffix(".py") in only]
+    for example in names:
+        original, fixed = _fixed_copy(example, work / example.removesuffix(".py"))
+        for size, args in EXAMPLE_SIZES.items():
+            for rep in range(reps):
+                order = ("original", "fixed") if rep % 2 == 0 else ("fixed", "original")
+                measured: dict[str, Run] = {}
+                for variant in order:
+                    script = original if variant == "original" else fixed
+                    out = work / "runs" / f"{example}-{size}-{rep}-{variant}"
+                    measured[variant] = _profile_example(script, args, out)
+                p = figures.projection(measured["original"])
+                before = verify_window_ns(measured["original"])
+                after = verify_window_ns(measured["fixed"])
+                s = p.speedup if p.shown else None
+                row = {
+                    "example": example, "size": size, "rep": rep,
+                    "measured": before / after if before and after else None,
+                    "low": s.low if s else None, "median": s.median if s else None,
+                    "high": s.high if s else None, "widened": bool(p.widened),
+                    "omitted": p.omitted,
+                }  # fmt: skip
+                row["inside"] = bool(s and row["measured"] and s.low <= row["measured"] <= s.high)
+                runs.append(row)
+                log(f"{example} {size} rep {rep}: {_example_line(row)}")
+    return {"runs": runs, "reps": reps}
+
+
+def _example_line(row: dict[str, Any]) -> str:
+    measured = f"{row['measured']:.2f}x" if row["measured"] else "n/a"
+    if row["low"] is None:
+        return f"projected: not ({row['omitted'].split(' (')[0]}); measured {measured}"
+    verdict = "inside" if row["inside"] else "OUTSIDE"
+    widened = " (widened: CPU)" if row["widened"] else ""
+    return (
+        f"projected {row['low']:.2f}-{row['high']:.2f}x (median {row['median']:.2f}x){widened}; "
+        f"measured {measured}: {verdict}"
+    )
+
+
+def examples_table(result: dict[str, Any]) -> str:
+    head = f"{'example':<30} {'size':<8} {'rep':>3}  projection against measurement"
+    lines = [head, "-" * 100]
+    for r in result["runs"]:
+        lines.append(f"{r['example']:<30} {r['size']:<8} {r['rep']:>3}  {_example_line(r)}")
+    claimed = [r for r in result["runs"] if r["low"] is not None]
+    inside = sum(r["inside"] for r in claimed)
+    lines.append(
+        f"measured inside the projected range: {inside} of {len(claimed)} projections "
+        f"({len(result['runs']) - len(claimed)} runs not projected: window time too noisy)"
+    )
+    for (example, size), mine in _grouped(result["runs"]).items():
+        values = [r["measured"] for r in mine if r["measured"]]
+        if len(values) > 1:
+            lines.append(
+                f"  {example} {size}: measured {min(values):.2f}-{max(values):.2f}x over "
+                f"{len(values)} repetitions"
+            )
+    return "\n".join(lines)
+
+
+def _grouped(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        out.setdefault((r["example"], r["size"]), []).append(r)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=2, help="interleaved repetitions")
@@ -310,8 +459,9 @@ def main(argv: list[str] | None = None) -> int:
         help="recompute the separate-runs predictions of a --json file (kept run directories)",
     )  # fmt: skip
     parser.add_argument(
-        "--mode", choices=("both", "separate", "same-process"), default="both",
-        help="separate runs (profile, fix, profile again), alternate windows of one run, or both",
+        "--mode", choices=("both", "separate", "same-process", "examples"), default="both",
+        help="separate runs (profile, fix, profile again), alternate windows of one run, or both;"
+        " examples: the bundled examples as fix --verify runs them",
     )  # fmt: skip
     opts = parser.parse_args(argv)
     cases = [c for c in CASES if not opts.only or c["name"] in opts.only]
@@ -322,6 +472,13 @@ def main(argv: list[str] | None = None) -> int:
         print(table(separate))
         if opts.json:
             opts.json.write_text(json.dumps({**saved, "separate": separate}, indent=1))
+        return 0
+    if opts.mode == "examples":
+        with tempfile.TemporaryDirectory(prefix="syncscope-predict-") as tmp:
+            found = examples(opts.keep or Path(tmp), opts.reps, opts.only)
+        print(examples_table(found))
+        if opts.json:
+            opts.json.write_text(json.dumps(found, indent=1))
         return 0
     with tempfile.TemporaryDirectory(prefix="syncscope-predict-") as tmp:
         work = opts.keep or Path(tmp)

@@ -220,6 +220,8 @@ def _speedup_tile(head: Headline) -> str:
         return _tile("projected speed-up", "not projected", p.omitted)
     s = p.speedup
     spread = f"range {s.low:.2f}-{s.high:.2f}x; " if s.high - s.low >= 0.005 else ""
+    if p.widened:
+        spread = f"range {s.low:.2f}-{s.high:.2f}x (widened: CPU ranks, see below); "
     return _tile(
         "projected speed-up",
         esc(f"{s.median:.2f}x"),
