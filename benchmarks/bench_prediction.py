@@ -14,13 +14,8 @@ early collectives' durations) is computed from the same buggy runs for compariso
 Jobs are interleaved: every repetition runs every (configuration, buggy/fixed) job once, in
 an order rotated by the repetition, so drift in machine load spreads across all of them.
 
-``--mode examples`` checks the claim where a new user meets it: every bundled example that
-``syncscope fix`` rewrites, at its default size and at the README's (``--hidden 1024
---layers 8 --steps 6``), run as ``fix --verify`` runs it (``syncscope profile
---nproc-per-node 2``, 2 CPU ranks): the speed-up the original's report projects (range and
-median, and why a range is widened) against the one then measured as ``fix --verify``
-measures it (rank 0's median complete window, window 0 apart, original over fixed), the
-original and the fixed script run back to back in alternating order, ``--reps`` times.
+``--mode examples``: the bundled examples as ``fix --verify`` runs them
+(``prediction_examples.py``).
 """
 
 from __future__ import annotations
@@ -330,123 +325,6 @@ def run_modes(
     return result
 
 
-# the bundled examples that ``syncscope fix`` rewrites (the others are already correct)
-EXAMPLES_FIXED = ("ddp_sync_every_step.py", "ddp_no_sync_backward_only.py", "fsdp2_no_toggle.py")
-EXAMPLE_SIZES = {"default": [], "readme": ["--hidden", "1024", "--layers", "8", "--steps", "6"]}
-
-
-def _fixed_copy(example: str, work: Path) -> tuple[Path, Path]:
-    """The example and its fixed form (``syncscope fix --apply`` on a copy), beside a copy of
-    examples/common.py, in ``work``."""
-    import shutil
-    import subprocess
-
-    work.mkdir(parents=True, exist_ok=True)
-    shutil.copy(ROOT / "examples" / "common.py", work / "common.py")
-    original = work / example
-    fixed = work / f"fixed_{example}"
-    shutil.copy(ROOT / "examples" / example, original)
-    shutil.copy(original, fixed)
-    command = [sys.executable, "-m", "syncscope", "fix", "--apply", "--allow-outside", str(fixed)]
-    subprocess.run(command, capture_output=True, check=True, env=_example_env())
-    return original, fixed
-
-
-def _example_env() -> dict[str, str]:
-    import os
-
-    env = {k: v for k, v in os.environ.items() if k != "SYNCSCOPE_BENCH"}
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
-    return env
-
-
-def _profile_example(script: Path, args: list[str], out: Path) -> Run:
-    import subprocess
-
-    command = [sys.executable, "-m", "syncscope", "profile", "--quiet", "--fail-on", "never",
-               "--out", str(out), "--nproc-per-node", "2", str(script), *args]  # fmt: skip
-    subprocess.run(command, capture_output=True, check=True, cwd=script.parent, env=_example_env())
-    return load_run(out)
-
-
-def verify_window_ns(run: Run) -> float | None:
-    """What ``fix --verify`` measures: rank 0's median complete window, window 0 apart."""
-    rank0 = [r for r in run.ranks if r.rank == 0]
-    durations = {w.index: w.duration_ns for r in rank0 for w in r.windows if w.complete}
-    steady = [d for i, d in durations.items() if i != 0] or list(durations.values())
-    return float(statistics.median(steady)) if steady else None
-
-
-def examples(work: Path, reps: int, only: list[str] | None = None) -> dict[str, Any]:
-    runs: list[dict[str, Any]] = []
-    names = [e for e in EXAMPLES_FIXED if not only or e.removesuffix(".py") in only]
-    for example in names:
-        original, fixed = _fixed_copy(example, work / example.removesuffix(".py"))
-        for size, args in EXAMPLE_SIZES.items():
-            for rep in range(reps):
-                order = ("original", "fixed") if rep % 2 == 0 else ("fixed", "original")
-                measured: dict[str, Run] = {}
-                for variant in order:
-                    script = original if variant == "original" else fixed
-                    out = work / "runs" / f"{example}-{size}-{rep}-{variant}"
-                    measured[variant] = _profile_example(script, args, out)
-                p = figures.projection(measured["original"])
-                before = verify_window_ns(measured["original"])
-                after = verify_window_ns(measured["fixed"])
-                s = p.speedup if p.shown else None
-                row = {
-                    "example": example, "size": size, "rep": rep,
-                    "measured": before / after if before and after else None,
-                    "low": s.low if s else None, "median": s.median if s else None,
-                    "high": s.high if s else None, "widened": bool(p.widened),
-                    "omitted": p.omitted,
-                }  # fmt: skip
-                row["inside"] = bool(s and row["measured"] and s.low <= row["measured"] <= s.high)
-                runs.append(row)
-                log(f"{example} {size} rep {rep}: {_example_line(row)}")
-    return {"runs": runs, "reps": reps}
-
-
-def _example_line(row: dict[str, Any]) -> str:
-    measured = f"{row['measured']:.2f}x" if row["measured"] else "n/a"
-    if row["low"] is None:
-        return f"projected: not ({row['omitted'].split(' (')[0]}); measured {measured}"
-    verdict = "inside" if row["inside"] else "OUTSIDE"
-    widened = " (widened: CPU)" if row["widened"] else ""
-    return (
-        f"projected {row['low']:.2f}-{row['high']:.2f}x (median {row['median']:.2f}x){widened}; "
-        f"measured {measured}: {verdict}"
-    )
-
-
-def examples_table(result: dict[str, Any]) -> str:
-    head = f"{'example':<30} {'size':<8} {'rep':>3}  projection against measurement"
-    lines = [head, "-" * 100]
-    for r in result["runs"]:
-        lines.append(f"{r['example']:<30} {r['size']:<8} {r['rep']:>3}  {_example_line(r)}")
-    claimed = [r for r in result["runs"] if r["low"] is not None]
-    inside = sum(r["inside"] for r in claimed)
-    lines.append(
-        f"measured inside the projected range: {inside} of {len(claimed)} projections "
-        f"({len(result['runs']) - len(claimed)} runs not projected: window time too noisy)"
-    )
-    for (example, size), mine in _grouped(result["runs"]).items():
-        values = [r["measured"] for r in mine if r["measured"]]
-        if len(values) > 1:
-            lines.append(
-                f"  {example} {size}: measured {min(values):.2f}-{max(values):.2f}x over "
-                f"{len(values)} repetitions"
-            )
-    return "\n".join(lines)
-
-
-def _grouped(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
-    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
-    for r in runs:
-        out.setdefault((r["example"], r["size"]), []).append(r)
-    return out
-
-
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--reps", type=int, default=2, help="interleaved repetitions")
@@ -454,6 +332,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--only", nargs="*", help="case names (default: all)")
     parser.add_argument("--keep", type=Path, help="keep the run directories here")
+    parser.add_argument("--doc", type=Path, help="--mode examples: also write this markdown page")
     parser.add_argument(
         "--reanalyze", type=Path, metavar="JSON",
         help="recompute the separate-runs predictions of a --json file (kept run directories)",
@@ -465,6 +344,10 @@ def main(argv: list[str] | None = None) -> int:
     )  # fmt: skip
     opts = parser.parse_args(argv)
     cases = [c for c in CASES if not opts.only or c["name"] in opts.only]
+    if opts.mode == "examples":
+        from prediction_examples import run_examples
+
+        return run_examples(opts.reps, opts.only, opts.keep, opts.json, opts.doc, opts.reanalyze)
     if opts.reanalyze:
         saved = json.loads(opts.reanalyze.read_text())
         separate = reanalyze(saved.get("separate", saved), cases)
@@ -472,13 +355,6 @@ def main(argv: list[str] | None = None) -> int:
         print(table(separate))
         if opts.json:
             opts.json.write_text(json.dumps({**saved, "separate": separate}, indent=1))
-        return 0
-    if opts.mode == "examples":
-        with tempfile.TemporaryDirectory(prefix="syncscope-predict-") as tmp:
-            found = examples(opts.keep or Path(tmp), opts.reps, opts.only)
-        print(examples_table(found))
-        if opts.json:
-            opts.json.write_text(json.dumps(found, indent=1))
         return 0
     with tempfile.TemporaryDirectory(prefix="syncscope-predict-") as tmp:
         work = opts.keep or Path(tmp)
