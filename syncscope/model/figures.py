@@ -41,6 +41,9 @@ read them from here (docs/concepts.md, "Figures", says the same in prose).
   contention it caused with compute that overlapped it: the range is widened up to the
   syncs' whole time in flight (``in_flight_sync_ns``, per micro-batch the least over the
   ranks), with that reason (``Projection.widened``); the median stays the exposed-wait figure.
+  Under FSDP on CPU the range is said to be a floor: removing a reduce-scatter there also sped
+  up the all-gathers that stay (docs/benchmarks/prediction-examples.md), which no figure of
+  the buggy run measures.
 """
 
 from __future__ import annotations
@@ -306,9 +309,13 @@ BASIS = (
     "is not saved)"
 )
 CPU_CONTENTION = (
-    "the ranks compute on CPU, where their collectives run on the same cores as the compute "
+    "range widened: the ranks compute on CPU, where their collectives run on the same cores as the compute "
     "they overlap, so removing a sync also removes that contention: the range reaches up to "
     "the syncs' whole time in flight"
+)
+FSDP_ON_CPU = (
+    "under FSDP on CPU, removing a reduce-scatter also speeds up the all-gathers that stay, "
+    "which no figure of this run measures: read the range as a floor"
 )
 
 
@@ -322,7 +329,7 @@ class Projection:
     steady_windows: int
     basis: str
     omitted: str = ""  # why no gain is claimed ("" when it is)
-    widened: str = ""  # why the range reaches past the exposed-wait figure ("" when it does not)
+    widened: str = ""  # why the range reaches past the exposed-wait figure, or is a floor
 
     @property
     def shown(self) -> bool:
@@ -336,7 +343,7 @@ class Projection:
         s = self.speedup
         span = f"{s.low:.2f}-{s.high:.2f}x" if s.high - s.low >= 0.005 else f"{s.median:.2f}x"
         text = f"{span} (median {s.median:.2f}x) over {s.n} steady rank-windows"
-        return f"{text} (range widened: {self.widened})" if self.widened else text
+        return f"{text} ({self.widened})" if self.widened else text
 
 
 def _speedup(
@@ -384,8 +391,12 @@ def projection(
     durations = [float(w.duration_ns) for w in windows]
     projected = [float(max(1, w.duration_ns - saved.get(w.index, 0))) for w in windows]
     ratios = [d / p for d, p in zip(durations, projected, strict=True)]
-    top = _contention_top(run, windows, durations) if _on_cpu(run) and ratios else 0.0
-    widened = CPU_CONTENTION if ratios and top >= max(ratios) + 0.005 else ""
+    on_cpu = _on_cpu(run) and bool(ratios)
+    top = _contention_top(run, windows, durations) if on_cpu else 0.0
+    reasons = [CPU_CONTENTION] if on_cpu and top >= max(ratios) + 0.005 else []
+    if on_cpu and any(w.kind == "fsdp" for r in run.ranks for w in r.wrappers):
+        reasons.append(FSDP_ON_CPU)
+    widened = "; ".join(reasons)
     omitted = ""
     if len(steady.windows) < MIN_STEADY:
         omitted = (

@@ -221,7 +221,7 @@ def _speedup_tile(head: Headline) -> str:
     s = p.speedup
     spread = f"range {s.low:.2f}-{s.high:.2f}x; " if s.high - s.low >= 0.005 else ""
     if p.widened:
-        spread = f"range {s.low:.2f}-{s.high:.2f}x (widened: CPU ranks, see below); "
+        spread = f"range {s.low:.2f}-{s.high:.2f}x (see below why); "
     return _tile(
         "projected speed-up",
         esc(f"{s.median:.2f}x"),

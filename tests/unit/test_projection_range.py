@@ -33,7 +33,7 @@ def test_cpu_ranks_widen_the_range_to_the_syncs_time_in_flight() -> None:
     early = 3 * 500_000
     window = 4 * 1_000_000 + 200_000
     assert round(cpu.speedup.high, 3) == round(window / (window - early), 3)
-    assert "the ranks compute on CPU" in cpu.widened
+    assert cpu.widened.startswith("range widened: the ranks compute on CPU")
     assert "(range widened: the ranks compute on CPU" in cpu.text()
 
 
@@ -46,7 +46,7 @@ def test_the_reason_is_printed_beside_the_range_and_kept_in_report_json() -> Non
     assert "1.43-1.56x (median 1.43x)" in line
     assert "range widened: the ranks compute on CPU" in line
     projection = report_dict(run, findings)["figures"]["projection"]
-    assert projection["widened"].startswith("the ranks compute on CPU")
+    assert projection["widened"].startswith("range widened: the ranks compute on CPU")
     gpu = report_dict(_on("cuda", run), findings)["figures"]["projection"]
     assert gpu["widened"] is None
 
@@ -56,3 +56,19 @@ def test_syncs_waited_on_whole_are_not_widened() -> None:
     run = runs.make_run(sync_at=runs.every, buckets=1)
     p = figures.projection(run)
     assert p.shown and p.widened == ""
+
+
+def test_fsdp_on_cpu_says_the_range_is_a_floor() -> None:
+    # GIVEN FSDP ranks on CPU (their reduce-scatters removed also speed up the all-gathers)
+    run = runs.make_run(sync_at=runs.every, buckets=1)
+    ranks = tuple(
+        dataclasses.replace(
+            r, wrappers=tuple(dataclasses.replace(w, kind="fsdp") for w in r.wrappers)
+        )
+        for r in run.ranks
+    )
+    fsdp = dataclasses.replace(run, ranks=ranks)
+    p = figures.projection(fsdp)
+    assert p.shown and "read the range as a floor" in p.text()
+    assert "range widened" not in p.text()  # nothing overlapped: the range itself is not wider
+    assert figures.projection(_on("cuda", fsdp)).widened == ""
