@@ -388,6 +388,12 @@ def _prediction(results: dict[str, Any]) -> list[str]:
         "windows, relative to the measured time; *reps spread*: the range of its medians across "
         "repetitions.",
         "",
+        "The report's range reaches further on CPU ranks (gloo's reductions share the cores of "
+        "the backward they overlap): up to the early syncs' whole time in flight "
+        "([concepts.md](concepts.md#figures)). The bundled examples, projected and then "
+        "measured as `fix --verify` measures them, repetition by repetition: "
+        "[benchmarks/prediction-examples.md](benchmarks/prediction-examples.md).",
+        "",
     ]
     same = pred.get("same_process")
     if same:

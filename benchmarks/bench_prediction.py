@@ -13,6 +13,9 @@ early collectives' durations) is computed from the same buggy runs for compariso
 
 Jobs are interleaved: every repetition runs every (configuration, buggy/fixed) job once, in
 an order rotated by the repetition, so drift in machine load spreads across all of them.
+
+``--mode examples``: the bundled examples as ``fix --verify`` runs them
+(``prediction_examples.py``).
 """
 
 from __future__ import annotations
@@ -102,6 +105,18 @@ def _old_model(run: Run) -> float:
     return float(statistics.median(values)) if values else float("nan")
 
 
+def _top_model(run: Run, windows: list[Window]) -> float:
+    """The other end of the projected range on CPU (figures.projection's ``widened``): window
+    minus the early syncs' whole time in flight, median over ``windows``."""
+    saved = figures.saved_ns(run, in_flight=True)
+    return _med([max(1, w.duration_ns - saved.get(w.index, 0)) for w in windows])
+
+
+def _steady(run: Run) -> list[Window]:
+    steady = figures.steady_windows(run)
+    return [w for r in run.ranks for w in r.windows if w.complete and w.index in steady]
+
+
 def _iqr(run: Run) -> float:
     steady = figures.steady_windows(run)
     values = sorted(
@@ -138,6 +153,7 @@ def measure(work: Path, reps: int, windows: int, cases: list[dict[str, Any]]) ->
                 p = figures.projection(run)
                 row["predicted_ns"] = p.projected.median if p.projected else None
                 row["old_predicted_ns"] = _old_model(run)
+                row["top_ns"] = _top_model(run, _steady(run))
                 row["omitted"] = p.omitted
             row["run_dir"] = record["run_dir"]
             runs.append(row)
@@ -173,6 +189,7 @@ def same_process(
                 "buggy_ns": _med([w.duration_ns for w in buggy]),
                 "predicted_ns": _med([max(1, w.duration_ns - saved[w.index]) for w in buggy]),
                 "old_predicted_ns": _med([_old_projected(w) for w in buggy]),
+                "top_ns": _top_model(run, buggy),
                 "measured_ns": _med([w.duration_ns for w in fixed]),
                 "iqr_ns": _iqr_of([w.duration_ns for w in fixed]),
                 "run_dir": record["run_dir"],
@@ -194,6 +211,7 @@ def same_process(
             "buggy_ns": _med([r["buggy_ns"] for r in mine]), "predicted_ns": predicted,
             "measured_ns": measured, "error": (predicted - measured) / measured,
             "old_predicted_ns": old, "old_error": (old - measured) / measured,
+            "top_ns": _med([r["top_ns"] for r in mine]),
             "noise_iqr": _med([r["iqr_ns"] for r in mine]) / measured,
             "noise_reps": (max(r["measured_ns"] for r in mine)
                            - min(r["measured_ns"] for r in mine)) / measured,
@@ -233,6 +251,7 @@ def summarize(runs: list[dict[str, Any]], cases: list[dict[str, Any]]) -> dict[s
             "buggy_ns": before, "predicted_ns": predicted, "measured_ns": measured,
             "error": (predicted - measured) / measured, "old_predicted_ns": old,
             "old_error": (old - measured) / measured,
+            "top_ns": _med([r["top_ns"] for r in buggy if r.get("top_ns")]),
             "predicted_speedup": before / predicted, "measured_speedup": before / measured,
             # noise: the fixed runs' window-time IQR over ranks and steady windows, and the
             # spread of their medians across repetitions, both relative to the measured time
@@ -253,7 +272,7 @@ def summarize(runs: list[dict[str, Any]], cases: list[dict[str, Any]]) -> dict[s
 def table(result: dict[str, Any]) -> str:
     head = (
         f"{'configuration':<52} {'buggy':>8} {'predicted':>9} {'measured':>9} {'error':>7} "
-        f"{'old err':>8} {'noise':>6} {'claimed':>7}"
+        f"{'old err':>8} {'noise':>6} {'in-flight':>9} {'bracket':>7} {'claimed':>7}"
     )
     lines = [head, "-" * len(head)]
     for r in result["rows"]:
@@ -261,13 +280,19 @@ def table(result: dict[str, Any]) -> str:
         lines.append(
             f"{r['label']:<52} {r['buggy_ns'] / 1e6:>6.1f}ms {r['predicted_ns'] / 1e6:>7.1f}ms "
             f"{r['measured_ns'] / 1e6:>7.1f}ms {r['error']:>+7.0%} {r['old_error']:>+8.0%} "
-            f"{r['noise_iqr']:>6.0%} {claimed}"
+            f"{r['noise_iqr']:>6.0%} {r['top_ns'] / 1e6:>7.1f}ms {_bracket(r):>7} {claimed}"
         )
     lines.append(
         f"median absolute error: {result['median_abs_error']:.0%} "
         f"(previous model: {result['old_median_abs_error']:.0%})"
     )
     return "\n".join(lines)
+
+
+def _bracket(row: dict[str, Any]) -> str:
+    """Whether the measured window lies between the two ends of the projected range (CPU)."""
+    inside = row["top_ns"] <= row["measured_ns"] <= row["predicted_ns"]
+    return "inside" if inside else "outside"
 
 
 def reanalyze(saved: dict[str, Any], cases: list[dict[str, Any]]) -> dict[str, Any]:
@@ -278,8 +303,10 @@ def reanalyze(saved: dict[str, Any], cases: list[dict[str, Any]]) -> dict[str, A
     for row in saved["runs"]:
         row = dict(row)
         if row["variant"] == "buggy":
-            p = figures.projection(_load(row, nodes[row["case"]]))
+            run = _load(row, nodes[row["case"]])
+            p = figures.projection(run)
             row["predicted_ns"] = p.projected.median if p.projected else None
+            row["top_ns"] = _top_model(run, _steady(run))
             row["omitted"] = p.omitted
         runs.append(row)
     result = summarize(runs, cases)
@@ -305,16 +332,22 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", type=Path, help="also write the results here")
     parser.add_argument("--only", nargs="*", help="case names (default: all)")
     parser.add_argument("--keep", type=Path, help="keep the run directories here")
+    parser.add_argument("--doc", type=Path, help="--mode examples: also write this markdown page")
     parser.add_argument(
         "--reanalyze", type=Path, metavar="JSON",
         help="recompute the separate-runs predictions of a --json file (kept run directories)",
     )  # fmt: skip
     parser.add_argument(
-        "--mode", choices=("both", "separate", "same-process"), default="both",
-        help="separate runs (profile, fix, profile again), alternate windows of one run, or both",
+        "--mode", choices=("both", "separate", "same-process", "examples"), default="both",
+        help="separate runs (profile, fix, profile again), alternate windows of one run, or both;"
+        " examples: the bundled examples as fix --verify runs them",
     )  # fmt: skip
     opts = parser.parse_args(argv)
     cases = [c for c in CASES if not opts.only or c["name"] in opts.only]
+    if opts.mode == "examples":
+        from prediction_examples import run_examples
+
+        return run_examples(opts.reps, opts.only, opts.keep, opts.json, opts.doc, opts.reanalyze)
     if opts.reanalyze:
         saved = json.loads(opts.reanalyze.read_text())
         separate = reanalyze(saved.get("separate", saved), cases)

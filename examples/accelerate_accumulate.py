@@ -13,7 +13,7 @@ accelerator = Accelerator(gradient_accumulation_steps=args.accum, cpu=args.devic
 rank = accelerator.process_index
 torch.manual_seed(0)
 model = make_model(args)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
 model, optimizer = accelerator.prepare(model, optimizer)
 
 for step in range(args.steps):

@@ -1,4 +1,4 @@
-"""Shared set-up for the examples: arguments, a small MLP and synthetic data.
+"""Shared set-up for the examples: arguments, a small MLP and synthetic data it learns.
 
 Every example is a normal torchrun script: ``torchrun --nproc-per-node 2 ddp_no_sync.py``.
 The model size is set so that communication matters when you ask it to (``--hidden 1024
@@ -51,10 +51,27 @@ def init(args: argparse.Namespace | None = None) -> int:
 
 
 def make_model(args: argparse.Namespace) -> nn.Module:
+    """An MLP fitted to a fixed random teacher, ``tanh(x @ teacher)``: its output is the
+    residual, prediction minus target, so the examples' ``model(x).pow(2).mean()`` is the
+    mean squared error, and it falls as the model learns. The teacher is a plain tensor
+    (neither a parameter nor a buffer: no wrapper syncs or broadcasts it), the same on every
+    rank, and the model stays an ``nn.Sequential`` of its layers."""
     layers: list[nn.Module] = []
     for _ in range(args.layers):
         layers += [nn.Linear(args.hidden, args.hidden), nn.ReLU()]
-    return nn.Sequential(*layers).to(device(args))
+    model = nn.Sequential(*layers).to(device(args))
+    g = torch.Generator().manual_seed(1)
+    teacher = (torch.randn(args.hidden, args.hidden, generator=g) / args.hidden**0.5).to(
+        device(args)
+    )
+
+    def residual(
+        module: nn.Module, inputs: tuple[torch.Tensor], output: torch.Tensor
+    ) -> torch.Tensor:
+        return output - torch.tanh(inputs[0] @ teacher)
+
+    model.register_forward_hook(residual)
+    return model
 
 
 def device(args: argparse.Namespace) -> torch.device:
@@ -64,10 +81,11 @@ def device(args: argparse.Namespace) -> torch.device:
 
 
 def batch(args: argparse.Namespace, rank: int, step: int, micro: int) -> torch.Tensor:
-    """Different data on every rank and micro-batch, reproducible."""
+    """Different data on every rank and micro-batch, reproducible: each rank's small data set
+    (one batch per micro-batch) is seen again every step, so the loss falls."""
     if BENCH:
         return BENCH.batch(args, rank, micro)
-    g = torch.Generator().manual_seed(1000 * step + 10 * micro + rank)
+    g = torch.Generator().manual_seed(10 * micro + rank)
     return torch.randn(args.batch, args.hidden, generator=g).to(device(args))
 
 

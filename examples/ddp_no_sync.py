@@ -13,7 +13,7 @@ from torch.nn.parallel import DistributedDataParallel as DDP
 args = parse_args()
 rank = init(args)
 model = DDP(make_model(args))
-optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
 
 for step in range(args.steps):
     for micro in range(args.accum):

@@ -15,7 +15,7 @@ for layer in model:
     if isinstance(layer, torch.nn.Linear):
         fully_shard(layer)
 fully_shard(model)
-optimizer = torch.optim.SGD(model.parameters(), lr=0.01)
+optimizer = torch.optim.Adam(model.parameters(), lr=1e-3)
 
 for step in range(args.steps):
     for micro in range(args.accum):

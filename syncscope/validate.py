@@ -4,7 +4,7 @@ Every value read from a run directory, an event file, ``meta.json``, a Kineto tr
 ``report.json`` passes through one of these where it is parsed, so a malformed input is a
 ``SyncscopeError`` (exit status 2) naming what was wrong, never a traceback. Counts that
 would size an allocation (world size, ranks) are only ever compared with what the files
-hold (``missing_ranks``), never used to allocate.
+hold (``missing_rank_runs``), never used to allocate.
 """
 
 from __future__ import annotations

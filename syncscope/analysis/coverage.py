@@ -16,8 +16,16 @@ Pure: ``Run -> list[Finding]``.
 
 from __future__ import annotations
 
-from syncscope.model import Finding, Fix, Run, compress_ranks, missing_ranks, rank_failed
+from syncscope.model import (
+    Finding,
+    Fix,
+    Run,
+    missing_rank_runs,
+    rank_failed,
+    ranks_text,
+)
 
+MAX_FINDING_RANKS = 64  # more missing ranks than this: counted and written, not listed one by one
 STEP_FIX = Fix(
     style="optimizer-step",
     summary=(
@@ -99,10 +107,11 @@ def ranks_missing(run: Run) -> list[Finding]:
     (not for ``track(gather=False)``, which keeps one rank's view by choice)."""
     if run.meta.one_rank_view:
         return []
-    listed, count = missing_ranks((r.rank for r in run.ranks), run.world_size)
+    runs, count = missing_rank_runs((r.rank for r in run.ranks), run.world_size)
     if not count:
         return []
-    shown = compress_ranks(listed) + (", ..." if count > len(listed) else "")
+    shown = ranks_text(runs, count)
+    listed = [r for a, b in runs for r in range(a, b + 1)] if count <= MAX_FINDING_RANKS else []
     present = len(run.ranks)
     what = "no trace" if run.meta.source == "trace" else "no readable events"
     return [

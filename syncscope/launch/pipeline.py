@@ -24,7 +24,7 @@ from syncscope.text import visible
 
 if TYPE_CHECKING:
     from syncscope.launch.torchrun import LaunchOptions, LaunchResult
-    from syncscope.model import Run
+    from syncscope.model import Finding, Run
 
 
 @dataclass(frozen=True)
@@ -135,7 +135,9 @@ def _record_monitor(run_dir: Path, meta: dict[str, Any], result: LaunchResult) -
 
 
 def _note_lingering(ranks: tuple[int, ...], hang_timeout: float) -> None:
-    which = ", ".join(str(r) for r in ranks)
+    from syncscope.model import compress_ranks
+
+    which = compress_ranks(ranks)
     print(
         f"syncscope: warning: rank(s) {which} finished the script (every window is captured: "
         f"the report is complete) but the process did not end for {hang_timeout:g} s: "
@@ -439,12 +441,34 @@ def report_run(run_dir: Path, status: int, failed: int | None, fail_on: str, qui
         )
         return code
     if failed is not None:
-        print(
-            f"syncscope: the script failed on rank {failed} with exit status {status} "
-            "(its output is above); the other ranks were stopped by the launcher",
-            file=sys.stderr,
-        )
+        print(_failed_line(run, findings, failed, status), file=sys.stderr)
     return status or code
+
+
+def _failed_line(run: Run, findings: Sequence[Finding], failed: int, status: int) -> str:
+    """Which rank failed first, as the run-failed finding (the terminal card, report.json)
+    says from the ranks' own exit records; the launcher's ``failed`` only where the run has
+    no such finding (torchrun's first failure ties at one-second resolution, and then names
+    the lowest rank, not the first)."""
+    from syncscope.model import compress_ranks
+
+    finding = next((f for f in findings if f.kind == "run-failed"), None)
+    first = finding.evidence.get("first_failed_rank") if finding else None
+    if finding is None or not isinstance(first, int):
+        return (
+            f"syncscope: the script failed on rank {failed} with exit status {status} "
+            "(its output is above); the other ranks were stopped by the launcher"
+        )
+    own = [r for r in finding.ranks if r != first]
+    exit_status = finding.evidence.get("exit_status")
+    shown = exit_status if isinstance(exit_status, int) and exit_status else status
+    after = f"; rank(s) {compress_ranks(own)} failed after it" if own else ""
+    if any(r.rank not in finding.ranks for r in run.ranks):
+        after += "; the other ranks were stopped by the launcher"
+    return (
+        f"syncscope: the script failed on rank {first} first, with exit status {shown} "
+        f"(its output is above){after}"
+    )
 
 
 def _kept(run: Run, run_dir: Path) -> str:

@@ -16,7 +16,7 @@ from typing import Any
 from syncscope.errors import BadRunDirectory
 from syncscope.files import NotRegularFile
 from syncscope.load.captured import rank_from_events
-from syncscope.model import RankRun, Run, RunMeta, compress_ranks, missing_ranks
+from syncscope.model import RankRun, Run, RunMeta, compress_ranks, missing_ranks_text
 from syncscope.rundir import (
     DROPPED,
     EVENTS_FORMAT_VERSION,
@@ -78,12 +78,10 @@ def assemble(meta: RunMeta, ranks: Iterable[RankRun]) -> Run:
     notes = list(meta.notes)
     if len(ordered) == 1 and not ordered[0].dist_initialized:
         notes.append("torch.distributed was never initialised: the script ran as world size 1")
-    missing, absent = missing_ranks((r.rank for r in ordered), meta.world_size)
+    missing, _ = missing_ranks_text((r.rank for r in ordered), meta.world_size)
     if missing:
-        listed = compress_ranks(missing) + (", ..." if absent > len(missing) else "")
-        count = f" ({absent} ranks)" if absent > len(missing) else ""
         notes.append(
-            f"no events from rank(s) {listed}{count} of {meta.world_size}; "
+            f"no events from rank(s) {missing} of {meta.world_size}; "
             "if they ran on other nodes, merge their directories: syncscope analyze DIR DIR ..."
         )
     unfinished = [r.rank for r in ordered if not r.finished]

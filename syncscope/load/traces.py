@@ -17,7 +17,7 @@ from syncscope.load.trace.jobs import TraceSpan, chosen, describe, mixed_message
 from syncscope.load.trace.rankfile import Job, RankResult, read_rank
 from syncscope.load.trace.read import is_trace_file
 from syncscope.load.trace.windows import RankNotes
-from syncscope.model import RankRun, Run, RunMeta, compress_ranks, missing_ranks
+from syncscope.model import RankRun, Run, RunMeta, compress_ranks, missing_ranks_text
 
 Source = Path | str  # a local file, or an fsspec URL (read on a Dask cluster)
 PROGRESS_MIN_BYTES = 64 << 20
@@ -266,11 +266,10 @@ def _notes(flags: RankNotes, present: list[int], world: int) -> list[str]:
             "the first window starts where the trace starts: micro-batches before the "
             "profiler started are not seen"
         )
-    missing, absent = missing_ranks(present, world)
+    missing, _ = missing_ranks_text(present, world)
     if missing:
-        more = f", ... ({absent} ranks)" if absent > len(missing) else ""
         out.append(
             f"traces of rank(s) {compress_ranks(present)} of {world} only: cross-rank checks "
-            f"cover those ranks; rank(s) {compress_ranks(missing)}{more} were not seen"
+            f"cover those ranks; rank(s) {missing} were not seen"
         )
     return out + flags.extra

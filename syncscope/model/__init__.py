@@ -451,38 +451,53 @@ def verdict_of(findings: list[Finding] | tuple[Finding, ...]) -> Verdict:
     return "clean"
 
 
-def compress_ranks(ranks: list[int] | tuple[int, ...]) -> str:
+def rank_runs(ranks: Iterable[int]) -> list[tuple[int, int]]:
+    """``[0, 1, 2, 5, 7, 8]`` -> ``[(0, 2), (5, 5), (7, 8)]``: contiguous runs, first and last."""
+    runs: list[tuple[int, int]] = []
+    for r in sorted(set(ranks)):
+        if runs and r == runs[-1][1] + 1:
+            runs[-1] = (runs[-1][0], r)
+        else:
+            runs.append((r, r))
+    return runs
+
+
+def ranks_text(runs: Sequence[tuple[int, int]], count: int | None = None) -> str:
+    """The one way rank sets are written: ``"0-2,5,7-8"``, contiguous runs joined; with
+    ``count`` (the ranks in all) greater than the runs hold, ``", ... (N ranks)"`` after them."""
+    text = ",".join(str(a) if a == b else f"{a}-{b}" for a, b in runs)
+    listed = sum(b - a + 1 for a, b in runs)
+    if count is not None and count > listed:
+        text += f", ... ({count} ranks)"
+    return text
+
+
+def compress_ranks(ranks: Iterable[int]) -> str:
     """``[0, 1, 2, 5, 7, 8]`` -> ``"0-2,5,7-8"``: readable rank sets at any world size."""
-    out: list[str] = []
-    values = sorted(set(ranks))
-    i = 0
-    while i < len(values):
-        j = i
-        while j + 1 < len(values) and values[j + 1] == values[j] + 1:
-            j += 1
-        out.append(str(values[i]) if i == j else f"{values[i]}-{values[j]}")
-        i = j + 1
-    return ",".join(out)
+    return ranks_text(rank_runs(ranks))
 
 
-MAX_LISTED_MISSING = 64  # more absent ranks than this: counted, not listed
+MAX_LISTED_RUNS = 32  # more runs of absent ranks than this: the rest counted, not listed
 
 
-def missing_ranks(present: Iterable[int], world: int) -> tuple[list[int], int]:
-    """Ranks below ``world`` not in ``present``: (the first few, how many in all).
+def missing_rank_runs(present: Iterable[int], world: int) -> tuple[list[tuple[int, int]], int]:
+    """Ranks below ``world`` not in ``present``, as contiguous runs (the first
+    ``MAX_LISTED_RUNS``), and how many ranks are missing in all.
 
     Bounded by the ranks actually present, never by ``world`` (a header may say 10**12).
     """
     seen = sorted({r for r in present if 0 <= r < world})
-    count = world - len(seen)
-    listed: list[int] = []
-    candidate = 0
-    it = iter(seen)
-    nxt = next(it, None)
-    while len(listed) < MAX_LISTED_MISSING and candidate < world:
-        if nxt is not None and candidate == nxt:
-            nxt = next(it, None)
-        else:
-            listed.append(candidate)
-        candidate += 1
-    return listed, count
+    runs: list[tuple[int, int]] = []
+    nxt = 0  # the lowest rank not yet accounted for
+    for r in [*seen, world]:
+        if r > nxt and len(runs) < MAX_LISTED_RUNS:
+            runs.append((nxt, r - 1))
+        nxt = r + 1
+    return runs, world - len(seen)
+
+
+def missing_ranks_text(present: Iterable[int], world: int) -> tuple[str, int]:
+    """``("2-127", 126)``: the ranks below ``world`` not in ``present``, written exactly
+    (``ranks_text``), and how many; ``("", 0)`` when none is missing."""
+    runs, count = missing_rank_runs(present, world)
+    return (ranks_text(runs, count) if count else ""), count

@@ -36,7 +36,14 @@ read them from here (docs/concepts.md, "Figures", says the same in prose).
   ranks is moved to the last sync, not saved); the speed-up is window / projected. Shown as the median
   with its range across steady windows, and omitted, with the reason, when there are fewer
   than ``MIN_STEADY`` steady windows or when the steady windows' time varies (interquartile
-  range) by more than the predicted saving.
+  range) by more than the predicted saving. Where the ranks compute on CPU (gloo's
+  collectives then run on the cores the ranks compute on), removing a sync also removes the
+  contention it caused with compute that overlapped it: the range is widened up to the
+  syncs' whole time in flight (``in_flight_sync_ns``, per micro-batch the least over the
+  ranks), with that reason (``Projection.widened``); the median stays the exposed-wait figure.
+  Under FSDP on CPU the range is said to be a floor: removing a reduce-scatter there also sped
+  up the all-gathers that stay (docs/benchmarks/prediction-examples.md), which no figure of
+  the buggy run measures.
 """
 
 from __future__ import annotations
@@ -232,11 +239,11 @@ def peak_memory(run: Run) -> int | None:
     return peak if peak > 0 else None
 
 
-def exposed_sync_ns(window: Window, micro_batch: int) -> int:
-    """Time the training thread spent in, or waiting for, one micro-batch's gradient syncs."""
+def _sync_spans(window: Window, micro_batch: int, in_flight: bool) -> list[tuple[int, int]]:
+    """The intervals ``exposed_sync_ns`` (and, ``in_flight``, ``in_flight_sync_ns``) join."""
     syncs = [c for c in window.collectives if c.grad_sync and c.micro_batch == micro_batch]
     if not syncs:
-        return 0
+        return []
     spans = [(c.start_ns, c.end_ns) for c in syncs]
     end = (
         window.micro_batches[micro_batch].end_ns
@@ -247,9 +254,23 @@ def exposed_sync_ns(window: Window, micro_batch: int) -> int:
     if during:  # issued by the backward's hooks, waited on at its end (DDP, FSDP)
         spans.append((max(c.start_ns for c in during), end))
     for c in syncs:  # issued after the backward (a user's loop): the thread waits for each
-        if c.start_ns >= end:
+        if c.start_ns >= end or in_flight:
             spans.append((c.start_ns, c.done_ns if c.done_ns is not None else c.end_ns))
-    return union_ns(spans, window.start_ns, window.end_ns)
+    return spans
+
+
+def exposed_sync_ns(window: Window, micro_batch: int) -> int:
+    """Time the training thread spent in, or waiting for, one micro-batch's gradient syncs."""
+    spans = _sync_spans(window, micro_batch, in_flight=False)
+    return union_ns(spans, window.start_ns, window.end_ns) if spans else 0
+
+
+def in_flight_sync_ns(window: Window, micro_batch: int) -> int:
+    """The exposed sync time of one micro-batch joined with the time its gradient syncs were
+    in flight (issue to completion): all a sync can cost where its work shares the cores of
+    the compute it overlaps (gloo on CPU)."""
+    spans = _sync_spans(window, micro_batch, in_flight=True)
+    return union_ns(spans, window.start_ns, window.end_ns) if spans else 0
 
 
 def early_sync_ns(window: Window) -> int:
@@ -259,13 +280,16 @@ def early_sync_ns(window: Window) -> int:
     return sum(exposed_sync_ns(window, m) for m in early)
 
 
-def saved_ns(run: Run) -> dict[int, int]:
+def saved_ns(run: Run, in_flight: bool = False) -> dict[int, int]:
     """Per window index: what a once-per-window sync saves, the same on every rank.
 
     For each micro-batch but the last, the *smallest* exposed sync time over the ranks: a rank
     that waited longer was waiting for a slower rank, and that skew is not saved by syncing
     less, only moved to the last micro-batch's sync (the slowest rank waits least, so its
-    exposed time is the communication itself)."""
+    exposed time is the communication itself). ``in_flight``: the syncs' whole time in flight
+    instead (``in_flight_sync_ns``), the most removing them can save where they contend with
+    compute for the same cores."""
+    measure = in_flight_sync_ns if in_flight else exposed_sync_ns
     by_index: dict[int, list[Window]] = {}
     for r in run.ranks:
         for w in r.windows:
@@ -275,9 +299,7 @@ def saved_ns(run: Run) -> dict[int, int]:
     for index, windows in by_index.items():
         n = min(len(w.micro_batches) for w in windows)
         early = {c.micro_batch for w in windows for c in w.collectives if c.grad_sync}
-        out[index] = sum(
-            min(exposed_sync_ns(w, m) for w in windows) for m in sorted(early) if m < n - 1
-        )
+        out[index] = sum(min(measure(w, m) for w in windows) for m in sorted(early) if m < n - 1)
     return out
 
 
@@ -285,6 +307,15 @@ BASIS = (
     "window time minus the measured time spent in, or waiting for, the gradient syncs of every "
     "micro-batch but the last (per micro-batch, the least any rank waited: skew between ranks "
     "is not saved)"
+)
+CPU_CONTENTION = (
+    "range widened: the ranks compute on CPU, where their collectives run on the same cores as the compute "
+    "they overlap, so removing a sync also removes that contention: the range reaches up to "
+    "the syncs' whole time in flight"
+)
+FSDP_ON_CPU = (
+    "under FSDP on CPU, removing a reduce-scatter also speeds up the all-gathers that stay, "
+    "which no figure of this run measures: read the range as a floor"
 )
 
 
@@ -298,29 +329,50 @@ class Projection:
     steady_windows: int
     basis: str
     omitted: str = ""  # why no gain is claimed ("" when it is)
+    widened: str = ""  # why the range reaches past the exposed-wait figure, or is a floor
 
     @property
     def shown(self) -> bool:
         return not self.omitted and self.speedup is not None
 
     def text(self) -> str:
-        """``1.6-2.1x (median 1.8x) from 3 steady windows x 2 ranks`` or the reason it is not."""
+        """``1.6-2.1x (median 1.8x) over 6 steady rank-windows``, the reason a range is
+        widened beside it, or the reason it is not projected."""
         if not self.shown or self.speedup is None:
             return f"not projected: {self.omitted}"
         s = self.speedup
         span = f"{s.low:.2f}-{s.high:.2f}x" if s.high - s.low >= 0.005 else f"{s.median:.2f}x"
-        return f"{span} (median {s.median:.2f}x) over {s.n} steady rank-windows"
+        text = f"{span} (median {s.median:.2f}x) over {s.n} steady rank-windows"
+        return f"{text} ({self.widened})" if self.widened else text
 
 
-def _speedup(durations: list[float], projected: list[float], ratios: list[float]) -> Stat | None:
-    """The range of the per-(rank, window) ratios, and as its middle figure the ratio of the
-    two medians shown beside it (window -> projected window), so that the figures a reader
-    sees divide to the speed-up claimed (a median of ratios does not: 13.9/9.2 ms vs 1.55x)."""
+def _speedup(
+    durations: list[float], projected: list[float], ratios: list[float], top: float = 0.0
+) -> Stat | None:
+    """The range of the per-(rank, window) ratios (up to ``top`` where it is widened), and as
+    its middle figure the ratio of the two medians shown beside it (window -> projected
+    window), so that the figures a reader sees divide to the speed-up claimed (a median of
+    ratios does not: 13.9/9.2 ms vs 1.55x)."""
     if not ratios:
         return None
     low, high = min(ratios), max(ratios)
     at_medians = median(durations) / median(projected)
-    return Stat(min(max(at_medians, low), high), low, high, len(ratios))
+    return Stat(min(max(at_medians, low), high), low, max(high, top), len(ratios))
+
+
+def _on_cpu(run: Run) -> bool:
+    """Every rank computed on CPU: its collectives (gloo) run on the cores it computes on."""
+    return bool(run.ranks) and all(r.device == "cpu" for r in run.ranks)
+
+
+def _contention_top(run: Run, windows: list[Window], durations: list[float]) -> float:
+    """The highest per-(rank, window) speed-up if removing the early syncs saved their whole
+    time in flight (``saved_ns(in_flight=True)``); ``durations``: the windows' own."""
+    flight = saved_ns(run, in_flight=True)
+    return max(
+        (d / max(1.0, d - flight.get(w.index, 0)) for w, d in zip(windows, durations, strict=True)),
+        default=0.0,
+    )
 
 
 def projection(
@@ -339,6 +391,12 @@ def projection(
     durations = [float(w.duration_ns) for w in windows]
     projected = [float(max(1, w.duration_ns - saved.get(w.index, 0))) for w in windows]
     ratios = [d / p for d, p in zip(durations, projected, strict=True)]
+    on_cpu = _on_cpu(run) and bool(ratios)
+    top = _contention_top(run, windows, durations) if on_cpu else 0.0
+    reasons = [CPU_CONTENTION] if on_cpu and top >= max(ratios) + 0.005 else []
+    if on_cpu and any(w.kind == "fsdp" for r in run.ranks for w in r.wrappers):
+        reasons.append(FSDP_ON_CPU)
+    widened = "; ".join(reasons)
     omitted = ""
     if len(steady.windows) < MIN_STEADY:
         omitted = (
@@ -361,8 +419,9 @@ def projection(
     return Projection(
         window=Stat.of(durations),
         projected=Stat.of(projected),
-        speedup=_speedup(durations, projected, ratios),
+        speedup=_speedup(durations, projected, ratios, top if widened else 0.0),
         steady_windows=len(steady.windows),
         basis=BASIS,
         omitted=omitted,
+        widened=widened,
     )

@@ -20,6 +20,7 @@ from syncscope.render.page import code_block, esc, figure_block, page, section, 
 from syncscope.render.summary import (
     Grid,
     Headline,
+    frameworks_of,
     grid_of,
     headline,
     hta_lines,
@@ -35,10 +36,27 @@ from syncscope.text import human_bytes, human_ns
 
 VERDICT_TITLES = {
     "clean": "No gradient synchronization problems found",
-    "warnings": "Training is correct, but wastes communication or memory",
+    "warnings": "Training is correct, with warnings below",
     "incomplete": "Incomplete: part of the run could not be judged",
     "errors": "Gradient synchronization is broken: training results are affected",
     "failed": "The run failed: the script did not run to its end",
+}
+# what a finding at the verdict's severity says was found, in the headline's words
+WASTES = {
+    "redundant-sync": "communication",
+    "fragmented-sync": "communication",
+    "exposed-communication": "communication",
+    "unsharded-grad-memory": "memory",
+}
+HAS = {
+    "irregular-window": "windows of unequal length",
+    "no-process-group": "ranks that never joined a process group",
+}
+BROKEN = {
+    "missing-sync": "ranks diverge",
+    "rank-divergence": "ranks diverge",
+    "grad-reset-mid-window": "gradients are lost mid-window",
+    "collective-mismatch": "ranks issue different collectives",
 }
 MAX_LIST_ITEMS = 24
 OPEN_CARDS = 3  # later findings start folded: a page with 40 findings stays readable
@@ -91,6 +109,7 @@ def _header(run: Run, head: Headline) -> str:
         "/".join(head.wrappers),
         f"{'live capture' if m.source == 'live' else 'from traces'}",
         f"torch {m.torch_version}" if m.torch_version else "",
+        frameworks_of(run),
         m.created,
         f"{len(m.nodes)} nodes" if len(m.nodes) > 1 else "",
         "job hung" if m.hung else "",
@@ -120,6 +139,29 @@ def _failed_sub(head: Headline, findings: Sequence[Finding], ranks: int) -> str:
     return sub + "."
 
 
+def _unique(items: Sequence[str]) -> list[str]:
+    return list(dict.fromkeys(items))
+
+
+def verdict_title(verdict: str, findings: Sequence[Finding]) -> str:
+    """The headline: the verdict, naming what was found (communication, memory, diverging
+    ranks, ...), never a list of what might have been."""
+    if verdict == "warnings":
+        kinds = [f.kind for f in findings if f.severity == "warning"]
+        wastes = _unique([WASTES[k] for k in kinds if k in WASTES])
+        parts = [f"wastes {' and '.join(wastes)}"] if wastes else []
+        parts += [f"has {HAS[k]}" for k in _unique(kinds) if k in HAS]
+        if parts:
+            return f"Training is correct, but {' and '.join(parts)}"
+    if verdict == "errors":
+        broken = _unique(
+            [BROKEN[f.kind] for f in findings if f.severity == "error" and f.kind in BROKEN]
+        )
+        if broken:
+            return f"Gradient synchronization is broken: {' and '.join(broken)}"
+    return VERDICT_TITLES[verdict]
+
+
 def _verdict(head: Headline, findings: Sequence[Finding], ranks: int) -> str:
     if head.verdict == "failed":
         sub = _failed_sub(head, findings, ranks)
@@ -143,7 +185,7 @@ def _verdict(head: Headline, findings: Sequence[Finding], ranks: int) -> str:
         )
     return (
         f'<div class="verdict {esc(head.verdict)}" id="verdict">'
-        f"<h1>{esc(VERDICT_TITLES[head.verdict])}</h1><p>{esc(sub)}</p></div>"
+        f"<h1>{esc(verdict_title(head.verdict, findings))}</h1><p>{esc(sub)}</p></div>"
     )
 
 
@@ -178,6 +220,8 @@ def _speedup_tile(head: Headline) -> str:
         return _tile("projected speed-up", "not projected", p.omitted)
     s = p.speedup
     spread = f"range {s.low:.2f}-{s.high:.2f}x; " if s.high - s.low >= 0.005 else ""
+    if p.widened:
+        spread = f"range {s.low:.2f}-{s.high:.2f}x (see below why); "
     return _tile(
         "projected speed-up",
         esc(f"{s.median:.2f}x"),

@@ -148,6 +148,7 @@ def figures_dict(run: Run, findings: Sequence[Finding]) -> dict[str, Any]:
             "speedup": _stat(p.speedup) if p.shown else None,
             "basis": p.basis,
             "omitted": p.omitted or None,
+            "widened": p.widened or None if p.shown else None,
         },
     }
 

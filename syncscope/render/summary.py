@@ -435,3 +435,19 @@ def title_of(run: Run) -> str:
         ranks = len(run.ranks)
         return f"torch.profiler traces of {ranks} rank{'s' if ranks != 1 else ''}"
     return ""
+
+
+def frameworks_of(run: Run) -> str:
+    """The training frameworks the ranks ran under, with their versions, as report.json's
+    ``ranks[].framework`` records them: ``transformers 4.57.1``, ``deepspeed 0.19.8 (ZeRO
+    2)``; "" when none (a plain torch loop)."""
+    seen: list[str] = []
+    for r in run.ranks:
+        if not r.framework:
+            continue
+        text = f"{r.framework} {r.framework_version}".strip()
+        if r.zero_stage is not None:
+            text += f" (ZeRO {r.zero_stage})"
+        if text not in seen:
+            seen.append(text)
+    return ", ".join(seen)

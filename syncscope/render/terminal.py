@@ -29,6 +29,7 @@ from syncscope.model import (
 )
 from syncscope.model.figures import median
 from syncscope.render.summary import (
+    frameworks_of,
     headline,
     hta_lines,
     human_value,
@@ -303,7 +304,11 @@ def summary_renderables(run: Run, findings: Sequence[Finding]) -> list[Renderabl
     head = VisibleText()
     head.append("syncscope ", style="bold")
     head.append(title_of(run) or "(command not recorded)")
-    head.append(f"  ·  world size {meta.world_size}  ·  source {meta.source}", style="dim")
+    framework = frameworks_of(run)
+    framework = f"  ·  {framework}" if framework else ""
+    head.append(
+        f"  ·  world size {meta.world_size}{framework}  ·  source {meta.source}", style="dim"
+    )
     out.append(head)
     for note in meta.notes:
         out.append(VisibleText(f"note: {note}", style="yellow"))

@@ -244,7 +244,9 @@ def _collect(
         if failures and (now >= min(settle, deadline) or len(heard) == world_size):
             raise _root_cause(failures, world_size)
         if now >= deadline:
-            missing = [r for r in range(world_size) if r not in values]
+            from syncscope.model import compress_ranks
+
+            missing = compress_ranks([r for r in range(world_size) if r not in values])
             raise TimeoutError(
                 f"spawn: rank(s) {missing} of {world_size} did not finish within "
                 f"{timeout:g} s (hung in a collective, or waiting for a rank that "

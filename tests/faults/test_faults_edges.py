@@ -287,7 +287,7 @@ def test_profile_says_a_non_daemon_thread_kept_the_ranks_alive(tmp_path: Path) -
     )
     took = time.monotonic() - start
     assert done.returncode == 0, done.stderr
-    assert "rank(s) 0, 1 finished the script (every window is captured" in done.stderr
+    assert "rank(s) 0-1 finished the script (every window is captured" in done.stderr
     assert "a non-daemon thread the script started keeps Python alive" in done.stderr
     assert "its non-daemon thread(s) 'uploader' kept the process alive" in done.stderr
     report = json.loads((out / "report.json").read_text())

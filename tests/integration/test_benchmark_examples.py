@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import socket
@@ -92,3 +93,6 @@ def test_an_example_without_the_variable_is_the_example() -> None:
         "step 2",
     ]
     assert MARK.strip() not in out
+    # the example learns: at its default size (the tests' size) its loss falls every step
+    losses = [float(line.split(" loss ")[1]) for line in out.splitlines()]
+    assert all(later < earlier for earlier, later in itertools.pairwise(losses)), losses

@@ -1,0 +1,241 @@
+"""The projection where a new user meets it: every bundled example that ``syncscope fix``
+rewrites, at its default size and at the README's (``--hidden 1024 --layers 8 --steps 6``),
+run as ``fix --verify`` runs it (``syncscope profile --nproc-per-node 2``, 2 CPU ranks).
+
+For each: the speed-up the original's report projects (range and median, and whether the
+range is widened) against the one then measured as ``fix --verify`` measures it (rank 0's
+median complete window, window 0 apart, original over fixed). The original and the fixed
+script run back to back, in alternating order, ``--reps`` times, so that drift in the load
+of a shared machine falls on both.
+
+    python benchmarks/bench_prediction.py --mode examples [--reps 3] [--doc FILE] [--json FILE]
+    python benchmarks/bench_prediction.py --mode examples --keep DIR --reanalyze FILE.json
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from _harness import ROOT
+
+from syncscope.load.runs import load_run
+from syncscope.model import Run, figures
+
+
+def log(message: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {message}", file=sys.stderr, flush=True)
+
+
+# the bundled examples that ``syncscope fix`` rewrites (the others are already correct)
+EXAMPLES_FIXED = ("ddp_sync_every_step.py", "ddp_no_sync_backward_only.py", "fsdp2_no_toggle.py")
+EXAMPLE_SIZES = {"default": [], "readme": ["--hidden", "1024", "--layers", "8", "--steps", "6"]}
+
+
+def _fixed_copy(example: str, work: Path) -> tuple[Path, Path]:
+    """The example and its fixed form (``syncscope fix --apply`` on a copy), beside a copy of
+    examples/common.py, in ``work``."""
+    work.mkdir(parents=True, exist_ok=True)
+    shutil.copy(ROOT / "examples" / "common.py", work / "common.py")
+    original = work / example
+    fixed = work / f"fixed_{example}"
+    shutil.copy(ROOT / "examples" / example, original)
+    shutil.copy(original, fixed)
+    command = [sys.executable, "-m", "syncscope", "fix", "--apply", "--allow-outside", str(fixed)]
+    subprocess.run(command, capture_output=True, check=True, env=_example_env())
+    return original, fixed
+
+
+def _example_env() -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items() if k != "SYNCSCOPE_BENCH"}
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
+    return env
+
+
+def _profile_example(script: Path, args: list[str], out: Path) -> Run:
+    command = [sys.executable, "-m", "syncscope", "profile", "--quiet", "--fail-on", "never",
+               "--out", str(out), "--nproc-per-node", "2", str(script), *args]  # fmt: skip
+    subprocess.run(command, capture_output=True, check=True, cwd=script.parent, env=_example_env())
+    return load_run(out)
+
+
+def verify_window_ns(run: Run) -> float | None:
+    """What ``fix --verify`` measures: rank 0's median complete window, window 0 apart."""
+    rank0 = [r for r in run.ranks if r.rank == 0]
+    durations = {w.index: w.duration_ns for r in rank0 for w in r.windows if w.complete}
+    steady = [d for i, d in durations.items() if i != 0] or list(durations.values())
+    return float(statistics.median(steady)) if steady else None
+
+
+def examples(work: Path, reps: int, only: list[str] | None = None) -> dict[str, Any]:
+    runs: list[dict[str, Any]] = []
+    names = [e for e in EXAMPLES_FIXED if not only or e.removesuffix(".py") in only]
+    for example in names:
+        original, fixed = _fixed_copy(example, work / example.removesuffix(".py"))
+        for size, args in EXAMPLE_SIZES.items():
+            for rep in range(reps):
+                order = ("original", "fixed") if rep % 2 == 0 else ("fixed", "original")
+                for variant in order:
+                    script = original if variant == "original" else fixed
+                    _profile_example(script, args, _run_dir(work, example, size, rep, variant))
+                row = _row(work, example, size, rep)
+                runs.append(row)
+                log(f"{example} {size} rep {rep}: {_example_line(row)}")
+    return {"runs": runs, "reps": reps}
+
+
+def _run_dir(work: Path, example: str, size: str, rep: int, variant: str) -> Path:
+    return work / "runs" / f"{example}-{size}-{rep}-{variant}"
+
+
+def _row(work: Path, example: str, size: str, rep: int) -> dict[str, Any]:
+    """One repetition: the original's projection against the measured speed-up."""
+    original = load_run(_run_dir(work, example, size, rep, "original"))
+    fixed = load_run(_run_dir(work, example, size, rep, "fixed"))
+    p = figures.projection(original)
+    before, after = verify_window_ns(original), verify_window_ns(fixed)
+    s = p.speedup if p.shown else None
+    row = {
+        "example": example, "size": size, "rep": rep,
+        "measured": before / after if before and after else None,
+        "low": s.low if s else None, "median": s.median if s else None,
+        "high": s.high if s else None, "widened": p.widened, "omitted": p.omitted,
+    }  # fmt: skip
+    top = float("inf") if "floor" in p.widened else (s.high if s else 0.0)  # a floor: no top
+    row["inside"] = bool(s and row["measured"] and s.low <= row["measured"] <= top)
+    return row
+
+
+def reanalyze(work: Path, saved: dict[str, Any]) -> dict[str, Any]:
+    """The rows of a ``--json`` result again, projections recomputed with the current model
+    from the run directories kept in ``work`` (``--keep``)."""
+    rows = [_row(work, r["example"], r["size"], r["rep"]) for r in saved["runs"]]
+    return {"runs": rows, "reps": saved["reps"]}
+
+
+def _example_line(row: dict[str, Any]) -> str:
+    measured = f"{row['measured']:.2f}x" if row["measured"] else "n/a"
+    if row["low"] is None:
+        return f"projected: not ({row['omitted'].split(' (')[0]}); measured {measured}"
+    verdict = "inside" if row["inside"] else "OUTSIDE"
+    widened = f" ({_widening(row)})" if row["widened"] else ""
+    return (
+        f"projected {row['low']:.2f}-{row['high']:.2f}x (median {row['median']:.2f}x){widened}; "
+        f"measured {measured}: {verdict}"
+    )
+
+
+def examples_table(result: dict[str, Any]) -> str:
+    head = f"{'example':<30} {'size':<8} {'rep':>3}  projection against measurement"
+    lines = [head, "-" * 100]
+    for r in result["runs"]:
+        lines.append(f"{r['example']:<30} {r['size']:<8} {r['rep']:>3}  {_example_line(r)}")
+    claimed = [r for r in result["runs"] if r["low"] is not None]
+    inside = sum(r["inside"] for r in claimed)
+    lines.append(
+        f"measured inside the projected range: {inside} of {len(claimed)} projections "
+        f"({len(result['runs']) - len(claimed)} runs not projected: too few steady windows, or "
+        "window time varying more than the predicted gain)"
+    )
+    for (example, size), mine in _grouped(result["runs"]).items():
+        values = [r["measured"] for r in mine if r["measured"]]
+        if len(values) > 1:
+            lines.append(
+                f"- {example} {size}: measured {min(values):.2f}-{max(values):.2f}x over "
+                f"{len(values)} repetitions"
+            )
+    return "\n".join(lines)
+
+
+def _grouped(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str, Any]]]:
+    out: dict[tuple[str, str], list[dict[str, Any]]] = {}
+    for r in runs:
+        out.setdefault((r["example"], r["size"]), []).append(r)
+    return out
+
+
+READING = [
+    "How to read it. *default*: the examples' own sizes, windows of tens of milliseconds, 2 "
+    "steady windows. On the DDP examples the fixed script's window 1 carries DDP's one-time "
+    "bucket rebuild (two broadcasts: its first synced backward now ends window 0, where the "
+    "original's came on its second micro-batch), and `fix --verify` counts window 1 among the "
+    "2 it compares, so the measured gain mostly falls below the range: a bias of the "
+    "measurement at 3 steps, not of the projection; at these window times the load of the "
+    "shared machine also moves the measurement both ways. *readme*: `--hidden 1024 --layers 8 "
+    "--steps 6`, the README's demo: on the DDP examples the measurement falls inside the "
+    "widened range except where the load moved between the two runs (a fixed script whose "
+    "sync-free micro-batches ran twice as slow as the original's: slower than the original "
+    "overall), which no figure of the original run can bracket; where the windows vary more "
+    "than the predicted gain, the report says so and claims none. FSDP2 on CPU: removing the "
+    "early reduce-scatters also made the all-gathers that stay faster, which no figure of the "
+    "buggy run measures; the report says to read its range as a floor.",
+]
+
+
+def _widening(row: dict[str, Any]) -> str:
+    """What the report said beside the range, in two words each."""
+    said = str(row["widened"])
+    words = [
+        "widened: CPU" if "range widened" in said else "",
+        "a floor: FSDP" if "floor" in said else "",
+    ]
+    return "; ".join(w for w in words if w) or "widened"
+
+
+def examples_markdown(result: dict[str, Any]) -> str:
+    """The page docs/benchmarks/prediction-examples.md: one row per repetition."""
+    lines = [
+        "# Projected against measured, on the bundled examples",
+        "",
+        "Written by `python benchmarks/bench_prediction.py --mode examples --doc FILE` "
+        f"({result['reps']} repetitions, 2 CPU ranks, a machine of 2 cores shared with other "
+        "jobs): the speed-up each example's report projects, against the one `fix --verify` "
+        "then measures (original and fixed run back to back, order alternating).",
+        "",
+        "| example | size | rep | projected | measured | inside (above, for a floor) |",
+        "|---|---|---:|---|---:|---|",
+    ]
+    for r in result["runs"]:
+        if r["low"] is None:
+            projected = f"not projected ({r['omitted'].split(' (')[0]})"
+        else:
+            widened = f", {_widening(r)}" if r["widened"] else ""
+            projected = f"{r['low']:.2f}-{r['high']:.2f}x (median {r['median']:.2f}x){widened}"
+        measured = f"{r['measured']:.2f}x" if r["measured"] else "n/a"
+        inside = "" if r["low"] is None else ("yes" if r["inside"] else "**no**")
+        lines.append(
+            f"| {r['example']} | {r['size']} | {r['rep']} | {projected} | {measured} | {inside} |"
+        )
+    lines += ["", *examples_table(result).splitlines()[-1 - len(_grouped(result["runs"])) :], ""]
+    lines += READING
+    return "\n".join(lines) + "\n"
+
+
+def run_examples(
+    reps: int,
+    only: list[str] | None,
+    keep: Path | None,
+    out_json: Path | None,
+    doc: Path | None,
+    saved: Path | None = None,
+) -> int:
+    """``saved``: recompute a ``--json`` result from the run directories kept in ``keep``."""
+    if saved is not None and keep is not None:
+        found = reanalyze(keep, json.loads(saved.read_text()))
+    else:
+        with tempfile.TemporaryDirectory(prefix="syncscope-predict-") as tmp:
+            found = examples(keep or Path(tmp), reps, only)
+    print(examples_table(found))
+    if out_json:
+        out_json.write_text(json.dumps(found, indent=1))
+    if doc:
+        doc.write_text(examples_markdown(found))
+    return 0
