@@ -8,11 +8,15 @@ The releases themselves run the suite in their own environments: .ci/run.
 
 from __future__ import annotations
 
+import importlib.util
+import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 from types import SimpleNamespace
+
+import pytest
 
 from syncscope.capture.recorder.gradients import fsdp_param_groups, fsdp_reduce_grads
 
@@ -74,6 +78,7 @@ def _without_torch(*args: str) -> subprocess.CompletedProcess[str]:
     )  # fmt: skip
 
 
+@pytest.mark.slow
 def test_fix_check_runs_without_torch() -> None:
     # GIVEN: an environment without torch (the pre-commit hook's)
     # WHEN: the check reads a loop to fix and a correct one
@@ -87,6 +92,7 @@ def test_fix_check_runs_without_torch() -> None:
     assert done.stderr == ""
 
 
+@pytest.mark.slow
 def test_profile_without_torch_says_so_in_one_line() -> None:
     # GIVEN: an environment without torch
     for args in (("profile", "--nproc-per-node", "2", "train.py"), ("build-kernel",)):
@@ -100,3 +106,26 @@ def test_profile_without_torch_says_so_in_one_line() -> None:
             "environment: install the torch your job uses first (pip install torch), "
             "then run it again"
         )
+
+
+@pytest.mark.slow
+@pytest.mark.skipif(
+    importlib.util.find_spec("torch") is None, reason="no torch installed here to leave alone"
+)
+def test_installing_syncscope_leaves_this_environments_torch_as_it_is() -> None:
+    """.ci/run runs this in the floor release's environment and the newest's."""
+    import torch
+
+    # GIVEN: this environment's torch (the floor release's in .ci/run's floor environment)
+    # WHEN: pip resolves syncscope with its torch extra here, offline (nothing downloaded:
+    # what is installed satisfies the requirements, or pip says it cannot)
+    done = subprocess.run(
+        [sys.executable, "-m", "pip", "install", "--dry-run", "--no-index",
+         "--no-build-isolation", "--quiet", "--report", "-", f"{ROOT}[torch]"],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, check=False,
+    )  # fmt: skip
+    # THEN: it resolves, and installs syncscope only: torch stays the one installed
+    assert done.returncode == 0, done.stderr[-2000:]
+    report = json.loads(done.stdout)
+    installs = [item["metadata"]["name"].lower() for item in report["install"]]
+    assert installs == ["syncscope"], f"torch {torch.__version__}: pip would install {installs}"
