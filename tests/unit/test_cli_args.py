@@ -171,7 +171,8 @@ def test_every_torchrun_option_passes_through_unchanged() -> None:
         assert vars(torchrun.parse_args([*forwarded, "s.py"]))[action.dest] == expected, option
         assert args[action.dest] == expected, option
         checked += 1
-    assert checked >= 50  # every spelling of the 27 passed-through options
+    # every spelling of the passed-through options (torch 2.8: 39, 2.13: 50 and more)
+    assert checked >= 39
     assert set(REFUSED) == {"--no-python", "--run-path"}
 
 
