@@ -158,7 +158,9 @@ def test_truth_is_what_really_happens(bug_run, name: str) -> None:  # type: igno
     if name == "pipelining_two_steps":  # each step() ends in the schedule's reduce-scatter
         for truth in run.truth.values():
             ops = {e["op"] for e in truth["log"] if e["reduction"]}
-            assert ops == {"reduce_scatter_single"}
+            # FSDP's reduce-scatter, by the name of this torch's function: reduce_scatter_tensor
+            # on torch 2.8, reduce_scatter_single on 2.13 (measured)
+            assert ops in ({"reduce_scatter_single"}, {"reduce_scatter_tensor"})
             assert {e["phase"] for e in truth["log"] if e["reduction"]} == {"step"}
             assert {e["group_size"] for e in truth["log"] if e["reduction"]} == {2}  # dp
     if name == "fsdp2_outer_toggle":
