@@ -1,6 +1,6 @@
 """What changes between the torch releases syncscope supports (docs/torch-versions.md), read
 without running them: FSDP2's parameter groups, which moved from one ``_fsdp_param_group``
-(torch 2.6-2.12) to a list ``_fsdp_param_groups`` (2.13 on); and which commands run where
+(torch 2.6 and 2.8 checked) to a list ``_fsdp_param_groups`` (2.13, 2.15); and which commands run where
 torch is not installed at all (the pre-commit hook's and CI check's environment).
 
 The releases themselves run the suite in their own environments: .ci/run.
@@ -29,7 +29,7 @@ def _group(reduce_grads: bool) -> SimpleNamespace:
 
 
 def _state_before_2_13(group: SimpleNamespace | None) -> SimpleNamespace:
-    """An FSDPState as torch 2.6-2.12 build it: one group, or None for a module holding no
+    """An FSDPState as torch 2.6 and 2.8 build it: one group, or None for a module holding no
     parameters of its own (torch/distributed/fsdp/_fully_shard/_fsdp_state.py)."""
     return SimpleNamespace(_fsdp_param_group=group)
 
