@@ -226,4 +226,18 @@ def main(argv: list[str] | None = None) -> int:
     except KeyboardInterrupt:
         error("interrupted")
         return 130
+    except ModuleNotFoundError as exc:
+        if exc.name != "torch":  # torch itself missing; anything else is a bug to show
+            raise
+        error(needs_torch(args[0]))
+        return 2
     return int(result or 0)
+
+
+def needs_torch(command: str) -> str:
+    """The line for a command that needs torch where none is installed (``fix --check``,
+    ``analyze``, ``report`` and ``diff`` read files and run without it)."""
+    return (
+        f"{command} needs torch, which is not installed in this environment: "
+        "install the torch your job uses first (pip install torch), then run it again"
+    )

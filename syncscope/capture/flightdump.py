@@ -28,7 +28,7 @@ def dump_to(folder: Path, rank: int) -> bool:
     try:
         import torch._C._distributed_c10d as c10d
 
-        dump = getattr(c10d, "_dump_fr_trace", None)  # torch >= 2.6 (NCCL-only before)
+        dump = getattr(c10d, "_dump_fr_trace", None)  # torch >= 2.8 (absent from 2.6)
         data = dump(True, True, False) if dump is not None else None
     except (ImportError, RuntimeError):
         return False

@@ -91,6 +91,10 @@ def run(args: argparse.Namespace) -> int:
     progress = _Progress(sys.stderr)
     try:
         where = cache.place()
+    except ModuleNotFoundError as exc:
+        if exc.name == "torch":
+            raise  # no torch at all: the command line says it needs torch
+        raise SyncscopeError(f"no extension directory: {exc}", exit_code=1) from None
     except Exception as exc:  # a torch that cannot say where its extensions go
         raise SyncscopeError(f"no extension directory: {exc}", exit_code=1) from None
     needed = args.force or bool(cache.verify(where))

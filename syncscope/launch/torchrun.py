@@ -40,6 +40,8 @@ REFUSED = {
     "--no-python": "each rank runs 'python -m syncscope.launch.attach SCRIPT': SCRIPT must be Python",
     "--run-path": "each rank runs 'python -m syncscope.launch.attach SCRIPT' in a process of its own, "
     "not with runpy in the launcher's",
+    # torch 2.15 on: prints torchrun's shell completion (with shtab) and exits
+    "--print-completion": "it prints torchrun's shell completion and exits: nothing would run",
 }
 
 

@@ -158,7 +158,15 @@ def test_truth_is_what_really_happens(bug_run, name: str) -> None:  # type: igno
     if name == "pipelining_two_steps":  # each step() ends in the schedule's reduce-scatter
         for truth in run.truth.values():
             ops = {e["op"] for e in truth["log"] if e["reduction"]}
-            assert ops == {"reduce_scatter_single"}
+            # FSDP's reduce-scatter, by the name of this torch's function: reduce_scatter_tensor
+            # on torch 2.8, reduce_scatter_single on 2.13 and 2.15 (measured)
+            scatter = ops & {"reduce_scatter_single", "reduce_scatter_tensor"}
+            assert len(scatter) == 1, ops
+            # torch 2.15's schedule also all-reduces 4 bytes in the dp group inside step()
+            # (measured; no gradients: one scalar), in a round the reduce-scatter opens anyway
+            assert ops - scatter <= {"all_reduce"}, ops
+            hand = [e for e in truth["log"] if e["reduction"] and e["op"] == "all_reduce"]
+            assert all(e["bytes"] <= 8 and e["phase"] == "step" for e in hand), hand
             assert {e["phase"] for e in truth["log"] if e["reduction"]} == {"step"}
             assert {e["group_size"] for e in truth["log"] if e["reduction"]} == {2}  # dp
     if name == "fsdp2_outer_toggle":

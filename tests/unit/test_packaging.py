@@ -1,7 +1,8 @@
 """What the package needs and ships, read from its source and pyproject.toml:
 
 - every third-party package that ``syncscope/`` imports is declared (a core dependency, or an
-  extra when the import is optional and guarded);
+  extra when the import is optional and guarded; torch, the job's own, by the ``torch`` extra:
+  the commands that need it say so where it is missing, tests/unit/test_torch_releases.py);
 - every file of the package is named by the wheel's ``include`` patterns, the page's
   stylesheet and script among them, and those assets load through importlib.resources and end
   up inlined in a written page.
@@ -116,6 +117,15 @@ def _distribution(module: str) -> str:
     return _normalize(DISTRIBUTION.get(module, module))
 
 
+def _core() -> set[str]:
+    """The core dependencies, and torch where the ``torch`` extra declares it: syncscope runs
+    on the job's torch, never installs one of its own choosing (pip would fetch the newest
+    build over the job's), and its file-reading commands run without it."""
+    project = _pyproject()["project"]
+    runtime = {"torch"} & _names(project["optional-dependencies"].get("torch", []))
+    return _names(project["dependencies"]) | runtime
+
+
 def test_the_import_scan_sees_the_packages_known_to_be_imported() -> None:
     """A check that the scan itself works (a scan that found nothing would pass the rest)."""
     # GIVEN / WHEN: every third-party import of the package
@@ -126,8 +136,8 @@ def test_the_import_scan_sees_the_packages_known_to_be_imported() -> None:
 
 
 def test_every_package_imported_at_module_level_is_a_core_dependency() -> None:
-    # GIVEN: the declared core dependencies
-    core = _names(_pyproject()["project"]["dependencies"])
+    # GIVEN: the declared core dependencies (torch: the ``torch`` extra)
+    core = _core()
     # WHEN: the package's imports that run on import, outside the opt-in modules, and those
     # made lazily but without an ImportError fallback
     required = [
@@ -145,7 +155,7 @@ def test_every_package_imported_at_module_level_is_a_core_dependency() -> None:
 def test_every_optional_import_is_declared_by_an_extra_and_guarded() -> None:
     # GIVEN: the declared dependencies and extras
     project = _pyproject()["project"]
-    core = _names(project["dependencies"])
+    core = _core()
     extras = {name: _names(reqs) for name, reqs in project["optional-dependencies"].items()}
     # WHEN: the imports of packages that are not core dependencies
     optional = [u for u in _third_party_uses() if _distribution(u.module) not in core]
@@ -212,7 +222,7 @@ def test_the_page_assets_load_as_package_resources_and_are_inlined_in_a_written_
     assert page.page("t", "<p>body</p>") == html
 
 
-def test_numpy_is_a_core_dependency_because_torch_warns_without_it() -> None:
+def test_numpy_comes_with_torch_because_torch_warns_without_it() -> None:
     # GIVEN: torch imported where numpy cannot be (a clean venv with only the declared deps)
     import subprocess
 
@@ -220,9 +230,13 @@ def test_numpy_is_a_core_dependency_because_torch_warns_without_it() -> None:
     done = subprocess.run(
         [sys.executable, "-W", "always", "-c", code], capture_output=True, text=True, timeout=120
     )
-    # THEN: torch warns on every import, so the package declares numpy, which removes it
+    # THEN: torch warns on every import, so the extra that brings torch brings numpy too
     assert "Failed to initialize NumPy" in done.stderr, done.stderr[-500:]
-    assert "numpy" in _names(_pyproject()["project"]["dependencies"])
+    extra = _names(_pyproject()["project"]["optional-dependencies"]["torch"])
+    assert {"torch", "numpy"} <= extra
+    # and none of them is a core dependency: the pre-commit hook and `fix --check` install
+    # light (no torch, no CUDA libraries) and pip never replaces the job's torch
+    assert not {"torch", "numpy", "ninja"} & _names(_pyproject()["project"]["dependencies"])
 
 
 # --- extras against the examples they exist for (issue 42) --------------------------------

@@ -149,8 +149,8 @@ def test_syncscope_track_works_on_a_fresh_import() -> None:
 @pytest.mark.filterwarnings("ignore:Full backward hook is firing")
 def test_covers_what_comm_debug_mode_cannot() -> None:
     """torch's CommDebugMode counts c10d ops but has no windows or micro-batches, and on
-    torch 2.13 it crashes (IndexError in its module tracker) when it wraps more than one DDP
-    forward. Where it works (around a bare backward) our counts agree with it."""
+    torch 2.8-2.13 it crashes (IndexError in its module tracker) when it wraps more than one
+    DDP forward. Where it works (around a bare backward) our counts agree with it."""
     from torch.distributed.tensor.debug import CommDebugMode
 
     allreduce = torch.ops.c10d.allreduce_
@@ -164,10 +164,17 @@ def test_covers_what_comm_debug_mode_cannot() -> None:
         loss.backward()
     assert comm.get_comm_counts()[allreduce] == 1
     assert stats.windows[0]["collectives"]["all_reduce"] == 1
-    # GIVEN a real accumulation loop (forwards inside): CommDebugMode crashes ...
-    with pytest.raises(IndexError), CommDebugMode():  # type: ignore[no-untyped-call]
-        train(make_ddp(), mode="no_sync")
-    # ... while track() gives the per-window story (a fresh model: the crash leaves
+    # GIVEN a real accumulation loop (forwards inside): CommDebugMode crashes on torch 2.8
+    # and 2.13 (measured), and on 2.15 counts the loop's all-reduces with no window in sight
+    release = tuple(int(x) for x in torch.__version__.split(".")[:2])
+    if release < (2, 15):
+        with pytest.raises(IndexError), CommDebugMode():  # type: ignore[no-untyped-call]
+            train(make_ddp(), mode="no_sync")
+    else:
+        with CommDebugMode() as comm:  # type: ignore[no-untyped-call]
+            train(make_ddp(), mode="no_sync")
+        assert comm.get_comm_counts()[allreduce] == STEPS  # one number for the whole loop
+    # ... while track() gives the per-window story (a fresh model: a crash leaves
     # CommDebugMode's hooks on the old one)
     with track() as stats:
         train(make_ddp(), mode="no_sync")

@@ -462,12 +462,14 @@ def _fsdp_hook_parts(
 
 
 def _fsdp_info(state: Any) -> dict[str, Any]:
+    from syncscope.capture.recorder.gradients import fsdp_param_groups
+
     params = 0
     param_bytes = 0
     shard_world = 1
     ctx = getattr(state, "_state_ctx", None)
     for s in list(getattr(ctx, "all_states", None) or [state]):
-        for group in getattr(s, "_fsdp_param_groups", ()):
+        for group in fsdp_param_groups(s):
             mesh = getattr(group, "mesh_info", None)
             shard_world = max(shard_world, int(getattr(mesh, "shard_mesh_size", 1) or 1))
             for fp in getattr(group, "fsdp_params", ()):

@@ -61,14 +61,23 @@ def holds_grads(t: torch.Tensor, grads: list[torch.Tensor], grad_ptrs: set[int])
     return torch.equal(mine, theirs) and bool(mine.any())
 
 
+def fsdp_param_groups(state: Any) -> list[Any]:
+    """An FSDP2 state's parameter groups, on every torch release: ``_fsdp_param_groups`` (a
+    list, torch 2.13 on) or the single ``_fsdp_param_group`` before it (None when the module
+    holds no parameters of its own)."""
+    groups = getattr(state, "_fsdp_param_groups", None)
+    if groups is not None:
+        return list(groups)
+    group = getattr(state, "_fsdp_param_group", None)
+    return [] if group is None else [group]
+
+
 def fsdp_reduce_grads(state: Any) -> bool:
     """FSDP2: whether the root's param groups will reduce gradients at the next backward."""
     ctx = getattr(state, "_state_ctx", None)
     states = list(getattr(ctx, "all_states", None) or [state])
     flags = [
-        bool(getattr(group, "reduce_grads", True))
-        for s in states
-        for group in getattr(s, "_fsdp_param_groups", ())
+        bool(getattr(group, "reduce_grads", True)) for s in states for group in fsdp_param_groups(s)
     ]
     return all(flags) if flags else True
 
