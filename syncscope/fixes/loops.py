@@ -24,6 +24,7 @@ from syncscope.fixes.syntax import (
     contains,
     is_backward,
     is_step,
+    method_name,
     no_sync_item,
     zero_grad_receiver,
 )
@@ -151,9 +152,14 @@ class _Names(cst.CSTVisitor):
         super().__init__()
         self.int_assigns: dict[str, int] = {}
         self.defined: set[str] = set()
+        # functions that return a wrapper's ``no_sync()`` (stylegan2's ``ddp_sync(module,
+        # sync)``): a ``with`` of their call is a sync toggle whose gate is in their body
+        self.sync_helpers: set[str] = set()
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.defined.add(node.name.value)
+        if contains(node.body, lambda c: method_name(c) == "no_sync"):
+            self.sync_helpers.add(node.name.value)
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.defined.add(node.name.value)
@@ -174,6 +180,7 @@ class _Finder(cst.CSTVisitor):
         self.loops: list[AccumLoop] = []
         self.int_assigns = names.int_assigns
         self.defined = names.defined
+        self.sync_helpers = names.sync_helpers
 
     def visit_Module(self, node: cst.Module) -> None:
         self._scan(node.body)
@@ -296,6 +303,13 @@ class _Finder(cst.CSTVisitor):
                 accum.zero_grads.append(ZeroGrad(index, zeroed, self._line(statement)))
         return accum
 
+    def _calls_sync_helper(self, item: cst.BaseExpression) -> bool:
+        return (
+            isinstance(item, cst.Call)
+            and isinstance(item.func, cst.Name)
+            and item.func.value in self.sync_helpers
+        )
+
     def _find_toggles(self, accum: AccumLoop) -> None:
         model = accum.model
         for index, statement in enumerate(accum.body):
@@ -318,6 +332,11 @@ class _Finder(cst.CSTVisitor):
                 kind: ToggleKind = "accumulate" if accumulate_model(item) else "no_sync"
                 no_sync = no_sync_item(item, accum.names)
                 if kind == "no_sync" and no_sync is None:
+                    if self._calls_sync_helper(item):
+                        covers = _covers(with_node, model)
+                        accum.toggles.append(
+                            Toggle("helper", index, with_node, covers, None, line=line)
+                        )
                     continue
                 covers = _covers(with_node, model)
                 never = no_sync is not None and not no_sync.conditional and statement is with_node

@@ -167,7 +167,16 @@ class FlagAfterForward(Rule):
             return None
         loop = ctx.loop
         for toggle in loop.toggles:
-            if toggle.kind in ("flag", "helper") and toggle.index > loop.forward:
+            # a helper entered around a forward (``with ddp_sync(model, sync):``) is before it
+            around_forward = isinstance(toggle.node, cst.With) and toggle.covers in (
+                "forward",
+                "both",
+            )
+            if (
+                toggle.kind in ("flag", "helper")
+                and toggle.index > loop.forward
+                and not (around_forward)
+            ):
                 message = (
                     "the DDP sync flag is set after the forward: DDP decides at forward, so the "
                     "sync lands on the next window's first micro-batch and the last one is never "

@@ -148,6 +148,7 @@ class _RankReader:
         self.backward: dict[str, Any] | None = None
         self.no_sync_active = False
         self.no_sync_at_forward = False
+        self.armed: list[str] = []  # DDP models armed at forward since the last backward
         self.dist_seen = False
         self.backward_failed = False
         self.closure_start: int | None = None
@@ -214,6 +215,10 @@ class _RankReader:
         )
 
     def _on_forward(self, ev: dict[str, Any], t: int) -> None:
+        if ev.get("wrapper") == "ddp" and ev.get("sync") is True:
+            label = str(ev.get("module", ""))
+            if label and label not in self.armed:
+                self.armed.append(label)
         if int(ev.get("depth", 0)) == 0:
             self.current.touch(t)
             self.pending_fwd = ev
@@ -230,6 +235,7 @@ class _RankReader:
                 before_forward=self.pending_fwd is None and self.backward is None,
                 site=_site(ev.get("site")),
                 recurse=ev.get("recurse") is not False,
+                module=str(ev.get("module", "") or ""),
             )
         )
 
@@ -244,7 +250,12 @@ class _RankReader:
         if self.backward_failed:
             self.backward_failed = False  # raised: still "in backward", no micro-batch done
         elif self.backward is not None:
-            self.current.micro_batches.append(self._micro_batch(self.backward, t))
+            mb = self._micro_batch(self.backward, t)
+            grads_of = ev.get("grads_of")
+            if isinstance(grads_of, list):
+                mb = dataclasses.replace(mb, grads_of=tuple(str(label) for label in grads_of))
+            self.current.micro_batches.append(mb)
+            self.armed = []
             memory = int(ev.get("mem", 0) or 0)
             self.current.peak_memory = max(self.current.peak_memory, memory)
             self.pending_fwd = None
@@ -269,6 +280,7 @@ class _RankReader:
             sync_each_batch=accel.get("sync_each_batch") if accel else None,
             backward_start_ns=int(backward["t"]),
             helpers=_helpers(fwd, backward),
+            armed=tuple(self.armed),
         )
 
     def _on_reset(self, ev: dict[str, Any], t: int) -> None:
@@ -288,6 +300,9 @@ class _RankReader:
         position = _position(str(ev.get("phase", "other")), len(current.micro_batches))
         group = _group(ev["group"]) if "group" in ev else self.groups.get(str(ev.get("pg", "")))
         coll = _collective(ev, group, position, self.done.get(ev["seq"]))
+        if coll.issuer == "ddp" and coll.grad_sync and coll.phase == "backward":
+            # the DDP model whose forward armed its reducer; several armed: not told apart
+            coll = dataclasses.replace(coll, module=self.armed[0] if len(self.armed) == 1 else "")
         current.collectives.append(coll)
         summary = PendingCollective(
             seq=coll.seq,

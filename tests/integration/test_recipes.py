@@ -1,0 +1,124 @@
+"""torch's own recipes and the loops of its tutorials, profiled by ``syncscope profile`` with
+a count made without syncscope beside each (tests/scripts/recipes/, the truth of
+tests/scripts/bugs/_truth.py: wrapped ``torch.distributed`` functions, a pass-through DDP
+comm hook per model, parameters compared across replicas after each step).
+
+A recipe that is right must read right: no finding above info, its grad syncs counted as
+the truth counts them; a recipe made wrong on purpose is still caught, on the right model.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import pytest
+
+from tests.conftest import ROOT, ProfiledRun, profile
+
+pytestmark = pytest.mark.slow
+
+RECIPES = ROOT / "tests" / "scripts" / "recipes"
+WINDOWS = 3
+
+_runs: dict[tuple[str, ...], tuple[ProfiledRun, dict[int, dict[str, Any]]]] = {}
+
+
+@pytest.fixture(scope="module")
+def recipe_run(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """recipe_run(script, *args) -> (profiled run, truth by rank), each made once."""
+
+    def get(script: str, *args: str, nproc: int = 2) -> tuple[ProfiledRun, dict[int, Any]]:
+        key = (script, *args)
+        if key not in _runs:
+            tmp = tmp_path_factory.mktemp(script)
+            truth_dir = tmp / "truth"
+            with pytest.MonkeyPatch.context() as mp:
+                mp.setenv("BUG_TRUTH_DIR", str(truth_dir))
+                run = profile(
+                    tmp, RECIPES / f"{script}.py", "--windows", str(WINDOWS), *args, nproc=nproc
+                )
+            truth = {
+                int(p.stem.removeprefix("truth-rank")): json.loads(p.read_text())
+                for p in truth_dir.glob("truth-rank*.json")
+            }
+            assert sorted(truth) == list(range(nproc)), run.proc.stderr[-3000:]
+            _runs[key] = (run, truth)
+        return _runs[key]
+
+    return get
+
+
+def _findings(run: ProfiledRun) -> list[tuple[str, str, str, object]]:
+    return [
+        (f["kind"], f["cause"], f["severity"], f["evidence"].get("model"))
+        for f in run.report["findings"]
+    ]
+
+
+# -- two DDP models stepped in one loop (a GAN) -----------------------------------------------
+
+GAN = {"last": {"D": 1, "G": 1}, "none": {"D": 4, "G": 1}, "forever": {"D": 0, "G": 1}}
+
+
+def _labels(run: ProfiledRun) -> dict[str, str]:
+    """The truth's model names to syncscope's labels: G is wrapped first."""
+    wrappers = [w["label"] for w in run.report["ranks"][0]["wrappers"] if w["kind"] == "ddp"]
+    assert len(wrappers) == 2, wrappers
+    return {"G": wrappers[0], "D": wrappers[1]}
+
+
+@pytest.mark.parametrize("gate", list(GAN))
+def test_gan_grad_syncs_are_counted_per_model(recipe_run, gate: str) -> None:  # type: ignore[no-untyped-def]
+    run, truth = recipe_run("gan_two_models", "--d-gate", gate)
+    labels = _labels(run)
+    for rank, t in truth.items():
+        assert t["error"] is None and t["windows_completed"] == WINDOWS
+        windows = run.complete_windows(rank)
+        assert len(windows) == WINDOWS
+        for w, true in zip(windows, t["windows"], strict=True):
+            for name, label in labels.items():
+                mine = w["models"][label]
+                told = true["models"].get(name, {"rounds": 0, "reduced_at": []})
+                assert told["rounds"] == GAN[gate][name], (rank, name, true)  # the truth itself
+                assert mine["micro_batches"] == 4, (rank, name, w)
+                assert mine["grad_syncs"] == told["rounds"], (rank, name, w, true)
+                assert mine["grad_sync_micro_batches"] == told["reduced_at"], (rank, name, w)
+            assert w["expected_grad_syncs"] == 2
+
+
+def test_gan_with_right_gates_is_clean(recipe_run) -> None:  # type: ignore[no-untyped-def]
+    run, truth = recipe_run("gan_two_models", "--d-gate", "last")
+    assert all(w["params_equal"] for t in truth.values() for w in t["windows"])
+    assert run.report["verdict"] == "clean", _findings(run)
+
+
+def test_gan_redundant_sync_names_the_model_that_wastes_it(recipe_run) -> None:  # type: ignore[no-untyped-def]
+    run, _ = recipe_run("gan_two_models", "--d-gate", "none")
+    labels = _labels(run)
+    (finding,) = run.report["findings"]
+    assert (finding["kind"], finding["severity"]) == ("redundant-sync", "warning")
+    assert finding["evidence"]["model"] == labels["D"]
+    assert finding["evidence"]["grad_syncs"] == 4 and finding["evidence"]["micro_batches"] == 4
+    assert "gan_two_models.py" in finding["evidence"]["model_wrapped_at"]
+
+
+def test_gan_model_never_reduced_is_an_error_on_that_model(recipe_run) -> None:  # type: ignore[no-untyped-def]
+    run, truth = recipe_run("gan_two_models", "--d-gate", "forever")
+    labels = _labels(run)
+    assert not any(w["params_equal"] for t in truth.values() for w in t["windows"])
+    missing = [f for f in run.report["findings"] if f["kind"] == "missing-sync"]
+    assert [f["evidence"]["model"] for f in missing] == [labels["D"]], _findings(run)
+    assert [f for f in run.report["findings"] if f["kind"] == "rank-divergence"]
+    assert not [f for f in run.report["findings"] if f["kind"] == "redundant-sync"]
+
+
+def test_gan_sync_helper_passes_fix_check() -> None:
+    """stylegan2-ada's ``ddp_sync(module, sync)`` around each phase's forward is the correct
+    form (DDP decides at forward): ``fix --check`` finds nothing to fix."""
+    from tests.conftest import run_syncscope
+
+    done = run_syncscope("fix", "--check", str(RECIPES / "gan_two_models.py"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == "", done.stdout
+
