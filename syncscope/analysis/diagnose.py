@@ -15,7 +15,7 @@ from __future__ import annotations
 from collections.abc import Iterable, Iterator
 from dataclasses import replace
 
-from syncscope.analysis import coverage, reductions
+from syncscope.analysis import coverage, recipes, reductions
 from syncscope.analysis.advice import SNIPPETS
 from syncscope.analysis.crossrank import (
     collective_mismatch,
@@ -215,6 +215,7 @@ def diagnose(run: Run) -> list[Finding]:
     grouped = _redundant_figures(run, _fragmented_figures(_group(observations, steady)), steady)
     findings = [unknown_memory(name_helper(f)) for f in grouped]
     findings.extend(coverage_findings(run))
+    findings.extend(recipes.skipped_steps(run))
     if not coverage.independent_copies(run):  # their gradients differ by design
         findings.extend(rank_divergence(run, findings))
     findings.extend(collective_mismatch(run))

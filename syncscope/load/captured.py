@@ -105,7 +105,7 @@ class _WindowBuilder:
     def empty(self) -> bool:
         return not (self.micro_batches or self.collectives or self.resets)
 
-    def build(self, end_ns: int, complete: bool, step_ns: int = 0) -> Window:
+    def build(self, end_ns: int, complete: bool, step_ns: int = 0, skipped: bool = False) -> Window:
         start = self.start_ns if self.start_ns is not None else end_ns
         return Window(
             index=self.index,
@@ -122,6 +122,7 @@ class _WindowBuilder:
             fingerprint=self.fingerprint,
             fingerprint_sharded=self.fp_sharded,
             records_dropped=self.dropped,
+            step_skipped=skipped,
         )
 
 
@@ -334,6 +335,19 @@ class _RankReader:
             current.fingerprint = tuple(float(v) for v in ev["fp"])
         current.fp_sharded = bool(ev.get("fp_sharded", False))
 
+    def _on_step_skip(self, ev: dict[str, Any], t: int) -> None:
+        """GradScaler skipped ``optimizer.step()``: the window ends, with no update."""
+        current = self.current
+        current.touch(t)
+        current.step_site = _site(ev.get("site"))
+        if current.empty() and self.windows:  # another optimizer of the same window
+            previous = self.windows[-1]
+            self.windows[-1] = dataclasses.replace(previous, steps=previous.steps + 1, end_ns=t)
+        else:
+            self.windows.append(current.build(t, True, 0, skipped=True))
+        self.current = _WindowBuilder(self.first_window + len(self.windows))
+        self.no_sync_at_forward = False
+
     def _on_step_end(self, ev: dict[str, Any], t: int) -> None:
         current = self.current
         late = self.late_fp.get(current.index)
@@ -418,6 +432,7 @@ _HANDLERS: dict[str, _Handler] = {
     "pg": _RankReader._on_group,
     "step": _RankReader._on_step,
     "step_end": _RankReader._on_step_end,
+    "step_skip": _RankReader._on_step_skip,
 }
 
 

@@ -230,6 +230,9 @@ class Window:
     grad_resets: tuple[GradReset, ...] = ()
     toggles: tuple[SyncToggle, ...] = ()
     steps: int = 1  # optimizer.step calls that closed this window (several optimizers)
+    # GradScaler found inf/NaN gradients and skipped optimizer.step(): the window ended there
+    # with no update (normal in the first steps of an fp16 run)
+    step_skipped: bool = False
     step_site: SourceLocation | None = None
     step_ns: int = 0  # time spent in optimizer.step
     peak_memory_bytes: int = 0

@@ -59,6 +59,7 @@ def window_dict(w: Window, rank: RankRun | None = None) -> dict[str, Any]:
         "start_ns": w.start_ns,
         "duration_ns": w.duration_ns,
         "steps": w.steps,
+        "step_skipped": w.step_skipped,
         "comm_ns": w.comm_ns,
         "exposed_comm_ns": w.exposed_comm_ns,
         "compute_ns": w.compute_ns,

@@ -122,3 +122,28 @@ def test_gan_sync_helper_passes_fix_check() -> None:
     assert done.returncode == 0, done.stdout + done.stderr
     assert done.stdout.strip() == "", done.stdout
 
+
+# -- GradScaler skipping steps (fp16 overflow) ------------------------------------------------
+
+
+def test_amp_skipped_steps_are_windows_of_their_own(recipe_run) -> None:  # type: ignore[no-untyped-def]
+    run, truth = recipe_run("amp_skipped_step", "--windows", "5")
+    for rank, t in truth.items():
+        assert t["error"] is None and t["windows_completed"] == 5
+        skipped = t["notes"]["skipped"]
+        assert 0 < sum(skipped) < 5, skipped  # the truth: some steps skipped, later ones taken
+        windows = run.complete_windows(rank)
+        assert [w["step_skipped"] for w in windows] == skipped
+        for w, true in zip(windows, t["windows"], strict=True):
+            assert w["micro_batches"] == 4
+            assert w["grad_syncs"] == true["rounds"] == 1
+            assert w["grad_sync_micro_batches"] == true["reduced_at_micro_batch"] == [3]
+    assert run.report["verdict"] == "clean", _findings(run)
+    (finding,) = run.report["findings"]
+    assert (finding["kind"], finding["cause"], finding["severity"]) == (
+        "skipped-step",
+        "grad-scaler-found-inf",
+        "info",
+    )
+    expected = [i for i, s in enumerate(truth[0]["notes"]["skipped"]) if s]
+    assert finding["windows"] == expected

@@ -183,6 +183,26 @@ class StepHooks:
         if self.step_depth:
             return
         self.hold(("step_end", _perf_ns() + self._clock_offset))
+        self._close_window()
+
+    def on_step_skipped(self, optimizer: Any) -> None:
+        """``GradScaler.step(optimizer)`` found inf/NaN gradients and did not call
+        ``optimizer.step()``: the window ends here all the same (the loop goes on to
+        ``zero_grad()`` and the next window), as a skipped step."""
+        if self.step_depth:
+            return
+        self.emit(
+            {
+                "type": "step_skip",
+                "t": self.now(),
+                "optimizer": type(optimizer).__name__,
+                "site": sites.user_site(2, "step_skip"),
+            }
+        )
+        self._close_window()
+
+    def _close_window(self) -> None:
+        """The window ends at an optimizer step (taken or skipped)."""
         if self.window > 0 and not self._window_activity:
             return  # a second optimizer's step closes the same window (as the builder merges)
         if self.trace is not None and self._window_open:
