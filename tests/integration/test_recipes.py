@@ -147,3 +147,24 @@ def test_amp_skipped_steps_are_windows_of_their_own(recipe_run) -> None:  # type
     )
     expected = [i for i, s in enumerate(truth[0]["notes"]["skipped"]) if s]
     assert finding["windows"] == expected
+
+
+# -- FSDP2 + clip_grad_norm_: the norm's DTensor all-reduce ----------------------------------
+
+
+def test_fsdp2_norm_all_reduce_is_recorded_and_no_grad_sync(recipe_run) -> None:  # type: ignore[no-untyped-def]
+    run, truth = recipe_run("fsdp2_clip_grad_norm")
+    for rank, t in truth.items():
+        assert t["error"] is None and t["windows_completed"] == WINDOWS
+        norms = t["notes"]["norm_all_reduces"]
+        assert norms == [1] * WINDOWS  # the truth: torch.profiler saw one per window
+        windows = run.complete_windows(rank)
+        assert [w["collectives"]["all_reduce"] for w in windows] == norms
+        for w, true in zip(windows, t["windows"], strict=True):
+            # the grad syncs are FSDP's reduce-scatters alone, as the truth counts them
+            assert w["grad_syncs"] == true["rounds"] == 4
+            assert w["grad_sync_collectives"] == true["reduction_calls"] == 4
+            assert w["collectives"]["reduce_scatter"] == 4
+    assert {(f["kind"], f["cause"], f["severity"]) for f in run.report["findings"]} == {
+        ("redundant-sync", "fsdp-sharded-accumulation", "info")
+    }
