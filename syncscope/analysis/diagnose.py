@@ -216,6 +216,7 @@ def diagnose(run: Run) -> list[Finding]:
     findings = [unknown_memory(name_helper(f)) for f in grouped]
     findings.extend(coverage_findings(run))
     findings.extend(recipes.skipped_steps(run))
+    findings.extend(recipes.local_sgd_finding(run))
     if not coverage.independent_copies(run):  # their gradients differ by design
         findings.extend(rank_divergence(run, findings))
     findings.extend(collective_mismatch(run))

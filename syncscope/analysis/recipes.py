@@ -7,12 +7,21 @@
   take in its micro-batches. Many skips after the first windows mean gradients keep
   overflowing.
 
+- ``local-sgd``: gradients reduced inside subgroups only, and the parameters averaged over a
+  larger group every few steps (``post_localSGD_hook`` + ``PeriodicModelAverager``, read from
+  the run by ``syncscope.model.replicas``): replicas differ across subgroups between
+  averagings by design, so the gradients are compared inside each subgroup (a divergence
+  there is still ``rank-divergence``).
+
 Pure: ``Run -> list[Finding]``.
 """
 
 from __future__ import annotations
 
+import itertools
+
 from syncscope.model import Finding, Fix, Run
+from syncscope.model.replicas import local_sgd
 
 SKIPPED_FIX = Fix(
     style="grad-scaler",
@@ -65,5 +74,47 @@ def skipped_steps(run: Run) -> list[Finding]:
             cost={"windows_affected": len(windows)},
             sites=(("step", site),) if site is not None else (),
             fix=SKIPPED_FIX,
+        )
+    ]
+
+
+def _period(windows: tuple[int, ...]) -> int | None:
+    """The steps between averagings, when they are evenly spaced."""
+    gaps = {b - a for a, b in itertools.pairwise(windows)}
+    return gaps.pop() if len(gaps) == 1 else None
+
+
+def local_sgd_finding(run: Run) -> list[Finding]:
+    """One info finding for a local-SGD run: reduction groups, averagings, their period."""
+    local = local_sgd(run.ranks, run.world_size)
+    if local is None:
+        return []
+    first = max(run.ranks, key=lambda r: len(r.windows))
+    windows = tuple(sorted(first.windows[i].index for i in local.groups))
+    groups = sorted({g for gs in local.groups.values() for g in gs})
+    period = _period(local.averaging_windows)
+    every = f"every {period} steps" if period else "in some steps"
+    evidence: dict[str, object] = {
+        "reduction_groups": [list(g) for g in groups][:16],
+        "local_windows": len(windows),
+        "first_local_window": windows[0],
+        "averaging_windows": list(local.averaging_windows)[:32],
+        "averaging_group_sizes": list(local.averaging_group_sizes),
+    }
+    if period:
+        evidence["averaging_period"] = period
+    return [
+        Finding(
+            kind="local-sgd",
+            severity="info",
+            cause="subgroup-reduction",
+            message=(
+                f"local SGD: gradients reduced inside {len(groups)} subgroups, parameters "
+                f"averaged {every}; replicas compared inside each subgroup (subgroup-reduction)"
+            ),
+            ranks=tuple(sorted(r.rank for r in run.ranks)),
+            windows=windows,
+            evidence=evidence,
+            cost={"windows_affected": len(windows)},
         )
     ]

@@ -17,6 +17,7 @@ from syncscope.errors import BadRunDirectory
 from syncscope.files import NotRegularFile
 from syncscope.load.captured import rank_from_events
 from syncscope.model import RankRun, Run, RunMeta, compress_ranks, missing_ranks
+from syncscope.model.replicas import local_sgd
 from syncscope.rundir import (
     DROPPED,
     EVENTS_FORMAT_VERSION,
@@ -47,20 +48,33 @@ def _fingerprints_match(values: list[tuple[float, ...]]) -> bool:
     )
 
 
-def compare_fingerprints(ranks: Sequence[RankRun]) -> tuple[RankRun, ...]:
-    """Fill ``Window.fingerprint_match``: do all ranks hold the same gradients at step i?"""
+def _match_among(ranks: Sequence[RankRun], i: int) -> bool | None:
+    values = [
+        r.windows[i].fingerprint
+        for r in ranks
+        if i < len(r.windows) and r.windows[i].complete and not r.windows[i].fingerprint_sharded
+    ]
+    present = [v for v in values if v is not None]
+    return _fingerprints_match(present) if len(present) >= 2 else None
+
+
+def compare_fingerprints(ranks: Sequence[RankRun], world: int = 0) -> tuple[RankRun, ...]:
+    """Fill ``Window.fingerprint_match``: do all ranks hold the same gradients at step i?
+    Under local SGD (``syncscope.model.replicas``), in the windows that reduce inside
+    subgroups: do the ranks of each reduction group hold the same ones?"""
     if len(ranks) < 2:
         return tuple(ranks)
     count = max((len(r.windows) for r in ranks), default=0)
+    local = local_sgd(ranks, world or len(ranks))
     verdicts: dict[int, bool | None] = {}
     for i in range(count):
-        values = [
-            r.windows[i].fingerprint
-            for r in ranks
-            if i < len(r.windows) and r.windows[i].complete and not r.windows[i].fingerprint_sharded
-        ]
-        present = [v for v in values if v is not None]
-        verdicts[i] = _fingerprints_match(present) if len(present) >= 2 else None
+        groups = local.groups.get(i) if local is not None else None
+        if groups is None:
+            verdicts[i] = _match_among(ranks, i)
+            continue
+        each = [_match_among([r for r in ranks if r.rank in g], i) for g in groups]
+        known = [v for v in each if v is not None]
+        verdicts[i] = all(known) if known else None
     return tuple(
         dataclasses.replace(
             r,
@@ -94,7 +108,8 @@ def assemble(meta: RunMeta, ranks: Iterable[RankRun]) -> Run:
             "their events up to then are reported"
         )
     return Run(
-        meta=dataclasses.replace(meta, notes=tuple(notes)), ranks=compare_fingerprints(ordered)
+        meta=dataclasses.replace(meta, notes=tuple(notes)),
+        ranks=compare_fingerprints(ordered, meta.world_size),
     )
 
 

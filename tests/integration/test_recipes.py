@@ -168,3 +168,39 @@ def test_fsdp2_norm_all_reduce_is_recorded_and_no_grad_sync(recipe_run) -> None:
     assert {(f["kind"], f["cause"], f["severity"]) for f in run.report["findings"]} == {
         ("redundant-sync", "fsdp-sharded-accumulation", "info")
     }
+
+
+# -- post-local SGD: replicas that differ across subgroups by design --------------------------
+
+
+def _grad_rounds(window: dict[str, Any]) -> int:
+    """The truth's gradient rounds: reductions inside a backward (the hook's buckets); the
+    averager's all-reduce of the parameters, inside the optimizer's step, reduces none."""
+    return sum(1 for key in window["round_keys"] if key[1] == "backward")
+
+
+def test_post_local_sgd_is_info_and_compared_inside_subgroups(recipe_run) -> None:  # type: ignore[no-untyped-def]
+    run, truth = recipe_run("post_local_sgd", "--windows", "6", nproc=4)
+    world_equal = truth[0]["notes"]["world_equal"]
+    # the truth: replicas equal inside each subgroup after every step, across subgroups
+    # during the warm-up and right after an averaging only
+    assert all(w["params_equal"] for t in truth.values() for w in t["windows"])
+    assert world_equal == [True, True, True, False, True, False]
+    for rank, t in truth.items():
+        windows = run.complete_windows(rank)
+        assert [w["grad_syncs"] for w in windows] == [_grad_rounds(w) for w in t["windows"]]
+    assert run.report["verdict"] == "clean", _findings(run)
+    (finding,) = run.report["findings"]
+    assert (finding["kind"], finding["severity"]) == ("local-sgd", "info")
+    assert finding["evidence"]["reduction_groups"] == [[0, 1], [2, 3]]
+    assert finding["evidence"]["averaging_period"] == 2
+    assert finding["windows"] == [2, 3, 4, 5]  # after start_localSGD_iter=2
+
+
+def test_post_local_sgd_divergence_inside_a_subgroup_is_still_an_error(recipe_run) -> None:  # type: ignore[no-untyped-def]
+    run, truth = recipe_run("post_local_sgd", "--windows", "6", "--break-group", nproc=4)
+    assert not all(w["params_equal"] for w in truth[1]["windows"])  # rank 1's group differs
+    assert all(w["params_equal"] for w in truth[2]["windows"])  # the other group agrees
+    kinds = {(f["kind"], f["severity"]) for f in run.report["findings"]}
+    assert ("rank-divergence", "error") in kinds, _findings(run)
+    assert ("local-sgd", "info") in kinds
