@@ -10,6 +10,7 @@ the truth counts them; a recipe made wrong on purpose is still caught, on the ri
 from __future__ import annotations
 
 import json
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -204,3 +205,50 @@ def test_post_local_sgd_divergence_inside_a_subgroup_is_still_an_error(recipe_ru
     kinds = {(f["kind"], f["severity"]) for f in run.report["findings"]}
     assert ("rank-divergence", "error") in kinds, _findings(run)
     assert ("local-sgd", "info") in kinds
+
+
+# -- torch.profiler's schedule with repeat: one job traced in cycles ----------------------------
+
+
+@pytest.fixture(scope="module")
+def cycle_traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """Two runs of the cycles recipe (2 ranks, repeat=2, the cycles 2 s apart): ``one/`` holds
+    the first run's 4 files, ``two/`` the files of both runs."""
+    from tests.conftest import torchrun
+
+    base = tmp_path_factory.mktemp("cycles")
+    for name in ("one", "second"):
+        done = torchrun(RECIPES / "profiler_cycles.py", str(base / name), "--pause", "2")
+        assert done.returncode == 0, done.stderr[-3000:]
+    (base / "two").mkdir()
+    for name in ("one", "second"):
+        for f in (base / name).iterdir():
+            (base / "two" / f.name).write_bytes(f.read_bytes())
+    return base
+
+
+def _analyze(directory: Path, out: Path) -> tuple[int, str]:
+    from tests.conftest import run_syncscope
+
+    done = run_syncscope("analyze", "--quiet", "--out", str(out), str(directory))
+    return done.returncode, done.stderr
+
+
+def test_profiler_cycles_are_one_job_read_cycle_by_cycle(cycle_traces: Path) -> None:
+    files = sorted((cycle_traces / "one").iterdir())
+    assert len(files) == 4  # the truth: a file per rank per cycle, two pids
+    assert len({f.name.split(".")[0] for f in files}) == 2
+    code, err = _analyze(cycle_traces / "one", cycle_traces / "out-one")
+    assert code == 0, err
+    report = json.loads((cycle_traces / "out-one" / "report.json").read_text())
+    for rank in report["ranks"]:
+        windows = [w for w in rank["windows"] if w["complete"]]
+        assert len(windows) == 4, windows  # 2 active steps per cycle, 2 cycles
+        assert [w["grad_sync_micro_batches"] for w in windows] == [[3]] * 4
+    assert not [f for f in report["findings"] if f["severity"] == "error"]
+
+
+def test_two_runs_traced_in_cycles_are_still_two_jobs(cycle_traces: Path) -> None:
+    code, err = _analyze(cycle_traces / "two", cycle_traces / "out-two")
+    assert code == 2, err
+    assert "holds traces of 2 jobs" in err
