@@ -116,8 +116,8 @@ def assemble(meta: RunMeta, ranks: Iterable[RankRun]) -> Run:
 def _meta_from(
     data: dict[str, Any], headers: list[dict[str, Any]], file: object = "meta.json"
 ) -> RunMeta:
-    world = field_int(data, "world_size", file, min=0, default=0)
-    world = max([world] + [int(h.get("world_size", 1) or 1) for h in headers] or [1])
+    planned = field_int(data, "world_size", file, min=0, default=0)
+    world, formed_note = _formed_world(planned, headers, data.get("launcher"))
     first = headers[0] if headers else {}
     command = field_of(data, "command", file, (list, str))
     if isinstance(command, str):
@@ -145,8 +145,27 @@ def _meta_from(
             for k, v in field_of(hang, "main_threads", file, dict, default={}).items()
         },
         waits=tuple(w for w in field_of(data, "waits", file, list, default=[]) if _wait(w)),
-        notes=tuple(str(n) for n in field_of(data, "notes", file, list, default=[])),
+        notes=tuple(str(n) for n in field_of(data, "notes", file, list, default=[])) + formed_note,
     )
+
+
+def _formed_world(
+    planned: int, headers: list[dict[str, Any]], launcher: object
+) -> tuple[int, tuple[str, ...]]:
+    """The job's world size: what formed, as the ranks' own headers say (torch's rendezvous
+    set their ``WORLD_SIZE``). ``meta.json`` holds what was planned, ``nproc x nodes``, and an
+    elastic range (``--nnodes 1:2``) plans its largest: a job that formed on fewer nodes is
+    not missing ranks. Without a header that says, the plan (or the largest header) holds."""
+    sizes = [h["world_size"] for h in headers if isinstance(h.get("world_size"), int)]
+    nnodes = str(launcher.get("nnodes", "")) if isinstance(launcher, dict) else ""
+    if sizes and ":" in nnodes and max(sizes) < planned:
+        formed = max(sizes)
+        note = (
+            f"world size {formed} as the job formed (--nnodes {nnodes} allowed up to "
+            f"{planned} ranks)"
+        )
+        return formed, (note,)
+    return max([planned, *sizes, 1]), ()
 
 
 def _wait(entry: object) -> bool:
