@@ -252,3 +252,22 @@ def test_two_runs_traced_in_cycles_are_still_two_jobs(cycle_traces: Path) -> Non
     code, err = _analyze(cycle_traces / "two", cycle_traces / "out-two")
     assert code == 2, err
     assert "holds traces of 2 jobs" in err
+
+
+# -- find_unused_parameters=False with a branch some micro-batches skip ------------------------
+
+
+def test_unused_branch_names_the_unused_parameters_not_the_gate(recipe_run) -> None:  # type: ignore[no-untyped-def]
+    run, truth = recipe_run("unused_branch")
+    for t in truth.values():  # the truth: window 0 reduced once, window 1 never, then torch stops
+        assert "find_unused_parameters" in (t["error"] or "")
+        assert [(w["rounds"], w["reduced_at_micro_batch"]) for w in t["windows"]] == [
+            (1, [3]),
+            (0, []),
+        ]
+    (missing,) = [f for f in run.report["findings"] if f["kind"] == "missing-sync"]
+    assert (missing["cause"], missing["windows"]) == ("unused-parameters", [1])
+    snippet = missing["fix"]["snippet"]
+    assert "find_unused_parameters=True" in snippet
+    assert "no_sync" not in snippet + missing["fix"]["summary"]  # the gate is right
+    assert [f["kind"] for f in run.report["findings"] if f["kind"] == "run-failed"]
