@@ -271,3 +271,31 @@ def test_unused_branch_names_the_unused_parameters_not_the_gate(recipe_run) -> N
     assert "find_unused_parameters=True" in snippet
     assert "no_sync" not in snippet + missing["fix"]["summary"]  # the gate is right
     assert [f["kind"] for f in run.report["findings"] if f["kind"] == "run-failed"]
+
+
+# -- torch's own algorithms read right today, pinned --------------------------------------------
+
+ALGORITHMS = ("powersgd", "fp16", "zero", "join", "loss")
+
+
+@pytest.mark.parametrize("algo", ALGORITHMS)
+def test_torch_algorithms_read_one_sync_per_window_and_clean(recipe_run, algo: str) -> None:  # type: ignore[no-untyped-def]
+    run, truth = recipe_run("torch_algorithms", "--algo", algo)
+    for rank, t in truth.items():
+        assert t["error"] is None
+        windows = run.complete_windows(rank)
+        assert len(windows) == t["windows_completed"]  # join: rank 0 ran one window fewer
+        for w, true in zip(windows, t["windows"], strict=True):
+            # the truth's gradient rounds: reductions inside a backward (Join's flag
+            # all-reduces in the forward, the logged loss after the backward reduce none)
+            backward = [key for key in true["round_keys"] if key[1] == "backward"]
+            assert backward == [[3, "backward"]], (rank, true)
+            assert (w["grad_syncs"], w["grad_sync_micro_batches"]) == (1, [3]), (rank, w)
+            if true["params_equal"] is not None:
+                assert true["params_equal"], (rank, true)
+    if algo == "zero":  # its broadcasts after step() are in the windows, never grad syncs
+        assert all(w["collectives"]["broadcast"] > 0 for w in run.complete_windows(0)[1:])
+    if algo == "loss":
+        assert all(w["collectives"]["all_reduce"] >= 2 for w in run.complete_windows(0))
+    assert run.report["verdict"] == "clean", _findings(run)
+    assert [f for f in run.report["findings"] if f["severity"] != "info"] == []
