@@ -17,6 +17,7 @@ from syncscope.errors import BadRunDirectory
 from syncscope.files import NotRegularFile
 from syncscope.load.captured import rank_from_events
 from syncscope.model import RankRun, Run, RunMeta, compress_ranks, missing_ranks
+from syncscope.model.per_model import ddp_models
 from syncscope.model.replicas import local_sgd
 from syncscope.rundir import (
     DROPPED,
@@ -87,6 +88,13 @@ def compare_fingerprints(ranks: Sequence[RankRun], world: int = 0) -> tuple[Rank
     )
 
 
+def _judged_per_model(rank: RankRun) -> bool:
+    """The rank steps several DDP models and its backwards say whose gradients they made."""
+    return bool(ddp_models(rank)) and any(
+        mb.grads_of is not None for w in rank.windows for mb in w.micro_batches
+    )
+
+
 def assemble(meta: RunMeta, ranks: Iterable[RankRun]) -> Run:
     ordered = sorted(ranks, key=lambda r: r.rank)
     notes = list(meta.notes)
@@ -99,6 +107,13 @@ def assemble(meta: RunMeta, ranks: Iterable[RankRun]) -> Run:
         notes.append(
             f"no events from rank(s) {listed}{count} of {meta.world_size}; "
             "if they ran on other nodes, merge their directories: syncscope analyze DIR DIR ..."
+        )
+    models = {r.rank: len(ddp_models(r)) for r in ordered if _judged_per_model(r)}
+    if models:
+        notes.append(
+            f"rank(s) {compress_ranks(list(models))} step {max(models.values())} DDP models: "
+            "each model's grad syncs are counted and judged on its own micro-batches "
+            "(report.json windows[].models); a window's grad syncs count every model's"
         )
     unfinished = [r.rank for r in ordered if not r.finished]
     if unfinished:

@@ -47,6 +47,7 @@ def test_two_models_each_reduced_once_read_one_per_window_and_clean() -> None:
         D: {"micro_batches": 4, "grad_syncs": 1, "grad_sync_micro_batches": [3]},
     }
     assert window_dict(window, run.ranks[0])["expected_grad_syncs"] == 2
+    assert any("step 2 DDP models" in note for note in run.meta.notes)
     assert diagnose(run) == []
 
 

@@ -97,6 +97,7 @@ _WINDOW_EVENTS = frozenset(
         "done",
         "step",
         "step_end",
+        "step_skip",
         "fp",
     )
 )
