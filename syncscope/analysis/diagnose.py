@@ -12,9 +12,10 @@ windows affected, so a 1,024-rank job yields a handful of findings, not a millio
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Iterator
 from dataclasses import replace
 
-from syncscope.analysis import coverage, reductions
+from syncscope.analysis import coverage, recipes, reductions
 from syncscope.analysis.advice import SNIPPETS
 from syncscope.analysis.crossrank import (
     collective_mismatch,
@@ -36,6 +37,7 @@ from syncscope.model import (
     FAILED_KINDS,
     INCOMPLETE_KINDS,
     Finding,
+    RankRun,
     Run,
     Severity,
     severity_rank,
@@ -47,6 +49,7 @@ from syncscope.model.figures import (
     saved_ns,
     steady_windows,
 )
+from syncscope.model.per_model import model_views
 
 
 def _fragmented_figures(findings: list[Finding]) -> list[Finding]:
@@ -131,12 +134,27 @@ def _saved_across_ranks(observations: list[Observation], saved: dict[int, int]) 
         o.cost["projected_window_ns"] = max(0.0, window_ns - wasted)
 
 
-def _group(observations: list[Observation], steady: Steady | None = None) -> list[Finding]:
-    groups: dict[tuple[str, str], list[Observation]] = {}
+def _of_model(
+    rank: RankRun, model: str, observations: Iterable[Observation]
+) -> Iterator[Observation]:
+    """A several-model rank's observations name the model they are about, and where the
+    script wrapped it."""
+    site = next((w.site for w in rank.wrappers if w.label == model), None)
     for o in observations:
-        groups.setdefault((o.kind, o.cause), []).append(o)
+        if model:
+            named: dict[str, object] = {"model": model}
+            if site is not None:
+                named["model_wrapped_at"] = str(site)
+            o.evidence = {**named, **o.evidence}
+        yield o
+
+
+def _group(observations: list[Observation], steady: Steady | None = None) -> list[Finding]:
+    groups: dict[tuple[str, str, object], list[Observation]] = {}
+    for o in observations:  # one finding per model where a rank steps several
+        groups.setdefault((o.kind, o.cause, o.evidence.get("model")), []).append(o)
     findings: list[Finding] = []
-    for (kind, cause), items in groups.items():
+    for (kind, cause, _), items in groups.items():
         first = items[0]
         # costs: the median over the steady windows (syncscope.model.figures), as the headline's
         # window time is; the warm-up windows only when no steady window is affected
@@ -186,8 +204,9 @@ def diagnose(run: Run) -> list[Finding]:
             for window in rank.windows:
                 if not window.complete or window.records_dropped:
                     continue  # an incomplete record draws no finding (a note says why)
-                for rule in WINDOW_RULES:
-                    observations.extend(rule(rank, window))
+                for model, view in model_views(rank, window):  # per DDP model, if several
+                    for rule in WINDOW_RULES:
+                        observations.extend(_of_model(rank, model, rule(rank, view)))
         if any(o.kind == "redundant-sync" for o in observations):
             _saved_across_ranks(observations, saved_ns(run))
     for rank in run.ranks:
@@ -196,6 +215,8 @@ def diagnose(run: Run) -> list[Finding]:
     grouped = _redundant_figures(run, _fragmented_figures(_group(observations, steady)), steady)
     findings = [unknown_memory(name_helper(f)) for f in grouped]
     findings.extend(coverage_findings(run))
+    findings.extend(recipes.skipped_steps(run))
+    findings.extend(recipes.local_sgd_finding(run))
     if not coverage.independent_copies(run):  # their gradients differ by design
         findings.extend(rank_divergence(run, findings))
     findings.extend(collective_mismatch(run))

@@ -26,6 +26,7 @@ RECURSE_CAUSE = "toggle-not-recursive"
 STATIC_FIRST_CAUSE = "static-graph-first-sync"
 STATIC_FAILED_CAUSE = "static-graph-no_sync"
 TWICE_CAUSE = "reduced-twice"
+UNUSED_CAUSE = "unused-parameters"  # DDP armed, a parameter got no gradient, buckets unfinished
 NOT_FSDP_CAUSE = "toggle-not-fsdp-module"
 
 
@@ -159,6 +160,16 @@ for micro, batch in enumerate(micro_batches):
 optimizer.step()
 optimizer.zero_grad()""",
     ),
+    "ddp-unused-parameters": Fix(
+        "ddp-unused-parameters",
+        "DDP armed its all-reduce at this forward, but some parameters got no gradient in the "
+        "backward (a branch this micro-batch did not use), so its buckets never completed and "
+        "torch stops the job at the next forward. The sync gate is right: tell DDP which "
+        "parameters may go unused, or use every parameter in every forward.",
+        """ddp_model = DDP(model, find_unused_parameters=True)  # unused branches marked ready
+# or, keeping find_unused_parameters=False: every parameter in every forward's loss
+out = head(h) + 0.0 * aux(h)  # the unused branch contributes a zero gradient""",
+    ),
     "call-wrapper": Fix(
         "call-wrapper",
         "Call the DDP wrapper, not the module inside it: DDP arms its gradient all-reduce in "
@@ -226,6 +237,7 @@ for p in expert_params:  # and these, once, over the expert-data-parallel group
 
 def fix_for(cause: str) -> str | None:
     return {
+        UNUSED_CAUSE: "ddp-unused-parameters",
         PIPELINE_CAUSE: "pipeline-step",
         RECURSE_CAUSE: "fsdp2-recurse",
         STATIC_FIRST_CAUSE: "static-graph",

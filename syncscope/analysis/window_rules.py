@@ -259,6 +259,18 @@ def _reduced_twice(rank: RankRun, window: Window) -> Iterator[Observation]:
 def _missing_cause(rank: RankRun, window: Window) -> str:
     last = window.micro_batches[-1]
     hows = {t.how for t in window.toggles}
+    if (
+        not window.grad_sync_collectives
+        and last.wrapper == "ddp"
+        and last.forward_sync
+        and not last.in_no_sync_at_backward
+        and last.backward_sync is not False
+    ):
+        # DDP armed its reducer at the last forward and the backward ran outside no_sync,
+        # yet the window reduced nothing: the reducer waited for gradients some parameters
+        # never got (a branch that micro-batch did not use, find_unused_parameters=False);
+        # the loop's sync gate is right
+        return reductions.UNUSED_CAUSE
     if not window.grad_sync_collectives:
         if last.wrapper == "fsdp" or "set_requires_gradient_sync" in hows:
             return "fsdp-sync-never-re-enabled"

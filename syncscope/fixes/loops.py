@@ -14,7 +14,6 @@ from dataclasses import dataclass, field
 from typing import Literal
 
 import libcst as cst
-import libcst.matchers as m
 from libcst.metadata import MetadataWrapper, PositionProvider, QualifiedNameProvider
 
 from syncscope.fixes.gates import Gate, Pred, code_of, parse_gate
@@ -167,14 +166,13 @@ class _Names(cst.CSTVisitor):
         super().__init__()
         self.int_assigns: dict[str, int] = {}
         self.defined: set[str] = set()
-        # context managers of the file that call ``no_sync()`` (stylegan2's ``ddp_sync``)
+        # functions of the file that enter or return ``no_sync()`` (stylegan2's ``ddp_sync``)
         self.no_sync_helpers: set[str] = set()
 
     def visit_FunctionDef(self, node: cst.FunctionDef) -> None:
         self.defined.add(node.name.value)
-        yields = m.findall(node.body, m.Yield())
-        if yields and contains(node.body, lambda c: method_name(c) == "no_sync"):
-            self.no_sync_helpers.add(node.name.value)
+        if contains(node.body, lambda c: method_name(c) == "no_sync"):
+            self.no_sync_helpers.add(node.name.value)  # used in a ``with``: a sync toggle
 
     def visit_ClassDef(self, node: cst.ClassDef) -> None:
         self.defined.add(node.name.value)

@@ -113,6 +113,7 @@ class _WindowBuilder:
         complete: bool,
         step_ns: int = 0,
         params: tuple[ParamPrint, ...] = (),
+        skipped: bool = False,
     ) -> Window:
         start = self.start_ns if self.start_ns is not None else end_ns
         return Window(
@@ -131,6 +132,7 @@ class _WindowBuilder:
             fingerprint_sharded=self.fp_sharded,
             records_dropped=self.dropped,
             params=params,
+            step_skipped=skipped,
         )
 
 
@@ -158,6 +160,7 @@ class _RankReader:
         self.backward: dict[str, Any] | None = None
         self.no_sync_active = False
         self.no_sync_at_forward = False
+        self.armed: list[str] = []  # DDP models armed at forward since the last backward
         self.dist_seen = False
         self.backward_failed = False
         self.closure_start: int | None = None
@@ -224,6 +227,10 @@ class _RankReader:
         )
 
     def _on_forward(self, ev: dict[str, Any], t: int) -> None:
+        if ev.get("wrapper") == "ddp" and ev.get("sync") is True:
+            label = str(ev.get("module", ""))
+            if label and label not in self.armed:
+                self.armed.append(label)
         if int(ev.get("depth", 0)) == 0:
             self.current.touch(t)
             self.pending_fwd = ev
@@ -240,6 +247,7 @@ class _RankReader:
                 before_forward=self.pending_fwd is None and self.backward is None,
                 site=_site(ev.get("site")),
                 recurse=ev.get("recurse") is not False,
+                module=str(ev.get("module", "") or ""),
             )
         )
 
@@ -254,7 +262,12 @@ class _RankReader:
         if self.backward_failed:
             self.backward_failed = False  # raised: still "in backward", no micro-batch done
         elif self.backward is not None:
-            self.current.micro_batches.append(self._micro_batch(self.backward, t))
+            mb = self._micro_batch(self.backward, t)
+            grads_of = ev.get("grads_of")
+            if isinstance(grads_of, list):
+                mb = dataclasses.replace(mb, grads_of=tuple(str(label) for label in grads_of))
+            self.current.micro_batches.append(mb)
+            self.armed = []
             memory = int(ev.get("mem", 0) or 0)
             self.current.peak_memory = max(self.current.peak_memory, memory)
             self.pending_fwd = None
@@ -279,6 +292,7 @@ class _RankReader:
             sync_each_batch=accel.get("sync_each_batch") if accel else None,
             backward_start_ns=int(backward["t"]),
             helpers=_helpers(fwd, backward),
+            armed=tuple(self.armed),
         )
 
     def _on_reset(self, ev: dict[str, Any], t: int) -> None:
@@ -298,6 +312,9 @@ class _RankReader:
         position = _position(str(ev.get("phase", "other")), len(current.micro_batches))
         group = _group(ev["group"]) if "group" in ev else self.groups.get(str(ev.get("pg", "")))
         coll = _collective(ev, group, position, self.done.get(ev["seq"]))
+        if coll.issuer == "ddp" and coll.grad_sync and coll.phase == "backward":
+            # the DDP model whose forward armed its reducer; several armed: not told apart
+            coll = dataclasses.replace(coll, module=self.armed[0] if len(self.armed) == 1 else "")
         current.collectives.append(coll)
         summary = PendingCollective(
             seq=coll.seq,
@@ -328,6 +345,19 @@ class _RankReader:
         if ev.get("fp") is not None:
             current.fingerprint = tuple(float(v) for v in ev["fp"])
         current.fp_sharded = bool(ev.get("fp_sharded", False))
+
+    def _on_step_skip(self, ev: dict[str, Any], t: int) -> None:
+        """GradScaler skipped ``optimizer.step()``: the window ends, with no update."""
+        current = self.current
+        current.touch(t)
+        current.step_site = _site(ev.get("site"))
+        if current.empty() and self.windows:  # another optimizer of the same window
+            previous = self.windows[-1]
+            self.windows[-1] = dataclasses.replace(previous, steps=previous.steps + 1, end_ns=t)
+        else:
+            self.windows.append(current.build(t, True, 0, skipped=True))
+        self.current = _WindowBuilder(self.first_window + len(self.windows))
+        self.no_sync_at_forward = False
 
     def _on_step_end(self, ev: dict[str, Any], t: int) -> None:
         current = self.current
@@ -415,6 +445,7 @@ _HANDLERS: dict[str, _Handler] = {
     "pg": _RankReader._on_group,
     "step": _RankReader._on_step,
     "step_end": _RankReader._on_step_end,
+    "step_skip": _RankReader._on_step_skip,
 }
 
 

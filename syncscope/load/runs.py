@@ -17,6 +17,8 @@ from syncscope.errors import BadRunDirectory
 from syncscope.files import NotRegularFile
 from syncscope.load.captured import rank_from_events
 from syncscope.model import RankRun, Run, RunMeta, compress_ranks, missing_ranks_text
+from syncscope.model.per_model import ddp_models
+from syncscope.model.replicas import local_sgd
 from syncscope.rundir import (
     DROPPED,
     EVENTS_FORMAT_VERSION,
@@ -47,20 +49,33 @@ def _fingerprints_match(values: list[tuple[float, ...]]) -> bool:
     )
 
 
-def compare_fingerprints(ranks: Sequence[RankRun]) -> tuple[RankRun, ...]:
-    """Fill ``Window.fingerprint_match``: do all ranks hold the same gradients at step i?"""
+def _match_among(ranks: Sequence[RankRun], i: int) -> bool | None:
+    values = [
+        r.windows[i].fingerprint
+        for r in ranks
+        if i < len(r.windows) and r.windows[i].complete and not r.windows[i].fingerprint_sharded
+    ]
+    present = [v for v in values if v is not None]
+    return _fingerprints_match(present) if len(present) >= 2 else None
+
+
+def compare_fingerprints(ranks: Sequence[RankRun], world: int = 0) -> tuple[RankRun, ...]:
+    """Fill ``Window.fingerprint_match``: do all ranks hold the same gradients at step i?
+    Under local SGD (``syncscope.model.replicas``), in the windows that reduce inside
+    subgroups: do the ranks of each reduction group hold the same ones?"""
     if len(ranks) < 2:
         return tuple(ranks)
     count = max((len(r.windows) for r in ranks), default=0)
+    local = local_sgd(ranks, world or len(ranks))
     verdicts: dict[int, bool | None] = {}
     for i in range(count):
-        values = [
-            r.windows[i].fingerprint
-            for r in ranks
-            if i < len(r.windows) and r.windows[i].complete and not r.windows[i].fingerprint_sharded
-        ]
-        present = [v for v in values if v is not None]
-        verdicts[i] = _fingerprints_match(present) if len(present) >= 2 else None
+        groups = local.groups.get(i) if local is not None else None
+        if groups is None:
+            verdicts[i] = _match_among(ranks, i)
+            continue
+        each = [_match_among([r for r in ranks if r.rank in g], i) for g in groups]
+        known = [v for v in each if v is not None]
+        verdicts[i] = all(known) if known else None
     return tuple(
         dataclasses.replace(
             r,
@@ -70,6 +85,13 @@ def compare_fingerprints(ranks: Sequence[RankRun]) -> tuple[RankRun, ...]:
             ),
         )
         for r in ranks
+    )
+
+
+def _judged_per_model(rank: RankRun) -> bool:
+    """The rank steps several DDP models and its backwards say whose gradients they made."""
+    return bool(ddp_models(rank)) and any(
+        mb.grads_of is not None for w in rank.windows for mb in w.micro_batches
     )
 
 
@@ -84,6 +106,13 @@ def assemble(meta: RunMeta, ranks: Iterable[RankRun]) -> Run:
             f"no events from rank(s) {missing} of {meta.world_size}; "
             "if they ran on other nodes, merge their directories: syncscope analyze DIR DIR ..."
         )
+    models = {r.rank: len(ddp_models(r)) for r in ordered if _judged_per_model(r)}
+    if models:
+        notes.append(
+            f"rank(s) {compress_ranks(list(models))} step {max(models.values())} DDP models: "
+            "each model's grad syncs are counted and judged on its own micro-batches "
+            "(report.json windows[].models); a window's grad syncs count every model's"
+        )
     unfinished = [r.rank for r in ordered if not r.finished]
     if unfinished:
         notes.append(
@@ -92,15 +121,16 @@ def assemble(meta: RunMeta, ranks: Iterable[RankRun]) -> Run:
             "their events up to then are reported"
         )
     return Run(
-        meta=dataclasses.replace(meta, notes=tuple(notes)), ranks=compare_fingerprints(ordered)
+        meta=dataclasses.replace(meta, notes=tuple(notes)),
+        ranks=compare_fingerprints(ordered, meta.world_size),
     )
 
 
 def _meta_from(
     data: dict[str, Any], headers: list[dict[str, Any]], file: object = "meta.json"
 ) -> RunMeta:
-    world = field_int(data, "world_size", file, min=0, default=0)
-    world = max([world] + [int(h.get("world_size", 1) or 1) for h in headers] or [1])
+    planned = field_int(data, "world_size", file, min=0, default=0)
+    world, formed_note = _formed_world(planned, headers, data.get("launcher"))
     first = headers[0] if headers else {}
     command = field_of(data, "command", file, (list, str))
     if isinstance(command, str):
@@ -128,8 +158,27 @@ def _meta_from(
             for k, v in field_of(hang, "main_threads", file, dict, default={}).items()
         },
         waits=tuple(w for w in field_of(data, "waits", file, list, default=[]) if _wait(w)),
-        notes=tuple(str(n) for n in field_of(data, "notes", file, list, default=[])),
+        notes=tuple(str(n) for n in field_of(data, "notes", file, list, default=[])) + formed_note,
     )
+
+
+def _formed_world(
+    planned: int, headers: list[dict[str, Any]], launcher: object
+) -> tuple[int, tuple[str, ...]]:
+    """The job's world size: what formed, as the ranks' own headers say (torch's rendezvous
+    set their ``WORLD_SIZE``). ``meta.json`` holds what was planned, ``nproc x nodes``, and an
+    elastic range (``--nnodes 1:2``) plans its largest: a job that formed on fewer nodes is
+    not missing ranks. Without a header that says, the plan (or the largest header) holds."""
+    sizes = [h["world_size"] for h in headers if isinstance(h.get("world_size"), int)]
+    nnodes = str(launcher.get("nnodes", "")) if isinstance(launcher, dict) else ""
+    if sizes and ":" in nnodes and max(sizes) < planned:
+        formed = max(sizes)
+        note = (
+            f"world size {formed} as the job formed (--nnodes {nnodes} allowed up to "
+            f"{planned} ranks)"
+        )
+        return formed, (note,)
+    return max([planned, *sizes, 1]), ()
 
 
 def _wait(entry: object) -> bool:

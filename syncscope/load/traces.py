@@ -7,13 +7,21 @@ memory follows the largest single file, not the job. Each problem names the file
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from syncscope.errors import BadTrace
-from syncscope.load.trace.jobs import TraceSpan, chosen, describe, mixed_message, split_jobs
+from syncscope.load.trace.jobs import (
+    TraceSpan,
+    chosen,
+    cycles_of,
+    describe,
+    mixed_message,
+    split_jobs,
+)
 from syncscope.load.trace.rankfile import Job, RankResult, read_rank
 from syncscope.load.trace.read import is_trace_file
 from syncscope.load.trace.windows import RankNotes
@@ -173,7 +181,7 @@ def load_traces(
     if not traces:
         detail = f": {skipped[0]}" if skipped else ""
         raise BadTrace(f"no usable trace among {len(files)} file(s){detail}")
-    ranks = _one_job(traces, skip_bad, skipped)
+    ranks = _one_job(traces, skip_bad, skipped, notes)
     world = next(iter(ranks.values()))[2].world_size
     present = sorted(ranks)
     notes.extend(_notes(flags, present, world))
@@ -188,15 +196,16 @@ def load_traces(
 def _span(path: Path | str, rank_run: RankRun, job: Job) -> TraceSpan:
     start = rank_run.windows[0].start_ns if rank_run.windows else rank_run.last_event_ns
     end = max([rank_run.last_event_ns, *(w.end_ns for w in rank_run.windows[-1:])])
-    return TraceSpan(path, rank_run.rank, job, rank_run.host, start, end)
+    return TraceSpan(path, rank_run.rank, job, rank_run.host, start, end, rank_run.pid)
 
 
 def _one_job(
-    traces: list[tuple[TraceSpan, RankRun]], skip_bad: bool, skipped: list[str]
+    traces: list[tuple[TraceSpan, RankRun]], skip_bad: bool, skipped: list[str], notes: list[str]
 ) -> dict[int, tuple[RankRun, Path | str, Job]]:
     """The ranks of the one job analyzed: traces of several jobs are refused (with
     ``skip_bad``: the job with the most ranks is kept, the others named in ``skipped``);
-    a rank twice in one job likewise, in file order."""
+    a rank twice in one job likewise, in file order, unless its files are cycles of one
+    traced process (torch.profiler's schedule with ``repeat``): those are read as one."""
     runs = {id(span): run for span, run in traces}
     jobs = split_jobs([span for span, _ in traces])
     kept = jobs[0]
@@ -210,7 +219,11 @@ def _one_job(
             if job is not kept
         )
     ranks: dict[int, tuple[RankRun, Path | str, Job]] = {}
+    spans: dict[int, list[TraceSpan]] = {}
     for span in kept:
+        if span.rank in ranks and cycles_of([*spans[span.rank], span]):
+            spans[span.rank].append(span)  # a later cycle of the same process
+            continue
         if span.rank in ranks:
             exc = BadTrace(
                 f"{span.path}: rank {span.rank} appears twice (also in {ranks[span.rank][1]})"
@@ -220,7 +233,33 @@ def _one_job(
             skipped.append(str(exc))
             continue
         ranks[span.rank] = (runs[id(span)], span.path, span.job)
+        spans[span.rank] = [span]
+    cycled = sorted(rank for rank, files in spans.items() if len(files) > 1)
+    for rank in cycled:
+        in_order = sorted(spans[rank], key=lambda t: t.start_ns)
+        first = ranks[rank]
+        ranks[rank] = (_in_cycles([runs[id(t)] for t in in_order]), first[1], first[2])
+    if cycled:
+        counts = sorted({len(spans[r]) for r in cycled})
+        notes.append(
+            f"rank(s) {compress_ranks(cycled)} traced in {'/'.join(map(str, counts))} cycles "
+            "(one process each: torch.profiler's schedule with repeat): read as one job, "
+            "their windows in order"
+        )
     return ranks
+
+
+def _in_cycles(runs: list[RankRun]) -> RankRun:
+    """One rank's traces of successive profiler cycles as one RankRun: each cycle's complete
+    windows in order, numbered on; the last cycle's trailing window, if any, at the end."""
+    windows = [w for run in runs[:-1] for w in run.windows if w.complete]
+    windows += list(runs[-1].windows)
+    last = runs[-1]
+    return dataclasses.replace(
+        last,
+        windows=tuple(dataclasses.replace(w, index=i) for i, w in enumerate(windows)),
+        wrappers=last.wrappers or runs[0].wrappers,
+    )
 
 
 def _check(result: RankResult, notes: list[str]) -> tuple[RankRun, Job]:

@@ -153,7 +153,7 @@ class Collective:
     grad_sync: bool
     issuer: Issuer
     bucket: int | None = None  # DDP bucket index (order within one backward)
-    module: str = ""  # FSDP module name or DDP wrapper label
+    module: str = ""  # FSDP module name, or the DDP model whose forward armed the reduction
     site: SourceLocation | None = None  # user call site, when the user issued it
     via: str = ""  # what drove a wrapper's reduction outside autograd ("pipelining")
     # a user reduction of ``.grad`` tensors: the parameters (names, at most 32), and the
@@ -188,6 +188,10 @@ class MicroBatch:
     # the user's ``with`` statements around both the forward and the backward (a sync
     # helper), outermost first: the ``with`` line, ``function`` the call it enters
     helpers: tuple[SourceLocation, ...] = ()
+    # several DDP models: the ones whose forward armed their reducer before this backward,
+    # and the ones whose gradients the backward changed (None: one model, or not recorded)
+    armed: tuple[str, ...] = ()
+    grads_of: tuple[str, ...] | None = None
 
 
 @dataclass(frozen=True, slots=True)
@@ -209,6 +213,7 @@ class SyncToggle:
     before_forward: bool  # True if made before this micro-batch's forward
     site: SourceLocation | None = None
     recurse: bool = True  # FSDP2 setters: False sets the module's own flag, not its children's
+    module: str = ""  # the wrapper's label (DDP, FSDP2 root), "" when not recorded
 
 
 @dataclass(frozen=True, slots=True)
@@ -237,6 +242,9 @@ class Window:
     grad_resets: tuple[GradReset, ...] = ()
     toggles: tuple[SyncToggle, ...] = ()
     steps: int = 1  # optimizer.step calls that closed this window (several optimizers)
+    # GradScaler found inf/NaN gradients and skipped optimizer.step(): the window ended there
+    # with no update (normal in the first steps of an fp16 run)
+    step_skipped: bool = False
     step_site: SourceLocation | None = None
     step_ns: int = 0  # time spent in optimizer.step
     peak_memory_bytes: int = 0

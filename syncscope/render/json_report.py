@@ -23,6 +23,7 @@ from syncscope.model import (
     figures,
     verdict_of,
 )
+from syncscope.model.per_model import grad_syncs_by_model
 
 SCHEMA_VERSION = 1
 
@@ -33,9 +34,12 @@ def _site(site: SourceLocation | None) -> dict[str, Any] | None:
     )
 
 
-def window_dict(w: Window) -> dict[str, Any]:
+def window_dict(w: Window, rank: RankRun | None = None) -> dict[str, Any]:
+    """One window; ``rank``: its rank, which names each model's own count (``models``)
+    where the rank steps several DDP models."""
     comm = sum(c.duration_ns for c in w.collectives)
-    return {
+    models = grad_syncs_by_model(rank, w) if rank is not None else {}
+    out: dict[str, Any] = {
         "index": w.index,
         "complete": w.complete,
         "micro_batches": len(w.micro_batches),
@@ -55,10 +59,15 @@ def window_dict(w: Window) -> dict[str, Any]:
         "start_ns": w.start_ns,
         "duration_ns": w.duration_ns,
         "steps": w.steps,
+        "step_skipped": w.step_skipped,
         "comm_ns": w.comm_ns,
         "exposed_comm_ns": w.exposed_comm_ns,
         "compute_ns": w.compute_ns,
     }
+    if models:  # one grad sync expected per model
+        out["expected_grad_syncs"] = len(models)
+        out["models"] = models
+    return out
 
 
 def _framework(r: RankRun) -> dict[str, Any] | None:
@@ -92,7 +101,7 @@ def rank_dict(r: RankRun) -> dict[str, Any]:
             }
             for w in r.wrappers
         ],
-        "windows": [window_dict(w) for w in r.windows],
+        "windows": [window_dict(w, r) for w in r.windows],
     }
 
 

@@ -74,7 +74,7 @@ class Stats:
     def windows(self) -> list[dict[str, Any]]:
         """This rank's windows, with the same fields as report.json windows."""
         rank = self.run.rank(self.rank) or (self.run.ranks[0] if self.run.ranks else None)
-        return [window_dict(w) for w in rank.windows] if rank else []
+        return [window_dict(w, rank) for w in rank.windows] if rank else []
 
     @property
     def figures(self) -> dict[str, Any]:

@@ -140,3 +140,55 @@ def test_the_github_actions_job_fails_on_a_bad_loop_and_passes_a_clean_one(tmp_p
         assert done.returncode == status, done.stderr
         if status:
             assert done.stdout.startswith("src/train.py:") and " SYN102 " in done.stdout
+
+
+STYLEGAN2_LOOP = """import contextlib
+
+import torch
+from torch.nn.parallel import DistributedDataParallel as DDP
+
+
+def ddp_sync(module, sync):
+    if sync or not isinstance(module, DDP):
+        return contextlib.nullcontext()
+    return module.no_sync()
+
+
+generator = DDP(torch.nn.Linear(8, 16))
+discriminator = DDP(torch.nn.Linear(16, 1))
+opt_g = torch.optim.Adam(generator.parameters())
+opt_d = torch.optim.Adam(discriminator.parameters())
+for batch in loader:
+    for micro in range(accum):
+        sync = micro == accum - 1
+        with ddp_sync(discriminator, sync):
+            d_loss = discriminator(batch[micro]).mean()
+        d_loss.backward()
+        with ddp_sync(generator, sync), ddp_sync(discriminator, False):
+            g_loss = -discriminator(generator(noise[micro])).mean()
+        g_loss.backward()
+    opt_d.step()
+    opt_g.step()
+    opt_d.zero_grad()
+    opt_g.zero_grad()
+"""
+
+
+def test_a_sync_helper_around_each_forward_is_the_correct_toggle(
+    tmp_path: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """stylegan2-ada's ``ddp_sync(module, sync)`` returns ``module.no_sync()`` on every
+    micro-batch but the last and is entered around the forward (DDP decides there): correct,
+    nothing to fix, two models or one."""
+    path = tmp_path / "gan.py"
+    path.write_text(STYLEGAN2_LOOP)
+    assert main(["fix", "--check", str(path)]) == 0
+    assert capsys.readouterr().out == ""
+    one_model = STYLEGAN2_LOOP.replace(
+        "        with ddp_sync(generator, sync), ddp_sync(discriminator, False):\n"
+        "            g_loss = -discriminator(generator(noise[micro])).mean()\n"
+        "        g_loss.backward()\n",
+        "",
+    )
+    path.write_text(one_model)
+    assert main(["fix", "--check", str(path)]) == 0

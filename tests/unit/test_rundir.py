@@ -10,6 +10,7 @@ import pytest
 from syncscope.capture.writer import EventWriter
 from syncscope.errors import BadRunDirectory
 from syncscope.load.runs import load_run
+from syncscope.model import Run
 from syncscope.rundir import rank_events_path, read_events, write_meta
 from tests.helpers.events import Rank
 
@@ -285,3 +286,36 @@ def test_pid_alive_the_one_check_sees_running_ended_and_zombie_processes() -> No
     assert not pid_alive(child)
     os.waitpid(child, 0)
     assert not pid_alive(child)  # reaped: no such process
+
+
+def _elastic_run(tmp_path: Path, nnodes: str, ranks: int) -> Run:
+    """A run whose meta.json planned 2 ranks per node up to the range's largest node count
+    (what ``profile --nnodes`` writes), of which ``ranks`` formed and wrote their files."""
+    planned = 2 * int(nnodes.split(":")[-1])
+    for r in range(ranks):
+        write_rank(tmp_path, Rank(r, world_size=ranks).window([3]).finish())
+    write_meta(
+        tmp_path,
+        {"world_size": planned, "launcher": {"nnodes": nnodes, "nproc_per_node": "2"}},
+    )
+    return load_run(tmp_path)
+
+
+def test_an_elastic_range_formed_on_one_node_is_the_world_that_formed(tmp_path: Path) -> None:
+    from syncscope.analysis.diagnose import diagnose
+
+    run = _elastic_run(tmp_path, "1:2", 2)
+    assert run.world_size == 2
+    assert any("as the job formed (--nnodes 1:2" in n for n in run.meta.notes)
+    assert [f.kind for f in diagnose(run)] == []
+
+
+def test_a_fixed_node_count_still_misses_the_other_node(tmp_path: Path) -> None:
+    from syncscope.analysis.diagnose import diagnose
+
+    for r in range(2):
+        write_rank(tmp_path, Rank(r, world_size=4).window([3]).finish())
+    write_meta(tmp_path, {"world_size": 4, "launcher": {"nnodes": "2", "nproc_per_node": "2"}})
+    run = load_run(tmp_path)
+    assert run.world_size == 4
+    assert "ranks-missing" in [f.kind for f in diagnose(run)]

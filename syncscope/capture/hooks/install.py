@@ -24,7 +24,7 @@ from typing import Any
 import torch
 
 from syncscope.capture import sites
-from syncscope.capture.hooks import collectives
+from syncscope.capture.hooks import amp, collectives, funcol
 from syncscope.capture.hooks.opaque import no_frame, opaque
 from syncscope.capture.recorder.core import Recorder
 
@@ -138,6 +138,7 @@ def _install_optimizer(rec: Recorder, undo: list[Undo]) -> None:
         module_zero_grad(self, set_to_none)
 
     _patch(torch.nn.Module, "zero_grad", zero_grad_module, undo)
+    amp.patch_grad_scaler(rec, lambda o, n, v: _patch(o, n, v, undo))
 
 
 _ACCELERATE_STATE = "accelerate.state"
@@ -560,6 +561,7 @@ def install(rec: Recorder) -> Undo:
     _install_fsdp1(rec, undo)
     _install_deepspeed(rec, undo)
     undo.append(collectives.attach(rec))
+    funcol.patch_functional_collectives(lambda o, n, v: _patch(o, n, v, undo))
 
     def uninstall() -> None:
         while undo:  # once, from whichever of bounded capture's detach or the session's close

@@ -97,6 +97,7 @@ _WINDOW_EVENTS = frozenset(
         "done",
         "step",
         "step_end",
+        "step_skip",
         "fp",
         "pfp",
     )
@@ -337,6 +338,7 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork, StepHooks):
         if self._bucket_ptrs:
             self._bucket_ptrs = set()
         self._window_activity = True
+        self._model_grads = self.model_grad_state()  # several DDP models: whose grads change
         self.hold(
             ("bwd", _perf_ns() + self._clock_offset, self.sync_state(), sites.user_site(2, "bwd"))
         )
@@ -348,7 +350,12 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork, StepHooks):
         self.bwd_depth = max(0, self.bwd_depth - 1)
         if not outermost:
             return
-        self.hold(("bwd_end", _perf_ns() + self._clock_offset))
+        if self._model_grads is None:
+            self.hold(("bwd_end", _perf_ns() + self._clock_offset))
+        else:  # several DDP models: which of them this backward gave gradients to
+            changed = self.models_with_new_grads()
+            self.hold(("bwd_end", _perf_ns() + self._clock_offset, {"grads_of": changed}))
+            self._model_grads = None
         if self.trace is not None:
             self.trace.micro_batch_end(self.window, self.micro_batch)
         if self.micro_batch == 0:

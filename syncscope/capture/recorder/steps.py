@@ -215,7 +215,27 @@ class StepHooks:
         second = self.window > 0 and not self._window_activity
         if self._param_prints is not None and hook_args:
             self._print_params(hook_args[0], self.window - 1 if second else self.window, False)
-        if second:
+        self._close_window()
+
+    def on_step_skipped(self, optimizer: Any) -> None:
+        """``GradScaler.step(optimizer)`` found inf/NaN gradients and did not call
+        ``optimizer.step()``: the window ends here all the same (the loop goes on to
+        ``zero_grad()`` and the next window), as a skipped step."""
+        if self.step_depth:
+            return
+        self.emit(
+            {
+                "type": "step_skip",
+                "t": self.now(),
+                "optimizer": type(optimizer).__name__,
+                "site": sites.user_site(2, "step_skip"),
+            }
+        )
+        self._close_window()
+
+    def _close_window(self) -> None:
+        """The window ends at an optimizer step (taken or skipped)."""
+        if self.window > 0 and not self._window_activity:
             return  # a second optimizer's step closes the same window (as the builder merges)
         if self.trace is not None and self._window_open:
             self.trace.window_end(self.window)

@@ -9,11 +9,18 @@ spans overlap. Spans that do not overlap are two jobs when a host has traces on 
 (one clock: no skew explains a gap) or when the gap is longer than any plausible clock
 skew between hosts (``OTHER_HOST_GAP_NS``). Files whose headers differ (world size, backend,
 process groups) are of different jobs whatever their times.
+
+One job may also be traced in *cycles*: torch.profiler's ``schedule(..., repeat=N)`` with
+``tensorboard_trace_handler`` writes a file per rank per cycle, the later cycles after a gap.
+Those files come from the same processes (host and pid), which two runs of a script never
+are: spans that do not overlap are one job traced in cycles when every file after the gap
+is of a (host, pid) traced before it.
 """
 
 from __future__ import annotations
 
 import datetime
+import itertools
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -37,6 +44,7 @@ class TraceSpan:
     host: str
     start_ns: int
     end_ns: int
+    pid: int = 0  # the traced process (0: not known)
 
 
 def split_jobs(traces: Sequence[TraceSpan]) -> list[list[TraceSpan]]:
@@ -74,11 +82,28 @@ def _by_time(traces: list[TraceSpan]) -> list[list[TraceSpan]]:
         before = jobs[-1]
         gap = block[0].start_ns - max(t.end_ns for t in before)
         shared = {t.host for t in before} & {t.host for t in block} - {""}
-        if shared or gap > OTHER_HOST_GAP_NS:
+        if _same_processes(before, block):
+            jobs[-1] = before + block  # a later cycle of the same job
+        elif shared or gap > OTHER_HOST_GAP_NS:
             jobs.append(block)
         else:  # different hosts, a gap clock skew may explain: one job
             jobs[-1] = before + block
     return jobs
+
+
+def _same_processes(before: list[TraceSpan], block: list[TraceSpan]) -> bool:
+    """Every file of ``block`` is of a process (host, pid, rank) traced in ``before``."""
+    known = {(t.host, t.pid, t.rank) for t in before if t.pid}
+    return bool(known) and all((t.host, t.pid, t.rank) in known for t in block)
+
+
+def cycles_of(spans: Sequence[TraceSpan]) -> bool:
+    """Whether ``spans`` (a rank's files in one job) are cycles of one traced process: one
+    (host, pid), and each file's span after the one before (a copy of a file overlaps it)."""
+    if len({(t.host, t.pid) for t in spans}) != 1 or not all(t.pid for t in spans):
+        return False
+    ordered = sorted(spans, key=lambda t: t.start_ns)
+    return all(a.end_ns < b.start_ns for a, b in itertools.pairwise(ordered))
 
 
 def chosen(jobs: list[list[TraceSpan]]) -> list[TraceSpan]:

@@ -68,10 +68,10 @@ def make(name, original, truth):
     counted._bug_truth = True
     return counted
 
-def comm_hook(truth, default_hook):
+def comm_hook(truth, default_hook, name=None):
     def pass_through(process_group, bucket):
         if truth.counting:
-            truth.record_bucket(process_group, bucket)
+            truth.record_bucket(process_group, bucket, name)
         truth.in_comm_hook = True
         try:
             return default_hook(process_group, bucket)
@@ -161,19 +161,22 @@ class Truth:
         size = max((nbytes(t) for t in tensors), default=0)
         self.log.append(self._entry(op, group, size, via))
 
-    def record_bucket(self, process_group: Any, bucket: Any) -> None:
-        self.log.append(
-            self._entry("all_reduce", process_group, nbytes(bucket.buffer()), "ddp_comm_hook")
-        )
+    def record_bucket(self, process_group: Any, bucket: Any, name: str | None = None) -> None:
+        entry = self._entry("all_reduce", process_group, nbytes(bucket.buffer()), "ddp_comm_hook")
+        if name is not None:  # several DDP models: whose bucket it was
+            entry["model"] = name
+        self.log.append(entry)
 
     def record_functional(self, op: str, size: int) -> None:
         self.log.append(self._entry(op, None, size, "torch.profiler"))
 
-    def ddp_comm_hook(self, model: Any) -> None:
-        """Register the pass-through comm hook on a DDP model (C++ reducer)."""
+    def ddp_comm_hook(self, model: Any, name: str | None = None) -> None:
+        """Register the pass-through comm hook on a DDP model (C++ reducer); ``name``: the
+        model's, logged with each of its buckets where a script steps several."""
         from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-        model.register_comm_hook(None, _ns["comm_hook"](self, default_hooks.allreduce_hook))
+        hook = _ns["comm_hook"](self, default_hooks.allreduce_hook, name)
+        model.register_comm_hook(None, hook)
 
     def profiled_backward(self, loss: torch.Tensor, backward: Any = None) -> None:
         """``loss.backward()`` (or ``backward()``) under torch.profiler; the functional
@@ -239,6 +242,10 @@ class Truth:
                 key=lambda r: (-1 if r[0] is None else r[0], r[1]),
             )
             replica = next((r for r in self.replicas if r["window"] == w), None)
+            by_model: dict[str, Any] = {}
+            for e in reductions:
+                if "model" in e:
+                    by_model.setdefault(e["model"], set()).add((e["micro_batch"], e["phase"]))
             windows.append(
                 {
                     "window": w,
@@ -252,6 +259,11 @@ class Truth:
                     "params_equal": replica["params_equal"] if replica else None,
                     "grads_equal": replica["grads_equal"] if replica else None,
                     "differing_params": replica["differing_params"] if replica else None,
+                    # per model (scripts that name their models): rounds and where they ran
+                    "models": {
+                        name: {"rounds": len(keys), "reduced_at": sorted(m for m, _ in keys)}
+                        for name, keys in sorted(by_model.items())
+                    },
                 }
             )
         return {
