@@ -194,9 +194,19 @@ def _siblings(found: Sequence[Path], others: Iterable[Path]) -> list[Path]:
     out = []
     for p in others:
         parts = _name_parts(p)
-        if p not in found and parts is not None and (p.parent, parts[0], parts[2]) in patterns:
+        named_so = parts is not None and (p.parent, parts[0], parts[2]) in patterns
+        if p not in found and named_so and not _is_kineto(p):  # a trace is still a trace
             out.append(p)
     return out
+
+
+def _is_kineto(path: Path) -> bool:
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(4096).lstrip()
+    except OSError:
+        return False
+    return head[:1] == b"{" and any(k in head for k in _KINETO_KEYS)
 
 
 def find_dumps(paths: Iterable[Path]) -> list[Path]:
