@@ -27,15 +27,16 @@ def with_flight_dumps(
 ) -> tuple[Run, list[Finding]]:
     """The run and its findings with what the ranks' Flight Recorder dumps of a hang say
     (``RUN/flight/``, written by ``syncscope profile``); unchanged where there are none.
-    ``problem``: why the dumps could not be read (a note: the run's own report stands)."""
+    ``problem``: why (some of) the dumps could not be read (a note: the run's own report
+    stands, with what the readable dumps say)."""
     if problem:
         meta = dataclasses.replace(run.meta, notes=(*run.meta.notes, problem))
-        return dataclasses.replace(run, meta=meta), findings
+        run = dataclasses.replace(run, meta=meta)
     if not dumps:
         return run, findings
     from syncscope.analysis.flight import analyze_dumps, merge_findings, with_dump_notes
 
     flight = analyze_dumps(dumps, label)
-    findings = merge_findings(findings, flight)
+    findings = merge_findings(findings, flight, live=run.meta.source == "live")
     findings.sort(key=lambda f: (f.kind not in FAILED_KINDS, severity_rank(f.severity)))
     return with_dump_notes(run, flight), findings

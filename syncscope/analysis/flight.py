@@ -2,8 +2,11 @@
 each rank stood (``flight_desync``), the gradient-sync rounds, a run made of the dumps, and
 the dumps' findings merged with a live run's.
 
-The dumps are read by ``syncscope.load.flight``. Ranks with no dump are said to be missing
-and left out of every comparison.
+The dumps are read by ``syncscope.load.flight``. Ranks of the job with no readable dump (none
+written, an empty or unreadable one, one left out by ``--skip-bad``) are left out of every
+comparison and said to be missing: a ``ranks-missing`` finding (verdict ``incomplete``, never
+``clean``: the missing rank is often the hung one), a note where the dumps come with a live
+run (whose own events cover every rank).
 """
 
 from __future__ import annotations
@@ -32,6 +35,7 @@ from syncscope.model import (
     RunMeta,
     Window,
     compress_ranks,
+    missing_ranks,
 )
 from syncscope.model.flight import FlightDump, FlightEntry
 
@@ -55,6 +59,50 @@ class FlightResult:
     run: Run  # the dumps as a run of one incomplete window per rank
     findings: list[Finding]
     notes: tuple[str, ...]
+    missing: Finding | None = None  # ranks-missing: in ``findings`` too
+
+
+def _without_dump(
+    dumps: Sequence[FlightDump], members: dict[str, tuple[int, ...]], unreadable: Sequence[int]
+) -> tuple[list[int], int, int]:
+    """(the first ranks with no readable dump, how many, the job's size as the dumps tell
+    it): every group's members, the ranks whose dumps could not be read, and every rank
+    below the highest seen (ranks are numbered from 0)."""
+    dumped = {d.rank for d in dumps}
+    known = {r for m in members.values() for r in m} | dumped | set(unreadable)
+    world = max(known, default=-1) + 1
+    listed, count = missing_ranks(dumped, world)
+    return listed, count, world
+
+
+def _missing_finding(
+    dumps: Sequence[FlightDump], members: dict[str, tuple[int, ...]], unreadable: Sequence[int]
+) -> Finding | None:
+    listed, count, world = _without_dump(dumps, members, unreadable)
+    if not count:
+        return None
+    shown = compress_ranks(listed) + (", ..." if count > len(listed) else "")
+    bad = sorted(set(unreadable) - {d.rank for d in dumps})
+    return Finding(
+        kind="ranks-missing",
+        severity="warning",
+        cause="no-dump",
+        message=(
+            f"no readable Flight Recorder dump from {count} rank(s) of {world} ({shown}): "
+            "their collectives were not compared, so a desync or hang they are part of cannot "
+            "be seen (a hung rank often leaves no dump, or a cut-short one)"
+        ),
+        ranks=tuple(listed) if count == len(listed) else (),
+        windows=(),
+        evidence={
+            "source": "flight recorder",
+            "world_size": world,
+            "ranks_with_dump": len(dumps),
+            "ranks_without_dump": shown,
+            **({"unreadable_dumps": compress_ranks(bad)} if bad else {}),
+        },
+        cost={},
+    )
 
 
 def _is_backward(entry: FlightEntry) -> bool:
@@ -225,7 +273,9 @@ def _summary(
     )
 
 
-def _notes(dumps: Sequence[FlightDump], members: dict[str, tuple[int, ...]]) -> tuple[str, ...]:
+def _notes(
+    dumps: Sequence[FlightDump], members: dict[str, tuple[int, ...]], unreadable: Sequence[int]
+) -> tuple[str, ...]:
     notes = [NOT_SHOWN]
     if any(e.backend == "gloo" for d in dumps for e in d.entries):
         notes.append(GLOO_STATES)
@@ -243,12 +293,12 @@ def _notes(dumps: Sequence[FlightDump], members: dict[str, tuple[int, ...]]) -> 
             "Flight Recorder: the dumps hold no entries: the recorder was off "
             "(TORCH_FR_BUFFER_SIZE unset or 0 in the ranks) or no collective ran"
         )
-    dumped = {d.rank for d in dumps}
-    absent = sorted({r for m in members.values() for r in m} - dumped)
-    if absent:
+    absent, count, _ = _without_dump(dumps, members, unreadable)
+    if count:
+        more = ", ..." if count > len(absent) else ""
         notes.append(
-            f"Flight Recorder: no dump from rank(s) {compress_ranks(absent)}: they are left "
-            "out of every comparison"
+            f"Flight Recorder: no readable dump from rank(s) {compress_ranks(absent)}{more}: "
+            "they are left out of every comparison"
         )
     if any(len(d.entries) and min(e.collective_seq_id for e in d.entries) > 1 for d in dumps):
         notes.append(
@@ -258,9 +308,12 @@ def _notes(dumps: Sequence[FlightDump], members: dict[str, tuple[int, ...]]) -> 
     return tuple(notes)
 
 
-def analyze_dumps(dumps: Sequence[FlightDump], label: str = "") -> FlightResult:
+def analyze_dumps(
+    dumps: Sequence[FlightDump], label: str = "", unreadable: Sequence[int] = ()
+) -> FlightResult:
     """The findings the dumps support and a run made of them (one incomplete window per rank:
-    windows cannot be told from a dump)."""
+    windows cannot be told from a dump). ``unreadable``: the ranks whose dump files could not
+    be read (skipped): missing, as a rank with no file."""
     streams = group_streams(dumps)
     by_rank = {d.rank: d for d in dumps}
     members = {key[0]: key[1] for key in streams}
@@ -271,8 +324,11 @@ def analyze_dumps(dumps: Sequence[FlightDump], label: str = "") -> FlightResult:
         desync = first_desync(key, group)
         if desync is not None:
             findings.append(desync_finding(skipped_desync(desync, group), by_rank))
+    missing = _missing_finding(dumps, members, unreadable)
+    if missing is not None:
+        findings.append(missing)
     findings.append(_summary(dumps, streams))
-    notes = _notes(dumps, members)
+    notes = _notes(dumps, members, unreadable)
     world = max([len(m) for m in members.values()] + [max(by_rank, default=-1) + 1], default=1)
     meta = RunMeta(
         command=("flight-recorder", label) if label else ("flight-recorder",),
@@ -281,7 +337,7 @@ def analyze_dumps(dumps: Sequence[FlightDump], label: str = "") -> FlightResult:
         notes=notes,
     )
     run = Run(meta=meta, ranks=tuple(_rank_run(d, members) for d in dumps))
-    return FlightResult(run=run, findings=findings, notes=notes)
+    return FlightResult(run=run, findings=findings, notes=notes, missing=missing)
 
 
 def with_dump_notes(run: Run, result: FlightResult) -> Run:
@@ -290,10 +346,14 @@ def with_dump_notes(run: Run, result: FlightResult) -> Run:
     return dataclasses.replace(run, meta=dataclasses.replace(run.meta, notes=notes))
 
 
-def merge_findings(findings: list[Finding], result: FlightResult) -> list[Finding]:
+def merge_findings(
+    findings: list[Finding], result: FlightResult, live: bool = False
+) -> list[Finding]:
     """The run's findings with the dumps': a live run's ``hang`` (the launcher stopped it)
-    gains each rank's stuck collective and stack from the dumps and stays one finding."""
-    fr = list(result.findings)
+    gains each rank's stuck collective and stack from the dumps and stays one finding.
+    ``live``: the run's own events cover every rank, so ranks without a dump are a note
+    (``with_dump_notes``), not a ``ranks-missing``."""
+    fr = [f for f in result.findings if not (live and f is result.missing)]
     out: list[Finding] = []
     for f in findings:
         mismatch = next((x for x in fr if x.kind == "collective-mismatch"), None)

@@ -11,8 +11,12 @@ whatever else each rank did. The first sequence number where members differ is t
   ``skipped``: sizes agree but a rank's calls come from the *next* line the others called
   from, from ``s`` on, and it ends one collective short: it skipped the one at ``s``.
 - ``hang``: some members issued ``s`` and others never did (cause ``missing-rank``: the
-  culprits never issued it, the others wait in it), or every member started the last one and
-  none completed it (``stuck-in-collective``, where the backend records states: NCCL).
+  culprits never issued it, the others wait in it); where the backend records states (NCCL),
+  a trailing collective no member completed: every member started it
+  (``stuck-in-collective``), or some only scheduled it (``not-started``: the culprits).
+
+The work is linear in the entries whatever their sequence numbers (one entry numbered 10**12
+is one step).
 
 Point-to-point ops are listed, not matched.
 """
@@ -159,12 +163,12 @@ def first_desync(key: GroupKey, by_rank: dict[int, dict[int, list[FlightEntry]]]
     if len(dumped) < 2 or not used:
         return None
     lo = max(min(s) for s in used)  # the ring buffer may have dropped the start
-    hi = max(max(s) for s in used)
-    for seq in range(lo, hi + 1):
+    # the numbers some member holds, in order: the work is the entries', never the span's
+    # (one entry numbered 10**12 is one step, not 10**12)
+    seqs = sorted({seq for s in used for seq in s if seq >= lo})
+    for seq in seqs:
         at = {r: by_rank[r].get(seq) for r in dumped}
         present = {r: v for r, v in at.items() if v}
-        if not present:
-            continue
         missing = tuple(r for r in dumped if not at[r])
         if missing:
             return Desync(key, seq, "hang", "missing-rank", missing, at)
@@ -174,42 +178,63 @@ def first_desync(key: GroupKey, by_rank: dict[int, dict[int, list[FlightEntry]]]
             ref = next(r for r in dumped if r not in odd)
             cause = _cause(_signature(present[odd[0]]), _signature(present[ref]))
             return Desync(key, seq, "collective-mismatch", cause, odd, at)
-    return _stuck(key, by_rank, hi)
+    return _stuck(key, by_rank, seqs)
 
 
 def _stuck(
-    key: GroupKey, by_rank: dict[int, dict[int, list[FlightEntry]]], hi: int
+    key: GroupKey, by_rank: dict[int, dict[int, list[FlightEntry]]], seqs: list[int]
 ) -> Desync | None:
-    """Every member's last entry is ``hi``, started and none completed (NCCL records states)."""
-    at = {r: s.get(hi) for r, s in by_rank.items()}
-    states = {e.state for v in at.values() if v for e in v}
-    if len(at) >= 2 and all(at.values()) and states == {"started"}:
-        return Desync(key, hi, "hang", "stuck-in-collective", (), dict(at))
-    return None
+    """Where the backend records states (NCCL): the first of the trailing collectives no
+    member completed that some member started. Every member started it: ``stuck-in-collective``;
+    some only scheduled it (their stream never reached it): ``not-started``, those are the
+    culprits, the others wait in it. Every member holds each of ``seqs`` here."""
+    if len(by_rank) < 2:
+        return None
+    stuck = None
+    for seq in reversed(seqs):
+        states = {e.state for stream in by_rank.values() for e in stream[seq]}
+        if "completed" in states:
+            break
+        if "started" in states:
+            stuck = seq
+    if stuck is None:
+        return None
+    at = {r: s.get(stuck) for r, s in by_rank.items()}
+    waiting = tuple(
+        r for r, v in sorted(at.items()) if v and all(e.state == "scheduled" for e in v)
+    )
+    if waiting:
+        return Desync(key, stuck, "hang", "not-started", waiting, dict(at))
+    return Desync(key, stuck, "hang", "stuck-in-collective", (), dict(at))
 
 
 def skipped_desync(desync: Desync, by_rank: dict[int, dict[int, list[FlightEntry]]]) -> Desync:
     """A rank that skipped a collective of the same size as the next: its calls come from the
-    line the others call next, from some ``s`` before the desync (read from the stacks)."""
+    line the others call next, from some ``s`` before the desync (read from the stacks).
+    Linear in the entries: each culprit's last number that does not pair with the others'
+    next is found once."""
     if desync.cause != "missing-rank" or len(desync.culprits) >= len(by_rank):
         return desync
-    others = [r for r in sorted(by_rank) if r not in desync.culprits]
+    ref_rank = next(r for r in sorted(by_rank) if r not in desync.culprits)
     lo = max((min(s) for s in by_rank.values() if s), default=desync.seq)
+    seqs = sorted({s for stream in by_rank.values() for s in stream if lo <= s < desync.seq})
 
     def site(rank: int, seq: int) -> SourceLocation | None:
         entries = by_rank[rank].get(seq)
         return user_site(entries[0]) if entries else None
 
-    for seq in range(lo, desync.seq):
-        ref = site(others[0], seq)
+    # elsewhere (no entry at s, none at s + 1) a culprit's call and the next pair trivially
+    positions = sorted({*seqs, *(s - 1 for s in seqs if s - 1 >= lo)})
+    last_unpaired = {
+        c: max((s for s in positions if site(c, s) != site(ref_rank, s + 1)), default=lo - 1)
+        for c in desync.culprits
+    }
+    for seq in seqs:
+        ref = site(ref_rank, seq)
         if ref is None:
             continue
         diverged = [c for c in desync.culprits if site(c, seq) not in (None, ref)]
-        shifted = [
-            c
-            for c in diverged
-            if all(site(c, s) == site(others[0], s + 1) for s in range(seq, desync.seq))
-        ]
+        shifted = [c for c in diverged if last_unpaired[c] < seq]
         if shifted:
             at = {r: by_rank[r].get(seq) for r in sorted(by_rank)}
             return Desync(desync.key, seq, "collective-mismatch", "skipped", tuple(shifted), at)
@@ -304,6 +329,12 @@ def _message(desync: Desync, group: str, dumps: dict[int, FlightDump]) -> str:
         return (
             f"rank(s) {culprits} never issued collective #{desync.seq} of group {group}; "
             f"rank(s) {compress_ranks(others)} wait in it: {_what(desync, ref, dumps[ref])}"
+        )
+    if desync.cause == "not-started":
+        return (
+            f"rank(s) {culprits} scheduled collective #{desync.seq} of group {group} and never "
+            f"started it (their stream had not reached it); rank(s) {compress_ranks(others)} "
+            f"started it and wait in it, and no rank completed it: {_what(desync, ref, dumps[ref])}"
         )
     if desync.cause == "stuck-in-collective":
         return (

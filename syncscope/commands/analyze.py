@@ -124,9 +124,10 @@ def analyze(
         from syncscope.analysis.flight import merge_findings, with_dump_notes
         from syncscope.model import severity_rank
 
+        live = bool(rest) and run.meta.source == "live"
         if rest:
             run = with_dump_notes(run, flight)
-        findings = merge_findings(findings, flight)
+        findings = merge_findings(findings, flight, live=live)
         findings.sort(key=lambda f: severity_rank(f.severity))
     out_dir = out or new_folder(Path("syncscope-out") / f"analyze-{time.strftime('%Y%m%d-%H%M%S')}")
     return finish(run, findings, out_dir, fail_on, quiet, summary="text", where="reports in")
@@ -136,7 +137,7 @@ def _flight(
     dumps: Sequence[Path], paths: Sequence[Path | str], skip_bad: bool
 ) -> FlightResult | None:
     """What the torch Flight Recorder dumps among the inputs say (None: there are none).
-    ``skip_bad``: unreadable dumps are left out and named in the notes."""
+    ``skip_bad``: unreadable dumps are left out, named in the notes, and their ranks missing."""
     if not dumps:
         return None
     from syncscope.analysis.flight import analyze_dumps
@@ -144,10 +145,11 @@ def _flight(
     from syncscope.load.flight import read_dumps
 
     skipped: list[str] = []
-    read = read_dumps(dumps, skipped if skip_bad else None)
+    skipped_ranks: list[int] = []
+    read = read_dumps(dumps, skipped if skip_bad else None, skipped_ranks)
     if not read:
         raise SyncscopeError(f"no readable Flight Recorder dump ({'; '.join(skipped)})")
-    result = analyze_dumps(read, " ".join(str(p) for p in paths))
+    result = analyze_dumps(read, " ".join(str(p) for p in paths), skipped_ranks)
     notes = tuple(f"skipped (--skip-bad): {s}" for s in skipped)
     if notes:
         import dataclasses

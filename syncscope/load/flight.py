@@ -13,25 +13,36 @@ collective: ``process_group`` (name, desc), ``collective_seq_id``, ``p2p_seq_id`
 name (``fr_3``, ``nccl_trace_rank_3``, ``host-a_3.json``): a dump holds no rank of its own.
 
 This module reads the files into plain records; ``syncscope.analysis.flight`` aligns and
-diagnoses them. Pickles are loaded with an unpickler that refuses every class and function,
-so a file is read as data only (a dump holds dicts, lists, tuples, strings and numbers).
+diagnoses them. A file is a copy from a cluster, so every input is bounded
+(``syncscope.load.flight_decode`` for the bytes, ``flight_fields`` for the values): a file
+that breaks a bound is one ``BadDump`` line, never a traceback, and never a partial read:
+an entry that cannot be read refuses the whole dump rather than dropping the entry (a dropped
+entry would read as a collective the rank never issued).
 """
 
 from __future__ import annotations
 
-import functools
-import json
-import pickle
 import re
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from syncscope.errors import SyncscopeError
-from syncscope.model import normalize_op
+from syncscope.load.flight_decode import decode_json, decode_pickle
+from syncscope.load.flight_fields import (
+    MAX_RANK,
+    Bad,
+    Budget,
+    check_sequences,
+    read_entry,
+    read_groups,
+    read_status,
+)
 from syncscope.model.flight import FlightDump, FlightEntry, Frame
 
 __all__ = [
+    "MAX_DUMP_BYTES",
+    "BadDump",
     "FlightDump",
     "FlightEntry",
     "Frame",
@@ -41,17 +52,17 @@ __all__ = [
     "read_dumps",
 ]
 
-MAX_DUMP_BYTES = 2 * 1024**3  # a 20,000-entry buffer with stacks is tens of MB
+MAX_DUMP_BYTES = 256 * 1024**2  # a 20,000-entry buffer with stacks is 3 to 30 MB
 _RANK_IN_NAME = re.compile(r"(\d+)$")
+_SUFFIXES = (".json", ".pkl", ".pickle")
 
 
 class BadDump(SyncscopeError):
-    """A file that is not a readable Flight Recorder dump."""
+    """A file that is not a readable Flight Recorder dump (``rank``: the one its name says)."""
 
-
-class _DataOnly(pickle.Unpickler):
-    def find_class(self, module: str, name: str) -> Any:
-        raise pickle.UnpicklingError(f"refused to load {module}.{name}: a dump holds data only")
+    def __init__(self, message: str, rank: int | None = None) -> None:
+        super().__init__(message)
+        self.rank = rank
 
 
 _KINETO_KEYS = (b'"traceEvents"', b'"schemaVersion"', b'"distributedInfo"', b'"deviceProperties"')
@@ -75,16 +86,30 @@ def is_dump_file(path: Path) -> bool:
             head = fh.read(4096)
     except OSError:
         return False
-    return bool(_sniff(head)) and _rank_of(path) is not None
+    return bool(_sniff(head)) and _name_parts(path) is not None
 
 
-def _rank_of(path: Path) -> int | None:
-    name = path.name
-    for suffix in (".json", ".pkl", ".pickle"):
-        if name.endswith(suffix):
-            name = name[: -len(suffix)]
+def _name_parts(path: Path) -> tuple[str, str, str] | None:
+    """``fr_json_3.json`` -> ``("fr_json_", "3", ".json")``: (prefix, rank digits, suffix)."""
+    name, suffix = path.name, ""
+    for known in _SUFFIXES:
+        if name.endswith(known):
+            name, suffix = name[: -len(known)], known
     m = _RANK_IN_NAME.search(name)
-    return int(m.group(1)) if m else None
+    return (name[: m.start()], m.group(1), suffix) if m else None
+
+
+def _rank_of(path: Path) -> int:
+    parts = _name_parts(path)
+    if parts is None:
+        raise Bad("no rank at the end of the file name (torch names dumps PREFIX<rank>)")
+    digits = parts[1].lstrip("0") or "0"
+    if len(digits) > len(str(MAX_RANK)) or int(digits) > MAX_RANK:
+        raise Bad(
+            f"the rank in the file name ({len(digits)} digits) is beyond any job's "
+            f"(ranks go up to {MAX_RANK})"
+        )
+    return int(digits)
 
 
 def _host_of(path: Path) -> str:
@@ -97,188 +122,97 @@ def _host_of(path: Path) -> str:
     return rest[-1] if rest else ""
 
 
-def _load(path: Path) -> tuple[dict[str, Any], bool]:
-    """The dump's dict and whether it was a pickle."""
+def _load(path: Path) -> tuple[dict[str, Any], bool, int]:
+    """The dump's dict, whether it was a pickle, and its size in bytes."""
     try:
         size = path.stat().st_size
         if size > MAX_DUMP_BYTES:
-            raise BadDump(f"{path}: {size} bytes, over the {MAX_DUMP_BYTES} a dump may have")
+            raise Bad(f"{size} bytes, over the {MAX_DUMP_BYTES} a dump may have")
         data = path.read_bytes()
     except OSError as exc:
-        raise BadDump(f"{path}: cannot read ({exc.strerror or exc})") from None
+        raise Bad(f"cannot read ({exc.strerror or exc})") from None
+    if not data.strip():
+        raise Bad(f"empty ({len(data)} bytes): the rank's dump was not written")
     kind = _sniff(data[:4096])
+    if not kind:  # a file named like its job's other dumps, cut short or garbled
+        kind = "pickle" if data[:1] == b"\x80" else "json" if data.lstrip()[:1] == b"{" else ""
+    what = "pickle" if kind == "pickle" else "JSON"
     try:
-        if kind == "pickle":
-            import io
-
-            loaded = _DataOnly(io.BytesIO(data)).load()
-        elif kind == "json":
-            loaded = json.loads(data)
-        else:
-            raise BadDump(f"{path}: not a Flight Recorder dump (neither its pickle nor its JSON)")
-    except BadDump:
-        raise
-    except (pickle.UnpicklingError, EOFError, ValueError, TypeError, IndexError) as exc:
-        what = "pickle" if kind == "pickle" else "JSON"
-        raise BadDump(f"{path}: truncated or corrupt Flight Recorder {what} ({exc})") from None
+        if not kind:
+            raise Bad("not a Flight Recorder dump (neither its pickle nor its JSON)")
+        loaded = decode_pickle(data) if kind == "pickle" else decode_json(data)
+    except ValueError as exc:
+        raise Bad(f"truncated or corrupt Flight Recorder {what} ({exc})") from None
     if not isinstance(loaded, dict) or not isinstance(loaded.get("entries"), list):
-        raise BadDump(f"{path}: not a Flight Recorder dump (no 'entries' list)")
-    return loaded, kind == "pickle"
-
-
-def _ranks(value: object) -> tuple[int, ...]:
-    """A group's ranks: ``"[0, 1]"`` (the recorder's string), a list, or a dict's "ranks"."""
-    if isinstance(value, dict):
-        value = value.get("ranks", ())
-    if isinstance(value, str):
-        return _parse_ranks(value)
-    if isinstance(value, list | tuple) and all(isinstance(r, int) for r in value):
-        return tuple(int(r) for r in value)
-    return ()
-
-
-@functools.lru_cache(maxsize=64)
-def _parse_ranks(text: str) -> tuple[int, ...]:
-    """``"[0, 1, 2]"``, once per distinct string (every rank of a job repeats each group's)."""
-    try:
-        value = json.loads(text.strip() or "[]")
-    except ValueError:
-        import ast
-
-        try:
-            value = ast.literal_eval(text.strip())
-        except (ValueError, SyntaxError):
-            return ()
-    if isinstance(value, list) and all(isinstance(r, int) for r in value):
-        return tuple(value)
-    return ()
-
-
-def _groups(config: object) -> dict[str, tuple[str, tuple[int, ...]]]:
-    out: dict[str, tuple[str, tuple[int, ...]]] = {}
-    if not isinstance(config, dict):
-        return out
-    for key, value in config.items():
-        name = str(value.get("name", key)) if isinstance(value, dict) else str(key)
-        desc = str(value.get("desc", "")) if isinstance(value, dict) else ""
-        out[name] = (desc, _ranks(value))
-    return out
-
-
-def _sizes(value: object) -> tuple[tuple[int, ...], ...]:
-    if not isinstance(value, list | tuple):
-        return ()
-    return tuple(tuple(int(d) for d in s) for s in value if isinstance(s, list | tuple))
-
-
-def _int(value: object, default: int = 0) -> int:
-    if type(value) is int:  # the usual case, first: called ~20 times an entry
-        return value
-    if isinstance(value, str):  # the JSON variant writes pg_status's numbers as strings
-        text = value.strip()
-        return int(text) if text.lstrip("-").isdigit() else default
-    return int(value) if isinstance(value, int | float) and not isinstance(value, bool) else default
-
-
-def _opt_ns(value: object) -> int | None:
-    """A discovered-at time: None, or 0 in the JSON variant, when never seen."""
-    n = _int(value, 0)
-    return n or None
-
-
-_FRAMES: dict[object, object] = {}  # frames and stacks seen, shared: every rank repeats them
-
-
-def _frames(value: object) -> tuple[Frame, ...]:
-    if not isinstance(value, list):
-        return ()
-    if len(_FRAMES) > 1_000_000:
-        _FRAMES.clear()
-    out = []
-    for f in value:
-        if not isinstance(f, dict):
-            continue
-        key = (f.get("name"), f.get("filename"), f.get("line"))
-        frame = _FRAMES.get(key)
-        if frame is None:
-            frame = Frame(str(key[0] or ""), str(key[1] or ""), _int(key[2]))
-            _FRAMES[key] = frame
-        out.append(frame)
-    stack = tuple(out)
-    return _FRAMES.setdefault(stack, stack)  # type: ignore[return-value]
-
-
-def _entry(raw: dict[str, Any]) -> FlightEntry:
-    pg = raw.get("process_group") or ("", "")
-    pg_name, pg_desc = (str(pg[0]), str(pg[1])) if len(pg) >= 2 else (str(pg), "")
-    profiling = str(raw.get("profiling_name") or "")
-    backend, _, name = profiling.partition(":")
-    if not name:
-        backend, name = "", backend
-    base = name.split(" ", 1)[0]
-    seq = raw.get("collective_seq_id", raw.get("seq_id", 0))
-    duration = raw.get("duration_ms")
-    return FlightEntry(
-        record_id=_int(raw.get("record_id")),
-        pg_name=pg_name,
-        pg_desc=pg_desc,
-        pg_id=_int(raw.get("pg_id")),
-        collective_seq_id=_int(seq),
-        p2p_seq_id=_int(raw.get("p2p_seq_id")),
-        op_id=_int(raw.get("op_id")),
-        profiling_name=profiling,
-        backend=backend,
-        name=base,
-        op=normalize_op(base),
-        is_p2p=bool(raw.get("is_p2p", base in ("send", "recv"))),
-        input_sizes=_sizes(raw.get("input_sizes")),
-        input_dtypes=tuple(str(d) for d in raw.get("input_dtypes") or ()),
-        output_sizes=_sizes(raw.get("output_sizes")),
-        output_dtypes=tuple(str(d) for d in raw.get("output_dtypes") or ()),
-        state=str(raw.get("state") or "scheduled"),
-        time_created_ns=_int(raw.get("time_created_ns")),
-        time_started_ns=_opt_ns(raw.get("time_discovered_started_ns")),
-        time_completed_ns=_opt_ns(raw.get("time_discovered_completed_ns")),
-        duration_ms=float(duration) if isinstance(duration, int | float) else None,
-        retired=bool(raw.get("retired", False)),
-        timeout_ms=_int(raw.get("timeout_ms")) or None,
-        thread_name=str(raw.get("thread_name") or ""),
-        frames=_frames(raw.get("frames")),
-    )
+        raise Bad("not a Flight Recorder dump (no 'entries' list)")
+    return loaded, kind == "pickle", len(data)
 
 
 def read_dump(path: Path) -> FlightDump:
-    """One rank's dump; ``BadDump`` (one line) when it is not one or cannot be read."""
-    rank = _rank_of(path)
-    if rank is None:
-        raise BadDump(
-            f"{path}: no rank at the end of the file name (torch names dumps PREFIX<rank>)"
-        )
-    data, pickled = _load(path)
+    """One rank's dump; ``BadDump`` (one line) when it is not one, cannot be read, or breaks
+    a bound (docs/trace-analysis.md, "Bounds")."""
     try:
-        entries = tuple(_entry(e) for e in data.get("entries") or () if isinstance(e, dict))
-    except (TypeError, ValueError, AttributeError) as exc:
-        raise BadDump(f"{path}: malformed Flight Recorder entry ({exc})") from None
-    status = data.get("pg_status")
+        rank = _rank_of(path)
+    except Bad as exc:
+        raise BadDump(f"{path}: {exc}") from None
+    try:
+        data, pickled, size = _load(path)
+        budget = Budget(size)
+        raw_entries: list[Any] = data["entries"]
+        budget.take(len(raw_entries))
+        entries = tuple(read_entry(e, i, budget) for i, e in enumerate(raw_entries))
+        check_sequences(entries)
+        groups = read_groups(data.get("pg_config"), budget)
+        status = read_status(data.get("pg_status"), budget)
+        version = data.get("version", "")
+        if not isinstance(version, str | int | float) or len(str(version)) > 64:
+            raise Bad("'version' is not a format version")
+    except Bad as exc:
+        raise BadDump(f"{path}: {exc}", rank) from None
     return FlightDump(
         rank=rank,
         path=str(path),
-        version=str(data.get("version", "")),
-        groups=_groups(data.get("pg_config")),
-        status={
-            str(k): {str(a): _int(b, -1) for a, b in v.items()}
-            for k, v in (status.items() if isinstance(status, dict) else ())
-            if isinstance(v, dict)
-        },
+        version=str(version),
+        groups=groups,
+        status=status,
         entries=entries,
         has_frames=pickled and any(e.frames for e in entries),
         host=_host_of(path),
     )
 
 
+def _siblings(found: Sequence[Path], others: Iterable[Path]) -> list[Path]:
+    """The files among ``others`` named as the dumps in ``found`` are (the same folder,
+    prefix and suffix, another rank) but unreadable as dumps: the job's dumps that came out
+    empty, cut short or garbled. They are read (and refused, or skipped and named) rather
+    than passed over, so a rank's missing dump is never silent."""
+    patterns = set()
+    for p in found:
+        parts = _name_parts(p)
+        if parts is not None:
+            patterns.add((p.parent, parts[0], parts[2]))
+    out = []
+    for p in others:
+        parts = _name_parts(p)
+        named_so = parts is not None and (p.parent, parts[0], parts[2]) in patterns
+        if p not in found and named_so and not _is_kineto(p):  # a trace is still a trace
+            out.append(p)
+    return out
+
+
+def _is_kineto(path: Path) -> bool:
+    try:
+        with path.open("rb") as fh:
+            head = fh.read(4096).lstrip()
+    except OSError:
+        return False
+    return head[:1] == b"{" and any(k in head for k in _KINETO_KEYS)
+
+
 def find_dumps(paths: Iterable[Path]) -> list[Path]:
     """The dump files among ``paths`` and, for directories, in them (not recursing into a
-    syncscope run's other folders: a run keeps its dumps in ``flight/``)."""
+    syncscope run's other folders: a run keeps its dumps in ``flight/``), with the files named
+    like them that did not read as dumps (``_siblings``)."""
     found: list[Path] = []
     for path in paths:
         if path.is_dir():
@@ -286,16 +220,26 @@ def find_dumps(paths: Iterable[Path]) -> list[Path]:
             flight = path / "flight"
             if flight.is_dir():
                 candidates += sorted(p for p in flight.iterdir() if p.is_file())
-            found.extend(p for p in candidates if is_dump_file(p))
+            dumps = [p for p in candidates if is_dump_file(p)]
+            found.extend(sorted(dumps + _siblings(dumps, candidates)))
         elif path.is_file() and is_dump_file(path):
             found.append(path)
     return found
 
 
-def read_dumps(paths: Sequence[Path], skipped: list[str] | None = None) -> list[FlightDump]:
+def dumps_among(paths: Sequence[Path]) -> list[Path]:
+    """The files of ``paths`` that are dumps, or named as those are (``_siblings``)."""
+    dumps = [p for p in paths if is_dump_file(p)]
+    return [p for p in paths if p in dumps or p in _siblings(dumps, paths)]
+
+
+def read_dumps(
+    paths: Sequence[Path], skipped: list[str] | None = None, skipped_ranks: list[int] | None = None
+) -> list[FlightDump]:
     """Every rank's dump; one per rank (a rank dumped twice, pickle beside JSON, keeps the
     pickle: it has the stacks). With ``skipped``, an unreadable dump is listed there
-    (``path: why``) instead of raising."""
+    (``path: why``) instead of raising, and its rank (where its name has one) in
+    ``skipped_ranks``."""
     by_rank: dict[int, FlightDump] = {}
     for path in paths:
         try:
@@ -304,6 +248,8 @@ def read_dumps(paths: Sequence[Path], skipped: list[str] | None = None) -> list[
             if skipped is None:
                 raise
             skipped.append(str(exc))
+            if skipped_ranks is not None and exc.rank is not None:
+                skipped_ranks.append(exc.rank)
             continue
         old = by_rank.get(dump.rank)
         if old is None or (dump.has_frames and not old.has_frames):

@@ -84,17 +84,19 @@ def _trace_notes(run_dirs: Sequence[Path]) -> list[str]:
 
 def split_dumps(paths: Sequence[Path | str]) -> tuple[list[Path | str], list[Path]]:
     """(the other paths, the torch Flight Recorder dumps among them): a dump file given
-    alone, the dumps in a directory (a run directory's ``flight/`` too). A directory of dumps
+    alone (or named as the dumps given beside it are), the dumps in a directory (a run
+    directory's ``flight/`` too). A directory of dumps
     and Kineto traces gives its trace files; one of dumps only, nothing else."""
-    from syncscope.load.flight import find_dumps, is_dump_file
+    from syncscope.load.flight import dumps_among, find_dumps
     from syncscope.load.trace.read import is_trace_file
 
     rest: list[Path | str] = []
     dumps: list[Path] = []
+    given = set(dumps_among([p for p in paths if isinstance(p, Path) and p.is_file()]))
     for p in paths:
         if not isinstance(p, Path):
             rest.append(p)
-        elif p.is_file() and is_dump_file(p):
+        elif p in given:
             dumps.append(p)
         elif p.is_dir() and (found := find_dumps([p])):
             dumps.extend(found)
@@ -110,13 +112,16 @@ def split_dumps(paths: Sequence[Path | str]) -> tuple[list[Path | str], list[Pat
 
 def run_dumps(run_dirs: Sequence[Path]) -> tuple[list[FlightDump], str]:
     """The Flight Recorder dumps the ranks wrote into ``RUN/flight/`` on a hang (``syncscope
-    profile``) and, where they could not be read, why (a note: the run's own report stands)."""
+    profile``) and, for those that could not be read, why (a note: the run's own report
+    stands, with what the readable ones say)."""
     from syncscope.load.flight import find_dumps, read_dumps
 
     paths = find_dumps([d / "flight" for d in run_dirs if (d / "flight").is_dir()])
     if not paths:
         return [], ""
+    skipped: list[str] = []
     try:
-        return read_dumps(paths), ""
+        dumps = read_dumps(paths, skipped)
     except SyncscopeError as exc:
         return [], f"Flight Recorder dumps not read: {exc}"
+    return dumps, "; ".join(f"Flight Recorder dump not read: {s}" for s in skipped)

@@ -225,6 +225,10 @@ def load_run(path: Path | Sequence[Path]) -> Run:
                 continue
             if not events:
                 continue
+            if all(e.get("type") == DROPPED for e in events):  # garbage: no event, no rank
+                _note_dropped(events, file, stops)
+                stops.append(f"{file.name}: no readable event: the file is left out")
+                continue
             for number, event in enumerate(events, 1):
                 check_event(event, file, number)
             _note_dropped(events, file, stops)
@@ -239,7 +243,7 @@ def load_run(path: Path | Sequence[Path]) -> Run:
                         f"syncscope reads ({EVENTS_FORMAT_VERSION}); upgrade syncscope"
                     )
                 headers.append(events[0])
-            rank_run = rank_from_events(events)
+            rank_run = rank_from_events(events, _rank_in_name(file))
             stopped = stopped_reason(file)
             if stopped:
                 rank_run = dataclasses.replace(rank_run, exit_reason=f"capture stopped: {stopped}")
@@ -258,6 +262,12 @@ def load_run(path: Path | Sequence[Path]) -> Run:
     meta = _meta_from(meta_data, headers, meta_file or paths[0])
     meta = dataclasses.replace(meta, notes=(*meta.notes, *stops))
     return assemble(meta, ranks.values())
+
+
+def _rank_in_name(file: Path) -> int | None:
+    """``rank-00003.jsonl`` -> 3: the rank of a file whose header was lost."""
+    digits = file.name.removeprefix("rank-").removesuffix(".jsonl")
+    return int(digits) if digits.isdigit() and len(digits) <= 9 else None
 
 
 def _note_dropped(events: list[dict[str, Any]], file: Path, notes: list[str]) -> None:

@@ -296,3 +296,93 @@ def test_fsspec_globs_are_expanded(tmp_path: Path) -> None:
             cluster.url_files("memory://nowhere/*.json")
     finally:
         memory.rm("/syncscope-glob", recursive=True)
+
+
+class _Impostor:
+    """A loopback TCP service that is no Dask scheduler: ``banner`` (bytes it sends on
+    connect, as sshd does) or None (it reads and never answers, as an HTTP server waiting
+    for a request does). Stops within a fraction of a second of ``close``."""
+
+    def __init__(self, banner: bytes | None) -> None:
+        import socket
+        import threading
+
+        self.banner = banner
+        self.server = socket.create_server(("127.0.0.1", 0))
+        self.server.settimeout(0.1)
+        self.port = self.server.getsockname()[1]
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        held = []
+        while not self.stop.is_set():
+            try:
+                conn, _ = self.server.accept()
+            except TimeoutError:
+                continue
+            held.append(conn)
+            if self.banner is not None:
+                conn.sendall(self.banner)
+        for conn in held:
+            conn.close()
+
+    def close(self) -> None:
+        self.stop.set()
+        self.thread.join(timeout=5)
+        self.server.close()
+
+
+def _analyze_in_thread(args: list[str], limit_s: float) -> tuple[int | None, float]:
+    """``cli.main(args)`` in a thread: (its status, seconds), None when still running after
+    ``limit_s`` (the thread is a daemon: the test process does not wait for it)."""
+    import threading
+
+    status: list[int] = []
+    started = time.monotonic()
+    thread = threading.Thread(target=lambda: status.append(cli.main(args)), daemon=True)
+    thread.start()
+    thread.join(timeout=limit_s)
+    return (status[0] if status else None), time.monotonic() - started
+
+
+def test_a_port_that_says_nothing_is_no_scheduler_in_bounded_time(
+    tmp_path: Path, traces: Path, monkeypatch: pytest.MonkeyPatch, capsys: Any
+) -> None:
+    """Was: waited silently for ever at an HTTP port (the dashboard's)."""
+    from syncscope.load.trace import cluster
+
+    monkeypatch.setattr(cluster, "CONNECT_TIMEOUT_S", 1.0)
+    quiet = _Impostor(banner=None)
+    try:
+        address = f"tcp://127.0.0.1:{quiet.port}"
+        status, took = _analyze_in_thread(_analyze(tmp_path, address, str(traces)), 30)
+    finally:
+        quiet.close()
+    assert status == 2, f"still waiting after {took:.0f} s" if status is None else status
+    assert one_line(capsys.readouterr().err) == (
+        f"syncscope: error: {address}: not a Dask scheduler at {address}: it sent nothing "
+        "in 1 s (an HTTP port, such as the dashboard's?)"
+    )
+    assert took < 15
+    assert not (tmp_path / "out").exists()
+
+
+def test_a_service_that_speaks_first_is_no_scheduler(
+    tmp_path: Path, traces: Path, capsys: Any
+) -> None:
+    """Was: Dask read the banner's first 8 bytes as a length: "Unable to allocate 2.82 EiB",
+    a traceback, exit 1."""
+    sshd = _Impostor(banner=b"SSH-2.0-OpenSSH_9.6p1 Ubuntu-3ubuntu13.5\r\n")
+    try:
+        address = f"127.0.0.1:{sshd.port}"  # host:port, as a scheduler file may also hold it
+        status, took = _analyze_in_thread(_analyze(tmp_path, address, str(traces)), 30)
+    finally:
+        sshd.close()
+    assert status == 2
+    assert one_line(capsys.readouterr().err) == (
+        f"syncscope: error: {address}: not a Dask scheduler at {address}: it opened with "
+        "'SSH-2.0-OpenSSH_', not a Dask handshake"
+    )
+    assert took < 15

@@ -15,7 +15,11 @@ file, with the same bounds (nothing is copied to its disk).
 
 Nothing from Dask reaches the terminal: its loggers are silenced while the client runs, and a
 scheduler that cannot be reached, has no worker within ``worker_wait()`` seconds, or goes
-away mid-run is one ``SyncscopeError`` line.
+away mid-run is one ``SyncscopeError`` line. Before Dask connects to a ``tcp://`` address,
+``probe_scheduler`` checks that what listens there opens as a Dask scheduler does (its
+handshake, within ``CONNECT_TIMEOUT_S``): Dask itself waits for ever on a port that says
+nothing (an HTTP server: the dashboard's port) and sizes a buffer from the first 8 bytes of a
+service that speaks first (an SSH banner asked for 2.82 EiB).
 
 Dask is imported only here, and this module only with ``--scheduler``.
 """
@@ -27,6 +31,8 @@ import logging
 import math
 import os
 import re
+import socket
+import struct
 import time
 from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import CancelledError
@@ -38,6 +44,7 @@ from syncscope.errors import BadTrace, SyncscopeError
 from syncscope.files import NotRegularFile, read_regular
 from syncscope.load.trace.rankfile import RankResult, read_rank
 from syncscope.load.trace.read import is_trace_file
+from syncscope.text import visible
 
 CONNECT_TIMEOUT_S = 10.0
 RETRIES = 2  # a task whose read raised (a worker's disk, network) is tried this many more times
@@ -47,6 +54,8 @@ MAX_BATCH_FILES = 256
 WORKER_WAIT_S = 60.0  # a scheduler with no worker: how long to wait for one to join
 WORKER_WAIT_ENV = "SYNCSCOPE_DASK_WORKER_WAIT"  # seconds, instead of WORKER_WAIT_S
 SCHEDULER_FILE_MAX_BYTES = 1 << 20  # a scheduler file is an address and a few ids
+MAX_HANDSHAKE_BYTES = 1 << 20  # a scheduler's first message: ~60 bytes (its handshake)
+MAX_HANDSHAKE_FRAMES = 64
 _ADDRESS = re.compile(r"[A-Za-z0-9_.-]+:\d+|\[[0-9A-Fa-f:.]+\]:\d+")  # host:port, [v6]:port
 _URL_STAND_IN = Path("/syncscope-url")  # the path a URL's read names, replaced by the URL
 
@@ -197,6 +206,68 @@ def scheduler_address(scheduler: str) -> str:
     return address
 
 
+def _host_port(address: str) -> tuple[str, int] | None:
+    """``tcp://host:port``, ``host:port`` or ``[v6]:port`` -> (host, port); None for
+    another protocol (tls://, ws://, ucx://: not probed) or no port."""
+    scheme, _, loc = address.rpartition("://")
+    if scheme not in ("", "tcp"):
+        return None
+    host, _, port = loc.rpartition(":")
+    if not port.isdigit() or not host or int(port) > 65535:
+        return None
+    return host.strip("[]"), int(port)
+
+
+def _opening(sock: socket.socket, size: int, timeout: float) -> tuple[bytes, bool]:
+    """The first ``size`` bytes the peer sends within ``timeout`` seconds (fewer: it went
+    quiet, or closed: then True)."""
+    data = b""
+    deadline = time.monotonic() + timeout
+    while len(data) < size:
+        left = deadline - time.monotonic()
+        if left <= 0:
+            break
+        sock.settimeout(left)
+        try:
+            chunk = sock.recv(size - len(data))
+        except TimeoutError:
+            break
+        if not chunk:
+            return data, True
+        data += chunk
+    return data, False
+
+
+def probe_scheduler(address: str, scheduler: str, timeout: float | None = None) -> None:
+    """A ``SyncscopeError`` line unless what listens at ``address`` opens as a Dask
+    scheduler: on connect it sends its handshake, a message whose first 16 bytes are its
+    length and frame count (little-endian 64-bit), both small. A port that sends nothing
+    in ``timeout`` seconds, closes, or opens with anything else is no Dask scheduler; an
+    address that refuses the connection is left to Dask (it retries until its timeout)."""
+    where = _host_port(address)
+    if where is None:
+        return
+    wait = CONNECT_TIMEOUT_S if timeout is None else timeout
+    try:
+        with socket.create_connection(where, timeout=wait) as sock:
+            head, closed = _opening(sock, 16, wait)
+    except OSError:
+        return  # refused or unreachable: Dask says so, in its own words
+    nbytes, frames = struct.unpack("<QQ", head) if len(head) == 16 else (0, 0)
+    if 16 <= nbytes <= MAX_HANDSHAKE_BYTES and 1 <= frames <= MAX_HANDSHAKE_FRAMES:
+        return
+    if not head:
+        why = (
+            "it closed the connection without a word"
+            if closed
+            else f"it sent nothing in {wait:g} s (an HTTP port, such as the dashboard's?)"
+        )
+    else:
+        shown = head.decode("latin-1")
+        why = f"it opened with {visible(shown)!r}, not a Dask handshake"
+    raise SyncscopeError(f"{scheduler}: not a Dask scheduler at {address}: {why}")
+
+
 @contextmanager
 def _quiet() -> Iterator[None]:
     """No log record (Dask's, tornado's, asyncio's tracebacks of a lost connection) reaches
@@ -237,6 +308,7 @@ def _client(scheduler: str, stack: ExitStack) -> Any:
             client = distributed.Client(cluster, timeout=CONNECT_TIMEOUT_S)
         else:
             address = scheduler_address(scheduler)
+            probe_scheduler(address, scheduler)
             client = distributed.Client(address, timeout=CONNECT_TIMEOUT_S)
     except (OSError, TimeoutError, ValueError) as exc:
         raise SyncscopeError(
