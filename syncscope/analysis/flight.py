@@ -12,6 +12,7 @@ run (whose own events cover every rank).
 from __future__ import annotations
 
 import dataclasses
+import itertools
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -35,7 +36,8 @@ from syncscope.model import (
     RunMeta,
     Window,
     compress_ranks,
-    missing_ranks,
+    missing_rank_runs,
+    missing_ranks_text,
 )
 from syncscope.model.flight import FlightDump, FlightEntry
 
@@ -62,6 +64,9 @@ class FlightResult:
     missing: Finding | None = None  # ranks-missing: in ``findings`` too
 
 
+LISTED_MISSING = 64  # the ranks without a dump a finding lists one by one
+
+
 def _without_dump(
     dumps: Sequence[FlightDump], members: dict[str, tuple[int, ...]], unreadable: Sequence[int]
 ) -> tuple[list[int], int, int]:
@@ -71,7 +76,9 @@ def _without_dump(
     dumped = {d.rank for d in dumps}
     known = {r for m in members.values() for r in m} | dumped | set(unreadable)
     world = max(known, default=-1) + 1
-    listed, count = missing_ranks(dumped, world)
+    runs, count = missing_rank_runs(dumped, world)
+    every = (r for first, last in runs for r in range(first, last + 1))
+    listed = list(itertools.islice(every, LISTED_MISSING))  # bounded: a world may say 10**12
     return listed, count, world
 
 
@@ -81,7 +88,7 @@ def _missing_finding(
     listed, count, world = _without_dump(dumps, members, unreadable)
     if not count:
         return None
-    shown = compress_ranks(listed) + (", ..." if count > len(listed) else "")
+    shown, _ = missing_ranks_text({d.rank for d in dumps}, world)
     bad = sorted(set(unreadable) - {d.rank for d in dumps})
     return Finding(
         kind="ranks-missing",
