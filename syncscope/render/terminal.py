@@ -28,6 +28,7 @@ from syncscope.model import (
     verdict_of,
 )
 from syncscope.model.figures import median
+from syncscope.model.per_model import ddp_models
 from syncscope.render.summary import (
     frameworks_of,
     headline,
@@ -96,9 +97,21 @@ def _rank_signature(rank: RankRun, apart: frozenset[int]) -> tuple[tuple[object,
     return tuple(_shape(w, apart) for w in rank.windows)
 
 
+def _expected_title(run: Run) -> str:
+    """What one window should hold: one grad sync, or one per model where a rank steps
+    several DDP models (each judged on its own)."""
+    models = max((len(ddp_models(rank)) for rank in run.ranks), default=0)
+    if models >= 2:
+        return (
+            f"Gradient syncs per window (expected: 1 per model, {models} models, "
+            "each on its last micro-batch)"
+        )
+    return "Gradient syncs per window (expected: 1, on the last micro-batch)"
+
+
 def window_table(run: Run) -> Table:
     table = Table(
-        title="Gradient syncs per window (expected: 1, on the last micro-batch)",
+        title=_expected_title(run),
         title_justify="left",
         expand=False,
     )

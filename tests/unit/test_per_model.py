@@ -72,3 +72,10 @@ def test_one_model_has_one_view_the_window_itself() -> None:
     window = run.ranks[0].windows[0]
     assert model_views(run.ranks[0], window) == [("", window)]
     assert "models" not in window_dict(window, run.ranks[0])
+
+
+def test_the_terminal_table_expects_one_sync_per_model() -> None:
+    from syncscope.render.terminal import render_text
+
+    run = run_of(_gan_rank(0), _gan_rank(1))
+    assert "expected: 1 per model, 2 models, each on its last micro-batch" in render_text(run, [])
