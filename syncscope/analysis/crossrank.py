@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from syncscope.analysis import reductions
@@ -16,6 +16,7 @@ from syncscope.model import (
     PendingCollective,
     RankRun,
     Run,
+    SourceLocation,
     Window,
     compress_ranks,
     rank_failed,
@@ -161,6 +162,32 @@ class _Mismatch:
     at: dict[int, Entry | None]
     seqs: dict[int, list[Entry]]
     members: tuple[int, ...]  # the group's ranks in the run
+    sites: dict[int, SourceLocation] = field(default_factory=dict)  # each rank's call there
+
+
+def _sites_at(run: Run, key: GroupKey, position: int, ranks: list[int]) -> dict[int, Any]:
+    """The call site of the ``position``-th collective of group ``key`` (as ``_streams``
+    counts it over a live run) on each of ``ranks``, where the rank recorded one."""
+    found: dict[int, Any] = {}
+    by_rank = {r.rank: r for r in run.ranks}
+    for rank in ranks:
+        count = 0
+        run_of = by_rank.get(rank)
+        collectives = (c for w in run_of.windows for c in w.collectives) if run_of else ()
+        for c in collectives:
+            if c.op in ("send", "recv", "other") or _key_of(c) != key:
+                continue
+            if count == position:
+                if c.site is not None:
+                    found[rank] = c.site
+                break
+            count += 1
+    return found
+
+
+def _key_of(c: Any) -> GroupKey:
+    ranks = c.group_ranks
+    return (c.group_name, ranks) if ranks is not None else c.group_name or "default"
 
 
 EVIDENCE_RANKS = 16  # rows of a mismatch's evidence, beyond the ranks that differ
@@ -193,7 +220,8 @@ def _mismatch_finding(m: _Mismatch, windows_compared: int) -> Finding:
         evidence["window"] = m.window
     evidence["position"] = m.position
     shown = _evidence_ranks(ref, odd, m.at)
-    evidence["per_rank"] = {str(r): _describe(m.at[r]) for r in shown}
+    at = {r: f" at {m.sites[r]}" if r in m.sites else "" for r in m.at}
+    evidence["per_rank"] = {str(r): _describe(m.at[r]) + at[r] for r in shown}
     evidence["counts"] = {str(r): len(m.seqs[r]) for r in shown if r in m.seqs}
     if m.window is not None:
         evidence["windows_compared"] = windows_compared
@@ -202,14 +230,16 @@ def _mismatch_finding(m: _Mismatch, windows_compared: int) -> Finding:
         severity="error",
         cause=cause,
         message=f"ranks issued different collectives on group [{m.group}]{where} at position "
-        f"{m.position}: rank {ref} issued {_describe(m.at[ref])}, rank(s) "
-        f"{compress_ranks(odd)} issued {_describe(m.at[odd[0]])}; the precursor of a hang",
+        f"{m.position}: rank {ref} issued {_describe(m.at[ref])}{at[ref]}, rank(s) "
+        f"{compress_ranks(odd)} issued {_describe(m.at[odd[0]])}{at[odd[0]]}; the precursor "
+        "of a hang",
         # a live run names every member (all of them hang); a trace, which sees a span of
         # the job, the lowest member and those that differ from it
         ranks=m.members if m.window is None else (ref, *odd),
         windows=() if m.window is None else (m.window,),
         evidence=evidence,
         cost={},
+        sites=tuple((f"rank {r}", m.sites[r]) for r in (ref, *odd[:1]) if r in m.sites),
         fix=SNIPPETS["same-sequence"],
     )
 
@@ -248,7 +278,12 @@ def collective_mismatch(run: Run) -> list[Finding]:
             found = _first_difference(seqs, stopped)
             if found is not None:
                 window = segment if per_window else None
-                mismatch = _Mismatch(group, window, found[0], found[1], seqs, tuple(members))
+                ref = min(found[1])
+                odd = [
+                    r for r in sorted(found[1]) if _agreed(found[1][r]) != _agreed(found[1][ref])
+                ]
+                sites = {} if per_window else _sites_at(run, key, found[0], [ref, *odd[:1]])
+                mismatch = _Mismatch(group, window, found[0], found[1], seqs, tuple(members), sites)
                 findings.append(_mismatch_finding(mismatch, len(segments)))
                 break
     return findings
