@@ -13,7 +13,6 @@ from syncscope.analysis import reductions
 from syncscope.analysis.advice import SNIPPETS
 from syncscope.model import (
     Finding,
-    PendingCollective,
     RankRun,
     Run,
     SourceLocation,
@@ -218,7 +217,7 @@ def _mismatch_finding(m: _Mismatch, windows_compared: int) -> Finding:
     evidence: dict[str, object] = {"group": m.group}
     if m.window is not None:
         evidence["window"] = m.window
-    evidence["position"] = m.position
+    evidence["collective"] = m.position + 1  # counted from 1, as the hang and the recorder
     shown = _evidence_ranks(ref, odd, m.at)
     at = {r: f" at {m.sites[r]}" if r in m.sites else "" for r in m.at}
     evidence["per_rank"] = {str(r): _describe(m.at[r]) + at[r] for r in shown}
@@ -229,8 +228,8 @@ def _mismatch_finding(m: _Mismatch, windows_compared: int) -> Finding:
         kind="collective-mismatch",
         severity="error",
         cause=cause,
-        message=f"ranks issued different collectives on group [{m.group}]{where} at position "
-        f"{m.position}: rank {ref} issued {_describe(m.at[ref])}{at[ref]}, rank(s) "
+        message=f"ranks issued different collectives on group [{m.group}]{where} at collective "
+        f"#{m.position + 1}: rank {ref} issued {_describe(m.at[ref])}{at[ref]}, rank(s) "
         f"{compress_ranks(odd)} issued {_describe(m.at[odd[0]])}{at[odd[0]]}; the precursor "
         "of a hang",
         # a live run names every member (all of them hang); a trace, which sees a span of
@@ -295,151 +294,6 @@ def _shared_members(streams: dict[GroupKey, Any]) -> set[tuple[int, ...]]:
     return {ranks for ranks, n in seen.items() if n > 1}
 
 
-def _pending_text(p: PendingCollective | None) -> str:
-    if p is None:
-        return "none"
-    return (
-        f"{p.op} #{p.seq} ({p.bytes} bytes) in window {p.window}, "
-        f"micro-batch {p.micro_batch}, {p.phase}"
-    )
-
-
-RELEASED_BY_STOP_NS = 1_000_000_000  # done this close to the exit record of a hung job
-
-
-def _released_by_stop(r: RankRun) -> tuple[PendingCollective | None, PendingCollective | None]:
-    """(blocked, last completed) of a rank stopped in a hang.
-
-    Stopping a hung job ends its collectives with an error, which capture then sees as
-    completed just before the exit record: such a collective is what the rank was blocked
-    in, and the last completed one is the one before it.
-    """
-    blocked = r.pending[-1] if r.pending else None
-    last = r.last_completed
-    if blocked is not None or last is None or not r.finished:
-        return blocked, last
-    done: dict[int, tuple[int, PendingCollective]] = {}
-    for w in r.windows:
-        for c in w.collectives:
-            if c.done_ns is not None:
-                done[c.seq] = (
-                    c.done_ns,
-                    PendingCollective(
-                        c.seq, c.op, c.bytes, c.group_ranks, c.start_ns, w.index,
-                        c.micro_batch, c.phase,
-                    ),
-                )  # fmt: skip
-    entry = done.get(last.seq)
-    if entry is None or r.last_event_ns - entry[0] > RELEASED_BY_STOP_NS:
-        return blocked, last
-    earlier = [
-        v for k, v in done.items() if k != last.seq and v[0] < entry[0] - RELEASED_BY_STOP_NS
-    ]
-    previous = max(earlier, key=lambda v: v[0])[1] if earlier else None
-    return last, previous
-
-
-def hang(run: Run) -> list[Finding]:
-    if not run.meta.hung:
-        return []
-    timeout = run.meta.hang_timeout_s
-    if run.meta.hang_start_up:
-        return [_start_up_hang(run)]
-    per_rank = {}
-    for r in run.ranks:
-        blocked, last_completed = _released_by_stop(r)
-        per_rank[str(r.rank)] = {
-            "last_completed": _pending_text(last_completed),
-            "blocked_in": _pending_text(blocked)
-            if blocked
-            else ("exited" if r.finished else "no collective in flight"),
-        }
-    evidence: dict[str, object] = {"per_rank": per_rank}
-    if run.meta.main_threads:  # what each rank's main thread did when it was stopped
-        evidence["main_threads"] = dict(run.meta.main_threads)
-    return [
-        Finding(
-            kind="hang",
-            severity="error",
-            cause="no-progress",
-            message=f"no progress for {timeout:g} s: syncscope stopped the job",
-            ranks=tuple(r.rank for r in run.ranks),
-            windows=(),
-            evidence=evidence,
-            cost={"hang_timeout_s": timeout or 0},
-            fix=SNIPPETS["same-sequence"],
-        )
-    ]
-
-
-def _start_up_hang(run: Run) -> Finding:
-    """No rank had its process group when the job was stopped: it never started."""
-    threads = run.meta.main_threads
-    timeout = run.meta.hang_timeout_s or 0
-    shown = sorted(threads.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0)
-    said = "; ".join(f"rank {rank} {text}" for rank, text in shown[:4])
-    more = f"; and {len(shown) - 4} more" if len(shown) > 4 else ""
-    return Finding(
-        kind="hang",
-        severity="error",
-        cause="start-up",
-        message=f"the job never reached its process group: no progress for {timeout:g} s "
-        f"before any rank had one, and syncscope stopped the job: {said}{more}",
-        ranks=tuple(r.rank for r in run.ranks) or tuple(int(k) for k, _ in shown if k.isdigit()),
-        windows=(),
-        evidence={"per_rank": dict(shown)},
-        cost={"hang_timeout_s": timeout},
-        fix=SNIPPETS["start-up"],
-    )
-
-
-WAIT_EPISODES_SHOWN = 16
-
-
-def _wait_evidence(waiting: list[int], waits: list[dict[str, Any]]) -> dict[str, object]:
-    evidence: dict[str, object] = {"waiting_ranks": waiting, "waits": waits[:WAIT_EPISODES_SHOWN]}
-    if len(waits) > WAIT_EPISODES_SHOWN:
-        evidence["waits_not_shown"] = len(waits) - WAIT_EPISODES_SHOWN
-    return evidence
-
-
-def waited_for_rank(run: Run) -> list[Finding]:
-    """Ranks that waited in torch.distributed while another rank computed, as
-    ``syncscope profile``'s monitor saw them (meta.json ``waits``): not a hang, a cost."""
-    by_culprit: dict[tuple[int, ...], list[dict[str, Any]]] = defaultdict(list)
-    for wait in run.meta.waits:
-        entry: dict[str, Any] = dict(wait)
-        by_culprit[tuple(entry["for"])].append(entry)
-    findings = []
-    for culprits, waits in sorted(by_culprit.items()):
-        longest = max(waits, key=lambda w: float(w["seconds"]))
-        waiting = sorted({int(w["rank"]) for w in waits})
-        total = round(sum(float(w["seconds"]) for w in waits), 1)
-        running = longest.get("running", {})
-        doing = "; ".join(f"rank {r} running at {at}" for r, at in list(running.items())[:4])
-        message = (
-            f"rank(s) {compress_ranks(waiting)} waited up to {float(longest['seconds']):g} s "
-            f"for rank(s) {compress_ranks(culprits)} ({doing}); rank {longest['rank']} "
-            f"{longest.get('waiting', '')}"
-        )
-        if len(waits) > 1:
-            message += f"; {len(waits)} waits, {total:g} s in all"
-        findings.append(
-            Finding(
-                kind="waited-for-rank",
-                severity="info",
-                cause="rank-computing",
-                message=message,
-                ranks=tuple(culprits),
-                windows=(),
-                evidence=_wait_evidence(waiting, waits),
-                cost={"waited_s": total, "longest_wait_s": float(longest["seconds"])},
-                fix=SNIPPETS["balance-ranks"],
-            )
-        )
-    return findings
-
-
 def _window_words(r: RankRun) -> tuple[Window | None, int]:
     """The window the rank was in when it stopped (None: between windows) and its index."""
     if r.windows and not r.windows[-1].complete:
@@ -465,7 +319,7 @@ def last_seen(r: RankRun) -> str:
         where = "before the first micro-batch"
     if r.pending:
         p = r.pending[-1]
-        where += f", blocked in {p.op} #{p.seq}"
+        where += f", blocked in {p.op} #{p.seq + 1}"
     return where
 
 
@@ -486,6 +340,24 @@ def _stopped_by_others(r: RankRun) -> bool:
         and r.exit_reason.startswith("killed by signal")
         and r.exit_status in launcher_signals
     )
+
+
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def _left_early(run: Run, first: RankRun) -> list[int]:
+    """Ranks that ended their script normally before ``first`` failed on a broken connection
+    to a peer (gloo's "Connection closed by peer"): the peers it waited for had left."""
+    if not any(text in first.exit_reason for text in PEER_GONE):
+        return []
+    return [
+        r.rank
+        for r in run.ranks
+        if r is not first
+        and r.finished
+        and r.exit_status == 0
+        and r.last_event_ns <= (first.last_event_ns or 0)
+    ]
 
 
 def run_failed(run: Run) -> list[Finding]:
@@ -515,6 +387,12 @@ def run_failed(run: Run) -> list[Finding]:
         )
     if others:
         message += f"; rank(s) {compress_ranks(others)} were then stopped by the launcher"
+    left = _left_early(run, first)
+    if left:
+        message += (
+            f"; rank(s) {compress_ranks(left)} had ended the script (exit status 0) while it "
+            "still waited for them in a collective: they left early"
+        )
     per_rank = {
         str(r.rank): f"{_how(r)}; last seen {last_seen(r)}"
         for r in sorted(failed, key=lambda r: r.rank)[:16]
@@ -527,6 +405,8 @@ def run_failed(run: Run) -> list[Finding]:
         else "exit-status"
     )
     fix = None
+    if left:
+        cause, fix = "left-early", SNIPPETS["same-sequence"]
     if reductions.static_graph_failure(first):
         cause, fix = reductions.STATIC_FAILED_CAUSE, reductions.SNIPPETS["static-graph"]
         message += (
@@ -539,9 +419,10 @@ def run_failed(run: Run) -> list[Finding]:
             severity="error",
             cause=cause,
             message=message,
-            ranks=tuple(r.rank for r in own),
+            ranks=tuple(left) or tuple(r.rank for r in own),
             windows=(),
             evidence={
+                **({"left_early": left} if left else {}),
                 "first_failed_rank": first.rank,
                 "exit_status": first.exit_status if first.finished else None,
                 "exit_reason": first.exit_reason,

@@ -372,7 +372,7 @@ def test_the_heartbeat_writes_its_beat_and_a_forked_child_writes_none(tmp_path: 
 
 
 def test_the_report_names_waits_and_start_up_hangs(tmp_path: Path) -> None:
-    from syncscope.analysis.crossrank import hang, waited_for_rank
+    from syncscope.analysis.hangs import hang, waited_for_rank
     from syncscope.load.runs import load_run
 
     waits = [
