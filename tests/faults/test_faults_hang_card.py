@@ -10,7 +10,8 @@ rank that stopped the job named, advice that fits; report.html shows the termina
   what it waits on (no ``break``);
 - a rank that ended its script early (exit status 0) while the other waits in a collective
   (which gloo then ends with "Connection closed by peer"): the run-failed card names the rank
-  that left, not the one that waited."""
+  that left, not the one that waited;
+- a script failing at import: run-failed only, not also no-process-group."""
 
 from __future__ import annotations
 
@@ -141,3 +142,12 @@ def test_report_html_shows_source_paths_as_the_terminal_does(
     assert site_text(site) == "src/train.py:57"
     assert "<code>src/train.py:57</code>" in page
     assert str(tmp_path) not in page.split('class="sources"', 1)[1].split("</ul>", 1)[0]
+
+
+@pytest.mark.slow
+def test_a_script_failing_at_import_is_a_failed_run_only(tmp_path: Path) -> None:
+    source = "import torch\nraise ImportError('no module named dataset_utils')\n"
+    done, out = profile_script(tmp_path, "train.py", source, "--hang-timeout", "30")
+    assert done.returncode == 1, done.stderr[-3000:]
+    kinds = [f["kind"] for f in _findings(out)]
+    assert kinds == ["run-failed"], kinds  # not also "no process group: independent copies"
