@@ -184,6 +184,10 @@ def _sites_at(run: Run, key: GroupKey, position: int, ranks: list[int]) -> dict[
     return found
 
 
+def _short(site: SourceLocation) -> str:
+    return f"{site.file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{site.line}"
+
+
 def _key_of(c: Any) -> GroupKey:
     ranks = c.group_ranks
     return (c.group_name, ranks) if ranks is not None else c.group_name or "default"
@@ -219,7 +223,8 @@ def _mismatch_finding(m: _Mismatch, windows_compared: int) -> Finding:
         evidence["window"] = m.window
     evidence["collective"] = m.position + 1  # counted from 1, as the hang and the recorder
     shown = _evidence_ranks(ref, odd, m.at)
-    at = {r: f" at {m.sites[r]}" if r in m.sites else "" for r in m.at}
+    # the file's name and line (the sources hold the whole path, shown as the terminal does)
+    at = {r: f" at {_short(m.sites[r])}" if r in m.sites else "" for r in m.at}
     evidence["per_rank"] = {str(r): _describe(m.at[r]) + at[r] for r in shown}
     evidence["counts"] = {str(r): len(m.seqs[r]) for r in shown if r in m.seqs}
     if m.window is not None:
