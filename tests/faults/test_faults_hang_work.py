@@ -134,7 +134,9 @@ def _beat(run_dir: Path, rank: int, **fields: Any) -> None:
     path = run_dir / "beats" / f"rank-{rank:05d}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     beat = {"pid": 1000 + rank, "rank": rank, "state": "running", "where": "t.py:1", "call": ""}
-    path.write_bytes(orjson.dumps({**beat, "pg": True, **fields}))
+    partial = path.with_name(f".{path.name}.partial")  # whole, then renamed: as the ranks do
+    partial.write_bytes(orjson.dumps({**beat, "pg": True, **fields}))
+    partial.replace(path)
 
 
 def test_a_rank_whose_handed_off_work_computes_is_progressing(tmp_path: Path) -> None:
