@@ -2,8 +2,10 @@
 
 Two ranks issue all-reduces of different sizes: gloo aborts one process (SIGABRT, exit 134)
 within milliseconds. The aborted rank's last collective is in its file (a blocking
-collective's record is written before the call returns), so the report names both
-collectives and the line of each, beside the failure."""
+collective's record is written as soon as its call returns, before the wait), so the report
+names both collectives and the line of each, beside the failure. (An abort inside the call
+itself, before it returns, still loses that one record: rank 1 issues 10 ms after rank 0
+here, as two ranks a few milliseconds apart do.)"""
 
 from __future__ import annotations
 
@@ -18,11 +20,14 @@ from tests.helpers.hostile import profile_script
 
 SIZES_DIFFER = textwrap.dedent(
     """
+    import time
     import torch, torch.distributed as dist
 
     dist.init_process_group("gloo")
     rank = dist.get_rank()
     dist.all_reduce(torch.ones(4))
+    if rank == 1:
+        time.sleep(0.01)  # rank 0's call returns first; gloo aborts it 10 ms later
     if rank == 0:
         dist.all_reduce(torch.ones(3))
     else:
@@ -51,9 +56,9 @@ def test_a_mismatch_that_aborts_gloo_names_both_collectives_and_their_lines(
     (mismatch,) = [f for f in report["findings"] if f["kind"] == "collective-mismatch"]
     assert mismatch["cause"] == "size"
     assert "rank 0 issued all_reduce of 12 bytes at " in mismatch["message"]
-    assert "train.py:8" in mismatch["message"] and "train.py:10" in mismatch["message"]
+    assert "train.py:11" in mismatch["message"] and "train.py:13" in mismatch["message"]
     assert [(site["role"], site["line"]) for site in mismatch["sources"]] == [
-        ("rank 0", 8),
-        ("rank 1", 10),
+        ("rank 0", 11),
+        ("rank 1", 13),
     ]
     assert any(f["kind"] == "run-failed" for f in report["findings"])
