@@ -129,6 +129,16 @@ dist.all_reduce(stop, op=dist.ReduceOp.MAX)
 if stop.item():
     break""",
     ),
+    "stuck-rank": Fix(
+        "stuck-rank",
+        "The other ranks wait for this rank in a collective while it is stuck outside "
+        "communication: find what it waits on at that line (a lock, a queue, a file, a child "
+        "process, a sleep); py-spy dump --pid PID shows every thread's stack.",
+        """# see where a stuck rank's threads are, without stopping it
+#   py-spy dump --pid PID
+# and bound what it waits on, so a stall fails loudly instead of hanging the job
+item = work_queue.get(timeout=600)""",
+    ),
     "start-up": Fix(
         "start-up",
         "Every rank must reach init_process_group with the launcher's RANK, WORLD_SIZE, "

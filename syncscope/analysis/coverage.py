@@ -141,6 +141,8 @@ def no_process_group(run: Run) -> list[Finding]:
         return []
     if any(r.dist_initialized for r in run.ranks):
         return []
+    if any(rank_failed(r) and not r.windows for r in run.ranks):
+        return []  # it failed before it could reach one (at import): run-failed says so
     n = len(run.ranks)
     return [
         Finding(

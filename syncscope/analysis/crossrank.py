@@ -6,16 +6,16 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from syncscope.analysis import reductions
 from syncscope.analysis.advice import SNIPPETS
 from syncscope.model import (
     Finding,
-    PendingCollective,
     RankRun,
     Run,
+    SourceLocation,
     Window,
     compress_ranks,
     rank_failed,
@@ -161,6 +161,36 @@ class _Mismatch:
     at: dict[int, Entry | None]
     seqs: dict[int, list[Entry]]
     members: tuple[int, ...]  # the group's ranks in the run
+    sites: dict[int, SourceLocation] = field(default_factory=dict)  # each rank's call there
+
+
+def _sites_at(run: Run, key: GroupKey, position: int, ranks: list[int]) -> dict[int, Any]:
+    """The call site of the ``position``-th collective of group ``key`` (as ``_streams``
+    counts it over a live run) on each of ``ranks``, where the rank recorded one."""
+    found: dict[int, Any] = {}
+    by_rank = {r.rank: r for r in run.ranks}
+    for rank in ranks:
+        count = 0
+        run_of = by_rank.get(rank)
+        collectives = (c for w in run_of.windows for c in w.collectives) if run_of else ()
+        for c in collectives:
+            if c.op in ("send", "recv", "other") or _key_of(c) != key:
+                continue
+            if count == position:
+                if c.site is not None:
+                    found[rank] = c.site
+                break
+            count += 1
+    return found
+
+
+def _short(site: SourceLocation) -> str:
+    return f"{site.file.replace(chr(92), '/').rsplit('/', 1)[-1]}:{site.line}"
+
+
+def _key_of(c: Any) -> GroupKey:
+    ranks = c.group_ranks
+    return (c.group_name, ranks) if ranks is not None else c.group_name or "default"
 
 
 EVIDENCE_RANKS = 16  # rows of a mismatch's evidence, beyond the ranks that differ
@@ -191,9 +221,11 @@ def _mismatch_finding(m: _Mismatch, windows_compared: int) -> Finding:
     evidence: dict[str, object] = {"group": m.group}
     if m.window is not None:
         evidence["window"] = m.window
-    evidence["position"] = m.position
+    evidence["collective"] = m.position + 1  # counted from 1, as the hang and the recorder
     shown = _evidence_ranks(ref, odd, m.at)
-    evidence["per_rank"] = {str(r): _describe(m.at[r]) for r in shown}
+    # the file's name and line (the sources hold the whole path, shown as the terminal does)
+    at = {r: f" at {_short(m.sites[r])}" if r in m.sites else "" for r in m.at}
+    evidence["per_rank"] = {str(r): _describe(m.at[r]) + at[r] for r in shown}
     evidence["counts"] = {str(r): len(m.seqs[r]) for r in shown if r in m.seqs}
     if m.window is not None:
         evidence["windows_compared"] = windows_compared
@@ -201,15 +233,17 @@ def _mismatch_finding(m: _Mismatch, windows_compared: int) -> Finding:
         kind="collective-mismatch",
         severity="error",
         cause=cause,
-        message=f"ranks issued different collectives on group [{m.group}]{where} at position "
-        f"{m.position}: rank {ref} issued {_describe(m.at[ref])}, rank(s) "
-        f"{compress_ranks(odd)} issued {_describe(m.at[odd[0]])}; the precursor of a hang",
+        message=f"ranks issued different collectives on group [{m.group}]{where} at collective "
+        f"#{m.position + 1}: rank {ref} issued {_describe(m.at[ref])}{at[ref]}, rank(s) "
+        f"{compress_ranks(odd)} issued {_describe(m.at[odd[0]])}{at[odd[0]]}; the precursor "
+        "of a hang",
         # a live run names every member (all of them hang); a trace, which sees a span of
         # the job, the lowest member and those that differ from it
         ranks=m.members if m.window is None else (ref, *odd),
         windows=() if m.window is None else (m.window,),
         evidence=evidence,
         cost={},
+        sites=tuple((f"rank {r}", m.sites[r]) for r in (ref, *odd[:1]) if r in m.sites),
         fix=SNIPPETS["same-sequence"],
     )
 
@@ -248,7 +282,12 @@ def collective_mismatch(run: Run) -> list[Finding]:
             found = _first_difference(seqs, stopped)
             if found is not None:
                 window = segment if per_window else None
-                mismatch = _Mismatch(group, window, found[0], found[1], seqs, tuple(members))
+                ref = min(found[1])
+                odd = [
+                    r for r in sorted(found[1]) if _agreed(found[1][r]) != _agreed(found[1][ref])
+                ]
+                sites = {} if per_window else _sites_at(run, key, found[0], [ref, *odd[:1]])
+                mismatch = _Mismatch(group, window, found[0], found[1], seqs, tuple(members), sites)
                 findings.append(_mismatch_finding(mismatch, len(segments)))
                 break
     return findings
@@ -258,151 +297,6 @@ def _shared_members(streams: dict[GroupKey, Any]) -> set[tuple[int, ...]]:
     """Member lists that more than one process group has."""
     seen = Counter(key[1] for key in streams if isinstance(key, tuple))
     return {ranks for ranks, n in seen.items() if n > 1}
-
-
-def _pending_text(p: PendingCollective | None) -> str:
-    if p is None:
-        return "none"
-    return (
-        f"{p.op} #{p.seq} ({p.bytes} bytes) in window {p.window}, "
-        f"micro-batch {p.micro_batch}, {p.phase}"
-    )
-
-
-RELEASED_BY_STOP_NS = 1_000_000_000  # done this close to the exit record of a hung job
-
-
-def _released_by_stop(r: RankRun) -> tuple[PendingCollective | None, PendingCollective | None]:
-    """(blocked, last completed) of a rank stopped in a hang.
-
-    Stopping a hung job ends its collectives with an error, which capture then sees as
-    completed just before the exit record: such a collective is what the rank was blocked
-    in, and the last completed one is the one before it.
-    """
-    blocked = r.pending[-1] if r.pending else None
-    last = r.last_completed
-    if blocked is not None or last is None or not r.finished:
-        return blocked, last
-    done: dict[int, tuple[int, PendingCollective]] = {}
-    for w in r.windows:
-        for c in w.collectives:
-            if c.done_ns is not None:
-                done[c.seq] = (
-                    c.done_ns,
-                    PendingCollective(
-                        c.seq, c.op, c.bytes, c.group_ranks, c.start_ns, w.index,
-                        c.micro_batch, c.phase,
-                    ),
-                )  # fmt: skip
-    entry = done.get(last.seq)
-    if entry is None or r.last_event_ns - entry[0] > RELEASED_BY_STOP_NS:
-        return blocked, last
-    earlier = [
-        v for k, v in done.items() if k != last.seq and v[0] < entry[0] - RELEASED_BY_STOP_NS
-    ]
-    previous = max(earlier, key=lambda v: v[0])[1] if earlier else None
-    return last, previous
-
-
-def hang(run: Run) -> list[Finding]:
-    if not run.meta.hung:
-        return []
-    timeout = run.meta.hang_timeout_s
-    if run.meta.hang_start_up:
-        return [_start_up_hang(run)]
-    per_rank = {}
-    for r in run.ranks:
-        blocked, last_completed = _released_by_stop(r)
-        per_rank[str(r.rank)] = {
-            "last_completed": _pending_text(last_completed),
-            "blocked_in": _pending_text(blocked)
-            if blocked
-            else ("exited" if r.finished else "no collective in flight"),
-        }
-    evidence: dict[str, object] = {"per_rank": per_rank}
-    if run.meta.main_threads:  # what each rank's main thread did when it was stopped
-        evidence["main_threads"] = dict(run.meta.main_threads)
-    return [
-        Finding(
-            kind="hang",
-            severity="error",
-            cause="no-progress",
-            message=f"no progress for {timeout:g} s: syncscope stopped the job",
-            ranks=tuple(r.rank for r in run.ranks),
-            windows=(),
-            evidence=evidence,
-            cost={"hang_timeout_s": timeout or 0},
-            fix=SNIPPETS["same-sequence"],
-        )
-    ]
-
-
-def _start_up_hang(run: Run) -> Finding:
-    """No rank had its process group when the job was stopped: it never started."""
-    threads = run.meta.main_threads
-    timeout = run.meta.hang_timeout_s or 0
-    shown = sorted(threads.items(), key=lambda kv: int(kv[0]) if kv[0].isdigit() else 0)
-    said = "; ".join(f"rank {rank} {text}" for rank, text in shown[:4])
-    more = f"; and {len(shown) - 4} more" if len(shown) > 4 else ""
-    return Finding(
-        kind="hang",
-        severity="error",
-        cause="start-up",
-        message=f"the job never reached its process group: no progress for {timeout:g} s "
-        f"before any rank had one, and syncscope stopped the job: {said}{more}",
-        ranks=tuple(r.rank for r in run.ranks) or tuple(int(k) for k, _ in shown if k.isdigit()),
-        windows=(),
-        evidence={"per_rank": dict(shown)},
-        cost={"hang_timeout_s": timeout},
-        fix=SNIPPETS["start-up"],
-    )
-
-
-WAIT_EPISODES_SHOWN = 16
-
-
-def _wait_evidence(waiting: list[int], waits: list[dict[str, Any]]) -> dict[str, object]:
-    evidence: dict[str, object] = {"waiting_ranks": waiting, "waits": waits[:WAIT_EPISODES_SHOWN]}
-    if len(waits) > WAIT_EPISODES_SHOWN:
-        evidence["waits_not_shown"] = len(waits) - WAIT_EPISODES_SHOWN
-    return evidence
-
-
-def waited_for_rank(run: Run) -> list[Finding]:
-    """Ranks that waited in torch.distributed while another rank computed, as
-    ``syncscope profile``'s monitor saw them (meta.json ``waits``): not a hang, a cost."""
-    by_culprit: dict[tuple[int, ...], list[dict[str, Any]]] = defaultdict(list)
-    for wait in run.meta.waits:
-        entry: dict[str, Any] = dict(wait)
-        by_culprit[tuple(entry["for"])].append(entry)
-    findings = []
-    for culprits, waits in sorted(by_culprit.items()):
-        longest = max(waits, key=lambda w: float(w["seconds"]))
-        waiting = sorted({int(w["rank"]) for w in waits})
-        total = round(sum(float(w["seconds"]) for w in waits), 1)
-        running = longest.get("running", {})
-        doing = "; ".join(f"rank {r} running at {at}" for r, at in list(running.items())[:4])
-        message = (
-            f"rank(s) {compress_ranks(waiting)} waited up to {float(longest['seconds']):g} s "
-            f"for rank(s) {compress_ranks(culprits)} ({doing}); rank {longest['rank']} "
-            f"{longest.get('waiting', '')}"
-        )
-        if len(waits) > 1:
-            message += f"; {len(waits)} waits, {total:g} s in all"
-        findings.append(
-            Finding(
-                kind="waited-for-rank",
-                severity="info",
-                cause="rank-computing",
-                message=message,
-                ranks=tuple(culprits),
-                windows=(),
-                evidence=_wait_evidence(waiting, waits),
-                cost={"waited_s": total, "longest_wait_s": float(longest["seconds"])},
-                fix=SNIPPETS["balance-ranks"],
-            )
-        )
-    return findings
 
 
 def _window_words(r: RankRun) -> tuple[Window | None, int]:
@@ -430,7 +324,7 @@ def last_seen(r: RankRun) -> str:
         where = "before the first micro-batch"
     if r.pending:
         p = r.pending[-1]
-        where += f", blocked in {p.op} #{p.seq}"
+        where += f", blocked in {p.op} #{p.seq + 1}"
     return where
 
 
@@ -451,6 +345,24 @@ def _stopped_by_others(r: RankRun) -> bool:
         and r.exit_reason.startswith("killed by signal")
         and r.exit_status in launcher_signals
     )
+
+
+PEER_GONE = ("Connection closed by peer", "Connection reset by peer", "Broken pipe")
+
+
+def _left_early(run: Run, first: RankRun) -> list[int]:
+    """Ranks that ended their script normally before ``first`` failed on a broken connection
+    to a peer (gloo's "Connection closed by peer"): the peers it waited for had left."""
+    if not any(text in first.exit_reason for text in PEER_GONE):
+        return []
+    return [
+        r.rank
+        for r in run.ranks
+        if r is not first
+        and r.finished
+        and r.exit_status == 0
+        and r.last_event_ns <= (first.last_event_ns or 0)
+    ]
 
 
 def run_failed(run: Run) -> list[Finding]:
@@ -480,6 +392,12 @@ def run_failed(run: Run) -> list[Finding]:
         )
     if others:
         message += f"; rank(s) {compress_ranks(others)} were then stopped by the launcher"
+    left = _left_early(run, first)
+    if left:
+        message += (
+            f"; rank(s) {compress_ranks(left)} had ended the script (exit status 0) while it "
+            "still waited for them in a collective: they left early"
+        )
     per_rank = {
         str(r.rank): f"{_how(r)}; last seen {last_seen(r)}"
         for r in sorted(failed, key=lambda r: r.rank)[:16]
@@ -492,6 +410,8 @@ def run_failed(run: Run) -> list[Finding]:
         else "exit-status"
     )
     fix = None
+    if left:
+        cause, fix = "left-early", SNIPPETS["same-sequence"]
     if reductions.static_graph_failure(first):
         cause, fix = reductions.STATIC_FAILED_CAUSE, reductions.SNIPPETS["static-graph"]
         message += (
@@ -504,9 +424,10 @@ def run_failed(run: Run) -> list[Finding]:
             severity="error",
             cause=cause,
             message=message,
-            ranks=tuple(r.rank for r in own),
+            ranks=tuple(left) or tuple(r.rank for r in own),
             windows=(),
             evidence={
+                **({"left_early": left} if left else {}),
                 "first_failed_rank": first.rank,
                 "exit_status": first.exit_status if first.finished else None,
                 "exit_reason": first.exit_reason,

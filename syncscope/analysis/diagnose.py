@@ -17,13 +17,8 @@ from dataclasses import replace
 
 from syncscope.analysis import coverage, recipes, reductions
 from syncscope.analysis.advice import SNIPPETS
-from syncscope.analysis.crossrank import (
-    collective_mismatch,
-    hang,
-    rank_divergence,
-    run_failed,
-    waited_for_rank,
-)
+from syncscope.analysis.crossrank import rank_divergence, run_failed
+from syncscope.analysis.hangs import hang_and_mismatch, waited_for_rank
 from syncscope.analysis.helpers import (
     name_helper,
 )
@@ -219,8 +214,7 @@ def diagnose(run: Run) -> list[Finding]:
     findings.extend(recipes.local_sgd_finding(run))
     if not coverage.independent_copies(run):  # their gradients differ by design
         findings.extend(rank_divergence(run, findings))
-    findings.extend(collective_mismatch(run))
-    findings.extend(hang(run))
+    findings.extend(hang_and_mismatch(run))  # a hang's mismatch is its cause: one card
     findings.extend(run_failed(run))
     findings.extend(waited_for_rank(run))
     # a run that did not finish says so first; what its complete windows show follows, and

@@ -381,7 +381,6 @@ def merge_findings(
                     if k in desync.evidence:
                         evidence[k] = desync.evidence[k]
                 f = dataclasses.replace(f, evidence=evidence, sites=desync.sites or f.sites)
-                if desync.kind == "hang":
-                    fr.remove(desync)
+                fr.remove(desync)  # the hang's cause, on its card: never a second error
         out.append(f)
     return out + fr

@@ -57,10 +57,11 @@ def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
         type=float,
         default=300.0,
         metavar="SECONDS",
-        help="Seconds without progress (no rank writes an event, none computes: each waits "
-        "in torch.distributed or is idle) before the job is declared hung and stopped, or before "
-        "ranks kept alive after the script's end (a non-daemon thread) are stopped (0: never). "
-        "(default: %(default)s)",
+        help="Seconds without progress (no rank writes an event, nothing of any rank computes: "
+        "each main thread waits in torch.distributed or is idle, and its threads and child "
+        "processes use no CPU) before the job is declared hung and stopped, or before ranks "
+        "kept alive after the script's end by idle non-daemon threads are stopped (threads "
+        "still computing are waited for up to 600 s) (0: never). (default: %(default)s)",
     )
     parser.add_argument(
         "--trace", action="store_true", help="Also record a torch.profiler trace on every rank."

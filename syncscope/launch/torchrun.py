@@ -10,8 +10,10 @@ no rank's main thread computed: each waits in torch.distributed or is idle, as t
 heartbeats say, ``syncscope.launch.watch``), stops the workers so the run can be reported
 instead of hanging forever. A rank computing while the others wait for it is not hung: the
 waits are kept (``LaunchResult.waits``) for the report. When every rank has recorded the
-script's end but a process lives on that long (a non-daemon thread of the script's keeps
-Python alive), it stops those processes too and says which (``LaunchResult.lingering``).
+script's end but a process lives on (a non-daemon thread of the script's keeps Python
+alive), it waits while that thread computes (at most ``LINGER_GRACE_S``, said in one line),
+and once it is idle for ``hang_timeout`` stops those processes and says which
+(``LaunchResult.lingering``).
 """
 
 from __future__ import annotations
@@ -157,6 +159,12 @@ class LaunchOptions:
         return args
 
 
+# after every rank ended its script, how long syncscope waits for the script's non-daemon
+# threads that still compute (a checkpoint being written), and when it says so
+LINGER_GRACE_S = 600.0
+NOTE_S = 2.0
+
+
 @dataclass
 class LaunchResult:
     status: int  # 0, or the first failing rank's exit status
@@ -224,6 +232,8 @@ class Monitor(threading.Thread):
         self.beats = Beats(run_dir)
         self.waits = Waits()
         self.hang: dict[str, Any] = {}  # what the ranks' main threads did when it hung
+        self._lingering_since: float | None = None  # every rank ended; one lived on since
+        self._said_lingering = False
 
     def stop(self) -> None:
         self._stop_event.set()
@@ -291,7 +301,7 @@ class Monitor(threading.Thread):
                 continue
             now = time.monotonic()
             self.waits.observe(threads, {self._ranks.get(p, -1) for p in self._grown}, now)
-            if grew or any(t.busy for t in threads.values()):  # a rank computes: not hung
+            if grew or any(t.progressing for t in threads.values()):  # a rank computes
                 last_change = now
             if (
                 self.on_captured is not None
@@ -305,6 +315,8 @@ class Monitor(threading.Thread):
             if self.on_waiting is not None and not self._sizes:
                 self.on_waiting(now - start)
             running = [p for p in self._pids if p not in self._exited]
+            if not running and self._threads_work(now):
+                last_change = now  # the script ended; a thread of it still works
             if self.hang_timeout <= 0 or now - last_change <= self.hang_timeout:
                 continue
             if running:
@@ -328,13 +340,42 @@ class Monitor(threading.Thread):
         }
         return self.beats.read(live)
 
+    def _ended_alive(self) -> list[Path]:
+        """Ranks that recorded the script's end (not a bounded capture's) yet live on."""
+        ended = [p for p in self._pids if p in self._exited and p not in self._captured]
+        return [p for p in ended if pid_alive(self._pids[p])]  # a zombie has ended
+
+    def _threads_work(self, now: float) -> bool:
+        """Every rank ended its script, and a rank still alive computes: Python waits for
+        the script's non-daemon threads (a checkpoint being written), and so does syncscope,
+        up to ``LINGER_GRACE_S`` after the first such look (said once on stderr)."""
+        alive = self._ended_alive()
+        if not alive:
+            return False
+        if self._lingering_since is None:
+            self._lingering_since = now
+        if now - self._lingering_since > LINGER_GRACE_S:
+            return False
+        live = {self._ranks.get(p, -1): (self._pids[p], self._hosts.get(p, "")) for p in alive}
+        working = any(view.progressing for view in self.beats.read(live, now).values())
+        if working and not self._said_lingering and now - self._lingering_since >= NOTE_S:
+            self._said_lingering = True
+            which = ", ".join(str(r) for r in sorted(live))
+            print(
+                f"syncscope: rank(s) {which} ended the script but their non-daemon thread(s) "
+                f"still work: waiting for them (at most {LINGER_GRACE_S:g} s while they "
+                f"compute, {self.hang_timeout:g} s once idle)",
+                file=sys.stderr,
+                flush=True,
+            )
+        return working
+
     def _stop_lingering(self) -> bool:
         """Every rank recorded the script's end, yet a process lives on: Python waits for a
         non-daemon thread the script started. Stop those processes (the record is complete);
         True when there were any. A rank that ran on after a bounded capture is left alone
         (it is still training, without hooks)."""
-        ended = [p for p in self._pids if p in self._exited and p not in self._captured]
-        alive = [p for p in ended if pid_alive(self._pids[p])]  # a zombie has ended
+        alive = self._ended_alive()
         if not alive:
             return False
         self.lingering = tuple(sorted(self._ranks.get(p, -1) for p in alive))
@@ -349,6 +390,7 @@ class Monitor(threading.Thread):
             for p in paths
             if self._pids.get(p) and self._hosts.get(p, here) in ("", here)
         ]
+        groups = [pid for pid in pids if _leads_group(pid)]  # torch starts each in its own
         for sig in (signal.SIGTERM, signal.SIGKILL):
             for pid in pids:
                 with contextlib.suppress(ProcessLookupError, PermissionError):
@@ -356,6 +398,20 @@ class Monitor(threading.Thread):
             deadline = time.monotonic() + 3.0
             while time.monotonic() < deadline and any(pid_alive(pid) for pid in pids):
                 time.sleep(0.05)
+        for pgid in groups:  # what the rank started (a pool's workers, a DataLoader's): no
+            for sig in (signal.SIGTERM, signal.SIGKILL):  # orphan lives on
+                with contextlib.suppress(ProcessLookupError, PermissionError):
+                    os.killpg(pgid, sig)
+                    time.sleep(0.5 if sig == signal.SIGTERM else 0.0)
+
+
+def _leads_group(pid: int) -> bool:
+    """``pid`` leads its process group (torch's launcher starts each rank in a session of
+    its own): the group is the rank's, safe to end whole."""
+    try:
+        return os.getpgid(pid) == pid and pid != os.getpgid(0)
+    except (ProcessLookupError, PermissionError):
+        return False
 
 
 def launch(

@@ -1,15 +1,17 @@
 """What each rank's main thread is doing, as ``syncscope profile``'s monitor sees it.
 
 The monitor (``syncscope.launch.torchrun.Monitor``) judges the job's progress on the ranks'
-main threads, never on their processes' CPU (torch's and syncscope's own threads tick while
-a rank waits in a rendezvous or a collective):
+main threads and the work they hand off, never on their processes' whole CPU (torch's and
+syncscope's own threads tick while a rank waits in a rendezvous or a collective):
 
 - ``Beats`` reads each rank's heartbeat (``RUN/beats/rank-NNNNN.json``, written by
   ``syncscope.capture.heartbeat``): whether its main thread waits inside torch.distributed
   (a collective, a barrier, ``init_process_group``, the store), or runs the script, and
   whether that thread's CPU time advanced since the beat before (``busy``: computing, not
-  sleeping or blocked). Where a rank's heartbeat is missing or stale, a local rank's main
-  thread's CPU ticks are read from ``/proc/PID/task/PID/stat`` instead.
+  sleeping or blocked), and whether the rank's work off its main thread did (``working``:
+  the script's own threads, its DataLoader workers, pools and subprocesses). Where a rank's
+  heartbeat is missing or stale, a local rank's main thread's CPU ticks and its child
+  processes' are read from ``/proc`` instead.
 - ``Waits`` keeps the episodes in which ranks waited in torch.distributed while another
   rank computed (an evaluation on rank 0, the others in a barrier): the report names them.
 """
@@ -44,13 +46,26 @@ class MainThread:
     where: str = ""  # the script's innermost frame, file:line
     call: str = ""  # the torch.distributed function it waits in
     pg: bool | None = None  # has the default process group (None: no heartbeat)
+    # its work off the main thread (the script's threads, child processes) used CPU
+    working: bool = False
+
+    @property
+    def progressing(self) -> bool:
+        """Something of the rank computes: its main thread, or work it handed off."""
+        return self.busy or self.working
 
     def text(self) -> str:
         at = f" at {self.where}" if self.where else ""
         if self.state == "waiting":
             return f"waiting in {self.call or 'torch.distributed'}{at}"
+        if self.state == "running" and self.busy:
+            return f"running{at}"
+        if self.state == "running" and self.working:
+            return f"running{at} (in its threads or child processes)"
         if self.state == "running":
-            return f"running{at}" if self.busy else f"idle{at} (its main thread used no CPU)"
+            return f"idle{at} (its main thread used no CPU)"
+        if self.working:
+            return "running (in its child processes; no heartbeat)"
         return "running (no heartbeat)" if self.busy else "idle or blocked (no heartbeat)"
 
 
@@ -61,6 +76,8 @@ class _Seen:
     cpu: float | None
     changed: float  # monotonic time the beat last changed
     busy: bool | None  # its main thread computed between this beat and the one before
+    work: float | None = None  # the beat's work_cpu
+    working: bool = False  # its threads or child processes computed meanwhile
 
 
 class Beats:
@@ -87,7 +104,8 @@ class Beats:
             local = not host or host == self._host  # /proc speaks of this host's processes
             view = self._from_beat(rank, beat, now, local) if beat is not None else None
             if view is None:
-                view = MainThread(rank, pid, busy=local and self._ticking(pid, now))
+                busy = local and self._ticking(pid, now)
+                view = MainThread(rank, pid, busy=busy, working=local and self._tree(pid, now))
             views[rank] = view
         return views
 
@@ -109,18 +127,26 @@ class Beats:
             seq, pid = int(beat.get("seq", 0)), int(beat.get("pid", 0))
             cpu = beat.get("cpu")
             cpu = float(cpu) if isinstance(cpu, (int, float)) else None
-        except (TypeError, ValueError):
+            work = beat.get("work_cpu")
+            work = float(work) if isinstance(work, (int, float)) else None
+        except (TypeError, ValueError, OverflowError):
             return None
         seen = self._seen.get(rank)
         if seen is None or seen.seq != seq or seen.pid != pid:
             busy: bool | None = None  # nothing to compare with: the /proc ticks say
-            if seen is not None and seen.pid == pid and cpu is not None and seen.cpu is not None:
-                busy = beat.get("state") == "running" and cpu - seen.cpu >= MIN_CPU_S
-            seen = self._seen[rank] = _Seen(seq, pid, cpu, now, busy)
+            working = False
+            if seen is not None and seen.pid == pid:
+                if cpu is not None and seen.cpu is not None:
+                    busy = beat.get("state") == "running" and cpu - seen.cpu >= MIN_CPU_S
+                if work is not None and seen.work is not None:
+                    working = work - seen.work >= MIN_CPU_S
+            seen = self._seen[rank] = _Seen(seq, pid, cpu, now, busy, work, working)
         if now - seen.changed > self.stale_s:
             return None
         pg, state = beat.get("pg"), str(beat.get("state", ""))
         busy = seen.busy if seen.busy is not None else local and self._ticking(pid, now)
+        if state == "running" and beat.get("call") == "backward" and not busy:
+            state = "waiting"  # a backward whose thread computes nothing: DDP's all-reduce
         return MainThread(
             rank,
             pid,
@@ -129,7 +155,18 @@ class Beats:
             where=str(beat.get("where", "")),
             call=str(beat.get("call", "")),
             pg=pg if isinstance(pg, bool) else None,
+            working=seen.working,
         )
+
+    def _tree(self, pid: int, now: float) -> bool:
+        """The local process ``pid``'s child processes used CPU since the last look."""
+        from syncscope.capture.heartbeat import descendants, process_ticks
+
+        ticks = sum(process_ticks(child) or 0 for child in descendants(pid))
+        key = -pid  # apart from the main thread's ticks
+        before, then = self._ticks.get(key, (ticks, now))
+        self._ticks[key] = (ticks, now)
+        return ticks > before and now - then <= TICKS_FRESH_S
 
     def _ticking(self, pid: int, now: float) -> bool:
         """The local process ``pid``'s main thread used CPU since the last look (Linux); a
@@ -189,7 +226,7 @@ class Waits:
 
     def observe(self, views: dict[int, MainThread], grown: set[int], now: float) -> None:
         """One poll: ``grown``, the ranks whose event file grew since the last."""
-        busy = {r: v.where for r, v in views.items() if v.busy and v.state != "waiting"}
+        busy = {r: v.where for r, v in views.items() if v.progressing and v.state != "waiting"}
         for rank in list(self._open):
             view = views.get(rank)
             if view is None or view.state != "waiting" or rank in grown:
@@ -206,6 +243,7 @@ class Waits:
                 episode = self._open[rank] = _Episode(rank, now, wall, now, view.text())
             if episode is not None and others:
                 episode.last = now
+                episode.where = view.text()  # where it waits now (a beat can be a second old)
                 episode.others.update(others)
 
     def close(self) -> None:

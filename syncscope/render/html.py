@@ -399,8 +399,10 @@ def finding_card(f: Finding, ident: str, *, folded: bool = False) -> str:
         "</div>",
     ]
     if f.sites:
+        from syncscope.render.terminal import site_text  # the path as the terminal shows it
+
         items = "".join(
-            f"<li>{esc(role)}: <code>{esc(loc)}</code>"
+            f"<li>{esc(role)}: <code>{esc(site_text(loc))}</code>"
             f"{' in <code>' + esc(loc.function) + '</code>' if loc.function else ''}</li>"
             for role, loc in f.sites
         )

@@ -261,9 +261,9 @@ def _cost_line(f: Finding) -> str:
     return "; ".join(parts)
 
 
-def _site_text(site: SourceLocation) -> str:
+def site_text(site: SourceLocation) -> str:
     """``examples/train.py:18``: a path under the current directory relative to it, as a
-    compiler prints it (report.json keeps the absolute path)."""
+    compiler prints it (report.json keeps the absolute path; report.html shows this)."""
     try:
         path = Path(site.file)
         if path.is_absolute():
@@ -300,7 +300,7 @@ def finding_panel(f: Finding) -> Panel:
     if cost:
         body.append(VisibleText("cost: " + cost, style="bold"))
     for role, site in f.sites:
-        body.append(VisibleText(f"{role}: {_site_text(site)}", style="dim"))
+        body.append(VisibleText(f"{role}: {site_text(site)}", style="dim"))
     if f.fix is not None:
         body.append(VisibleText("fix: " + plain_text(f.fix.summary), style="green"))
         language = "diff" if f.fix.diff else "python"  # fix's own rewrite, or the form to write

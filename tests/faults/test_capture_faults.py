@@ -113,12 +113,13 @@ def _hung_rank(rank: int) -> list[dict[str, object]]:
 
 
 def test_hang_card_names_the_collective_the_stop_released(tmp_path: Path) -> None:
-    from syncscope.analysis.crossrank import hang
+    from syncscope.analysis.hangs import hang
 
     run = h.write_run(tmp_path, meta_data=h.meta(hung=True, hang_timeout_s=30.0), events=_hung_rank)
     per_rank = hang(load_run(run))[0].evidence["per_rank"]
-    assert per_rank["1"]["blocked_in"].startswith("all_reduce #99 (64 bytes)")
-    assert per_rank["1"]["last_completed"].startswith("all_reduce #2 ")
+    # numbered from 1 on the card (seq 99 is the 100th), as torch's Flight Recorder numbers
+    assert per_rank["1"]["blocked_in"].startswith("all_reduce #100 (64 bytes)")
+    assert per_rank["1"]["last_completed"].startswith("all_reduce #3 ")
     assert per_rank["1"]["blocked_in"] != "exited"
 
 

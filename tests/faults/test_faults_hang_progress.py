@@ -201,7 +201,9 @@ def _beat(run_dir: Path, rank: int, **fields: Any) -> None:
     path = run_dir / "beats" / f"rank-{rank:05d}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     beat = {"pid": 1000 + rank, "rank": rank, "state": "running", "where": "t.py:1", "call": ""}
-    path.write_bytes(orjson.dumps({**beat, "pg": True, **fields}))
+    partial = path.with_name(f".{path.name}.partial")  # whole, then renamed: as the ranks do
+    partial.write_bytes(orjson.dumps({**beat, "pg": True, **fields}))
+    partial.replace(path)
 
 
 def test_beats_say_which_rank_computes(tmp_path: Path) -> None:
@@ -372,7 +374,7 @@ def test_the_heartbeat_writes_its_beat_and_a_forked_child_writes_none(tmp_path: 
 
 
 def test_the_report_names_waits_and_start_up_hangs(tmp_path: Path) -> None:
-    from syncscope.analysis.crossrank import hang, waited_for_rank
+    from syncscope.analysis.hangs import hang, waited_for_rank
     from syncscope.load.runs import load_run
 
     waits = [

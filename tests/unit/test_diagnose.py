@@ -330,7 +330,7 @@ def test_hang_reports_last_completed_and_blocked_in() -> None:
     (f,) = [f for f in diagnose(run) if f.kind == "hang"]
     per_rank = f.evidence["per_rank"]
     assert isinstance(per_rank, dict)
-    assert per_rank["0"]["blocked_in"].startswith("barrier #99")
+    assert per_rank["0"]["blocked_in"].startswith("barrier #100")  # seq 99: the 100th
     assert per_rank["1"]["blocked_in"] == "no collective in flight"
     assert "all_reduce" in per_rank["1"]["last_completed"]
     assert any("without an exit record" in n for n in run.meta.notes)

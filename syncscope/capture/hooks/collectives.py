@@ -208,6 +208,8 @@ def _kernel(name: str, op: Any, key: str = "Autograd") -> Callable[..., Any]:
                 rec.emit(
                     {"type": "warning", "t": end + offset, "message": f"{name} not recorded: {exc}"}
                 )
+            if blocking:  # its own record on disk too: a backend that aborts the process on
+                rec.flush()  # a mismatch (gloo: SIGABRT within milliseconds) keeps it
         return out
 
     return opaque(kernel)  # never traced by Dynamo
