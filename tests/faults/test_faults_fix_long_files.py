@@ -18,6 +18,7 @@ import pytest
 from syncscope.errors import SyncscopeError
 from syncscope.fixes import codemod, focus
 from syncscope.fixes.codemod import FixOptions, RunHints, fix_source
+from tests.helpers.fixed import fixed
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "fix"
 
@@ -84,7 +85,7 @@ def test_a_long_file_is_fixed_exactly_as_its_short_self(source: Path) -> None:
     short = source.read_text()
     padded, first = _pad(short)
     assert focus.focus(padded).elided  # it does elide
-    expected = fix_source(short)
+    expected = fixed(short)
     result = fix_source(padded)
     assert result.fixed == _pad(expected.fixed)[0]
     shift = _python_lines(PADDING)

@@ -7,6 +7,7 @@ from pathlib import Path
 import pytest
 
 from syncscope.fixes import FixOptions, fix_source
+from tests.helpers.fixed import fixed
 
 FIXTURES = Path(__file__).parent.parent / "fixtures" / "fix"
 PAIRS = sorted(FIXTURES.glob("*.in.py"))
@@ -40,27 +41,27 @@ def _name(path: Path) -> str:
 def test_fixture_pair(source: Path) -> None:
     # GIVEN a loop as people write it WHEN fixed THEN the result is the .out.py file exactly
     expected = source.with_name(_name(source) + ".out.py").read_text()
-    result = fix_source(source.read_text(), path=source.name)
+    result = fixed(source.read_text())
     assert result.fixed == expected
     assert result.changed == (_name(source) not in LEAVE_ALONE)
 
 
 @pytest.mark.parametrize("source", PAIRS, ids=_name)
 def test_fix_is_idempotent(source: Path) -> None:
-    once = fix_source(source.read_text()).fixed
-    again = fix_source(once)
+    once = fixed(source.read_text()).fixed
+    again = fixed(once)
     assert again.fixed == once
     assert all(p.code in ("SYN100", "SYN109") for p in again.problems)
 
 
 def test_leave_alone_cases_report_nothing() -> None:
     for name in LEAVE_ALONE - NOT_REWRITTEN:
-        result = fix_source((FIXTURES / f"{name}.in.py").read_text())
+        result = fixed((FIXTURES / f"{name}.in.py").read_text())
         assert result.problems == (), name
 
 
 def test_unresolved_wrapper_is_said_not_rewritten() -> None:
-    result = fix_source((FIXTURES / "unresolved_wrapper.in.py").read_text())
+    result = fixed((FIXTURES / "unresolved_wrapper.in.py").read_text())
     (problem,) = result.problems
     assert problem.code == "SYN100" and not problem.fixed
     assert "not wrapped in this file" in problem.message
@@ -89,7 +90,7 @@ def test_style_names_the_wrapper_when_unresolved() -> None:
     ],
 )
 def test_problem_codes(name: str, codes: list[str]) -> None:
-    result = fix_source((FIXTURES / f"{name}.in.py").read_text())
+    result = fixed((FIXTURES / f"{name}.in.py").read_text())
     assert [p.code for p in result.problems] == codes
     assert all(p.fixed for p in result.problems)
 

@@ -11,12 +11,13 @@ import pytest
 
 from syncscope.cli import main
 from syncscope.fixes import fix_source
+from tests.helpers.fixed import fixed
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "fix"
 
 
 def _sites(name: str) -> list[tuple[str, int, str, str]]:
-    result = fix_source((FIXTURES / f"{name}.in.py").read_text())
+    result = fixed((FIXTURES / f"{name}.in.py").read_text())
     return [(p.code, p.line, p.suggestion, p.snippet) for p in result.problems]
 
 
