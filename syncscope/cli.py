@@ -35,6 +35,13 @@ class UsageError(Exception):
         self.prog = prog
 
 
+def _existing_file(token: str) -> bool:
+    """``-x.py``: a file named like an option, not an option (no known option matched)."""
+    import os
+
+    return token != "-" and os.path.isfile(token)
+
+
 class Parser(argparse.ArgumentParser):
     """An ArgumentParser whose errors raise UsageError instead of printing usage and exiting.
 
@@ -109,6 +116,7 @@ class Parser(argparse.ArgumentParser):
         """(this parser's own arguments, the program's): see ``script_arguments``."""
         own: list[str] = []
         program: list[str] = []
+        dashed: list[str] = []  # a SCRIPT named like an option: given to argparse after ``--``
         actions = self._option_string_actions
         seen_script = False
         i = 0
@@ -116,7 +124,7 @@ class Parser(argparse.ArgumentParser):
             token = args[i]
             if token == "--":
                 if seen_script:
-                    return own, program + args[i + 1 :]
+                    return own + (["--", *dashed] if dashed else []), program + args[i + 1 :]
                 own.extend(args[i : i + 2])  # ``-- SCRIPT``: a script named like an option
                 seen_script = i + 1 < len(args)
                 i += 2
@@ -133,12 +141,15 @@ class Parser(argparse.ArgumentParser):
             if not seen_script and not token.startswith("-"):
                 own.append(token)
                 seen_script = True
+            elif not seen_script and _existing_file(token):  # ``-x.py``: SCRIPT, after a ``--``
+                dashed = [token]
+                seen_script = True
             elif seen_script:
                 program.append(token)
             else:
                 own.append(token)  # an unknown option before SCRIPT: argparse says so
             i += 1
-        return own, program
+        return own + (["--", *dashed] if dashed else []), program
 
     def _split_program(self, args: list[str]) -> tuple[list[str], list[str]]:
         """(this parser's own arguments, the program's): see ``program_options``."""

@@ -198,3 +198,18 @@ def test_a_sync_helper_around_each_forward_is_the_correct_toggle(
     )
     path.write_text(one_model)
     assert main(["fix", "--check", str(path)]) == 0
+
+
+def test_a_first_path_named_like_an_option_is_a_path(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]
+) -> None:
+    # GIVEN files whose names start with a dash
+    monkeypatch.chdir(tmp_path)
+    shutil.copy(FIXTURES / "ifelse_forward_before.in.py", tmp_path / "-train.py")
+    (tmp_path / "-x.py").write_text("x = 1\n")
+    # THEN they are checked as files, the first one too; a dashed name that is no file is
+    # still an unknown option
+    assert main(["fix", "--check", "-x.py", "-train.py"]) == 1
+    assert capsys.readouterr().out.startswith("-train.py:21: SYN102 ")
+    assert main(["fix", "--check", "-x.py"]) == 0
+    assert main(["fix", "--check", "-missing.py"]) == 2
