@@ -117,7 +117,8 @@ _BLOCKS = (
 
 def _inner_runs(block: _Statement, lines: list[str]) -> list[tuple[int, int]]:
     """The runs to elide in the body of ``block`` (kept whole at its own level), and, to
-    any depth, in the bodies of the statements kept there."""
+    any depth, in the bodies of the statements kept there (of every statement, where the
+    body is too short to elide in: a class of a few long methods)."""
     if block.last - block.first + 1 < MIN_STATEMENTS:
         return []  # too short to hold MIN_STATEMENTS statements of its own
     text = "".join(lines[block.first - 1 : block.last])
@@ -131,12 +132,13 @@ def _inner_runs(block: _Statement, lines: list[str]) -> list[tuple[int, int]]:
         return []
     node = nodes[0]
     offset = block.first - 1 - (1 if indented else 0)
-    if len(node.body) < MIN_STATEMENTS or node.body[0].lineno == node.lineno:
+    if node.body[0].lineno == node.lineno:
         return []
     statements = _merged([_summary(sub, offset, lines, False) for sub in node.body])
     column = node.body[0].col_offset
+    few = len(node.body) < MIN_STATEMENTS  # a class of a few long methods: into each of them
     del tree, nodes, node
-    keep = _kept(statements, lines)
+    keep = set(range(len(statements))) if few else _kept(statements, lines)
     # a run is elided where its first line holds only blanks and tabs before it (not a form
     # feed): its placeholder, indented the same, then stands where it stood
     runs = [

@@ -61,12 +61,17 @@ def _parsed_lines(monkeypatch: pytest.MonkeyPatch) -> list[int]:
     return seen
 
 
+def _first_line(node: ast.stmt) -> int:
+    """Where a statement starts: a decorated function's first decorator."""
+    return min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))])
+
+
 def _pad(text: str, padding: str = PADDING) -> tuple[str, int]:
     """``text`` with ``padding`` after its docstring and imports (where a fix adds its own)
     and at its end; and the line ``padding`` went before."""
     body = ast.parse(text).body
     first = next(
-        min([node.lineno, *(d.lineno for d in getattr(node, "decorator_list", ()))])
+        _first_line(node)
         for node in body
         if not isinstance(node, (ast.Import, ast.ImportFrom))
         and not (isinstance(node, ast.Expr) and isinstance(node.value, ast.Constant))
@@ -101,7 +106,7 @@ def _interleaved(source: str) -> str:
     """``source`` with padding statements before each of its top-level statements but the
     first, enough of them for the file to be elided."""
     lines = source.splitlines(keepends=True)
-    starts = [node.lineno for node in ast.parse(source).body[1:]]
+    starts = [_first_line(node) for node in ast.parse(source).body[1:]]
     every = focus.MIN_STATEMENTS // len(starts) + 1
     pad = "".join(f"pad_{{}}_{i} = torch.zeros({i}) + {i}\n" for i in range(every))
     out: list[str] = []
@@ -373,12 +378,14 @@ def _in_function(source: str, count: int) -> str:
     loop (a ``for``/``while`` calling ``backward``), at the loop's indentation: inside the
     function that holds it; a loop at the top level goes, with them, under ``if __name__ ==
     "__main__":`` (a block elided inside in the same way)."""
-    loop = next(
-        node
-        for node in ast.walk(ast.parse(source))
-        if isinstance(node, (ast.For, ast.While))
-        and any(isinstance(c, ast.Attribute) and c.attr == "backward" for c in ast.walk(node))
-    )
+    loops = [n for n in ast.walk(ast.parse(source)) if isinstance(n, (ast.For, ast.While))]
+
+    def calls(node: ast.AST, attr: str) -> bool:
+        return any(isinstance(c, ast.Attribute) and c.attr == attr for c in ast.walk(node))
+
+    # the loop that runs the backward, or that steps (its backward in a helper it calls)
+    loop = next((n for n in loops if calls(n, "backward")), None)
+    loop = loop or next(n for n in loops if calls(n, "step"))
     lines = _split(source)
     end = loop.end_lineno or loop.lineno
     body = lines[loop.lineno - 1 : end]
