@@ -22,7 +22,7 @@ from syncscope.errors import SyncscopeError
 from syncscope.model import Finding, Fix, Run
 
 if TYPE_CHECKING:  # libcst is imported only when a script is there to read
-    from syncscope.fixes.codemod import FixResult
+    from syncscope.fixes.codemod import FixResult, Problem
 
 # findings about a loop's syncs: the ones a loop rewrite can answer
 LOOP_KINDS = frozenset(
@@ -100,11 +100,17 @@ def _propose(
     out = []
     for finding in findings:
         lines = _lines_in(finding, (path, data)) if _loopy(finding) else set()
-        proposal = _proposal(finding, lines, plain, run, path, None) if lines else None
-        if lines and proposal is None and run_dir is not None:
+        if not lines:
+            out.append(finding)
+            continue
+        # the plain command where it rewrites the loop, ``--from RUN`` where only the run's
+        # facts let it; the form to write only where neither rewrites it
+        proposal = _rewrite(finding, lines, plain, run, path, None)
+        if proposal is None and run_dir is not None:
             if hinted is None:
                 hinted = _with_run(run, findings, run_dir, path, data, source)
-            proposal = _proposal(finding, lines, hinted, run, path, run_dir)
+            proposal = _rewrite(finding, lines, hinted, run, path, run_dir)
+        proposal = proposal or _form(finding, lines, hinted or plain)
         out.append(dataclasses.replace(finding, fix=proposal) if proposal else finding)
     return out
 
@@ -123,7 +129,16 @@ def _with_run(
     return fix_with_run(source, FixOptions("auto", hints), str(path))
 
 
-def _proposal(
+def _ours(result: FixResult, lines: set[int]) -> list[Problem]:
+    """The problems of ``result`` whose loop holds one of ``lines``."""
+    return [p for p in result.problems if any(p.span[0] <= n <= p.span[1] for n in lines)]
+
+
+def _style(finding: Finding) -> str:
+    return finding.fix.style if finding.fix is not None else "loop"
+
+
+def _rewrite(
     finding: Finding,
     lines: set[int],
     result: FixResult,
@@ -131,23 +146,26 @@ def _proposal(
     path: Path,
     run_dir: Path | None,
 ) -> Fix | None:
-    style = finding.fix.style if finding.fix is not None else "loop"
-    ours = [p for p in result.problems if any(p.span[0] <= n <= p.span[1] for n in lines)]
-    fixed = [p for p in ours if p.fixed]
-    if fixed and result.changed:
-        command = _command(run, path, run_dir)
-        codes = ", ".join(sorted({p.code for p in fixed}))
-        diff = result.diff(_shown(path))
-        summary = (
-            f"syncscope fix rewrites this loop ({codes}) and proves it with a re-profile: {command}"
-        )
-        return Fix(style, summary, diff, command=command, diff=diff)
-    unfixed = [p for p in ours if not p.fixed and p.snippet]
-    if unfixed:
-        problem = unfixed[0]
-        summary = f"syncscope fix does not rewrite this loop: {problem.suggestion}"
-        return Fix(style, summary, problem.snippet)
-    return None
+    """The command and the diff, where ``result`` rewrites the finding's loop."""
+    fixed = [p for p in _ours(result, lines) if p.fixed]
+    if not fixed or not result.changed:
+        return None
+    command = _command(run, path, run_dir)
+    codes = ", ".join(sorted({p.code for p in fixed}))
+    diff = result.diff(_shown(path))
+    summary = (
+        f"syncscope fix rewrites this loop ({codes}) and proves it with a re-profile: {command}"
+    )
+    return Fix(_style(finding), summary, diff, command=command, diff=diff)
+
+
+def _form(finding: Finding, lines: set[int], result: FixResult) -> Fix | None:
+    """The form to write, in the script's own names, where fix does not rewrite the loop."""
+    unfixed = [p for p in _ours(result, lines) if not p.fixed and p.snippet]
+    if not unfixed:
+        return None
+    summary = f"syncscope fix does not rewrite this loop: {unfixed[0].suggestion}"
+    return Fix(_style(finding), summary, unfixed[0].snippet)
 
 
 def _shown(path: Path) -> str:

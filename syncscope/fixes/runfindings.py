@@ -58,6 +58,7 @@ def call_wrapper(source: str, lines: frozenset[int]) -> tuple[str, list[Problem]
             line,
             "forward through the module inside DDP: its gradients are never reduced",
             fixed=True,
+            span=(line, line),
         )
         for line in sorted(transformer.done)
     ]

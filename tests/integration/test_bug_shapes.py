@@ -257,8 +257,10 @@ def test_cause_module_forward_is_wrapper_bypassed(bug_run) -> None:  # type: ign
     sites = {(Path(s["file"]), s["line"]) for s in finding["sources"]}
     assert (run.script_path(), call_line) in sites, finding["sources"]
     fix = finding["fix"]
-    assert "no_sync" not in (fix.get("snippet") or ""), fix  # the bug is not about no_sync
-    assert fix["style"] == "call-wrapper" and "ddp_model(batch)" in fix["snippet"]
+    # the card gives fix's own rewrite (with the run's facts): the forward calls the wrapper
+    assert fix["style"] == "call-wrapper" and " fix --from " in fix["command"], fix
+    assert "-            loss = model.module(x).pow(2).mean() / args.accum" in fix["diff"], fix
+    assert "+                loss = model(x).pow(2).mean() / args.accum" in fix["diff"], fix
     assert "every gradient reduction of the window" in finding["evidence"]["reductions_lost"]
     # and fix --from rewrites the forward to call the wrapper
     done = subprocess.run(
