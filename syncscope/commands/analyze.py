@@ -129,6 +129,11 @@ def analyze(
             run = with_dump_notes(run, flight)
         findings = merge_findings(findings, flight, live=live)
         findings.sort(key=lambda f: severity_rank(f.severity))
+    if run.meta.source == "live":  # a run directory: what fix does about it, as profile shows
+        from syncscope.fixes.proposals import with_fix_proposals
+
+        one = rest[0] if len(rest) == 1 and isinstance(rest[0], Path) else None
+        findings = with_fix_proposals(run, findings, one)
     out_dir = out or new_folder(Path("syncscope-out") / f"analyze-{time.strftime('%Y%m%d-%H%M%S')}")
     return finish(run, findings, out_dir, fail_on, quiet, summary="text", where="reports in")
 
