@@ -55,10 +55,13 @@ def _loopy(finding: Finding) -> bool:
     return finding.kind in LOOP_KINDS and finding.severity in ("error", "warning", "info")
 
 
+# a report does not wait on a rewrite of a huge file (``syncscope fix`` itself reads up to
+# 64 MiB): about a second of libcst at this size
+MAX_SCRIPT_BYTES = 1 << 20
+
+
 def _script(run: Run) -> tuple[Path, bytes] | None:
     """The profiled script and its bytes, when it is still what ran."""
-    from syncscope.fixes.pipeline import MAX_SCRIPT_BYTES
-
     meta = run.meta
     if not meta.script or not meta.script_sha256:
         return None
