@@ -239,8 +239,11 @@ def test_rank_divergence_exactly_when_replicas_differ(bug_run, name: str) -> Non
 def test_every_snippet_shown_parses(bug_run, name: str) -> None:  # type: ignore[no-untyped-def]
     run = bug_run(name)
     for finding in run.findings():
-        snippet = (finding.get("fix") or {}).get("snippet") or ""
-        if snippet:
+        fix = finding.get("fix") or {}
+        snippet = fix.get("snippet") or ""
+        if fix.get("diff"):  # fix's own rewrite of the script: a unified diff, not a snippet
+            assert snippet == fix["diff"] and snippet.startswith("--- a/"), fix
+        elif snippet:
             ast.parse(snippet)  # SyntaxError fails the test with the snippet's line
 
 
