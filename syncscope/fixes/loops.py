@@ -28,6 +28,7 @@ from syncscope.fixes.syntax import (
     method_name,
     negation,
     no_sync_item,
+    stepped_optimizer,
     zero_grad_receiver,
 )
 from syncscope.fixes.toggles import Covers, covers, flag_value, setter_value, withs
@@ -358,11 +359,8 @@ class _Finder(cst.CSTVisitor):
             (c for s in accum.step_block for c in calls_in(s) if is_step(c)),
             None,
         )
-        if step_call is not None and isinstance(step_call.func, cst.Attribute):
-            receiver = code_of(step_call.func.value)
-            if "scaler" in receiver and step_call.args:
-                receiver = code_of(step_call.args[0].value)
-            accum.optimizer = receiver
+        if step_call is not None:
+            accum.optimizer = stepped_optimizer(step_call)
         per_micro_batch = accum.body
         if accum.gate_kind == "continue" and accum.gate_index is not None:
             per_micro_batch = accum.body[: accum.gate_index]  # what follows: at the step only

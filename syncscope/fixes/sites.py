@@ -21,7 +21,15 @@ from libcst.metadata import MetadataWrapper, PositionProvider
 from syncscope.fixes.gates import code_of
 from syncscope.fixes.loops import inner_last
 from syncscope.fixes.resolve import Resolution, WrapperKind
-from syncscope.fixes.syntax import calls_in, contains, dotted, is_backward, is_step, negation
+from syncscope.fixes.syntax import (
+    calls_in,
+    contains,
+    dotted,
+    is_backward,
+    is_step,
+    negation,
+    stepped_optimizer,
+)
 
 
 @dataclass(frozen=True)
@@ -101,7 +109,7 @@ class _Sites(cst.CSTVisitor):
                 forward=_statement_code(forward) if forward is not None else None,
                 backward=_statement_code(backward) if through is None else "",
                 last=_last_test(gate) if gate is not None else _inner_test(inner),
-                optimizer=_optimizer(step_call),
+                optimizer=stepped_optimizer(step_call) or "optimizer",
                 step=code_of(step_call),
                 through=through,
                 inner=_header(inner) if inner is not None else None,
@@ -194,13 +202,6 @@ def _inner_test(inner: cst.For | cst.While | None) -> str | None:
 def _last_test(gate: tuple[cst.If, bool]) -> str:
     node, in_body = gate
     return code_of(node.test if in_body else negation(node.test))
-
-
-def _optimizer(step: cst.Call) -> str:
-    owner = code_of(step.func.value) if isinstance(step.func, cst.Attribute) else "optimizer"
-    if "scaler" in owner and step.args:
-        return code_of(step.args[0].value)
-    return owner
 
 
 def _backward_functions(module: cst.Module) -> set[str]:

@@ -128,6 +128,17 @@ def is_step(call: cst.Call) -> bool:
     return "sched" not in owner and not owner.endswith("lr") and "warmup" not in owner
 
 
+def stepped_optimizer(step: cst.Call) -> str | None:
+    """The optimizer a step call steps: ``optimizer`` of ``optimizer.step()`` and of
+    ``scaler.step(optimizer)``; None for a bare call."""
+    if not isinstance(step.func, cst.Attribute):
+        return None
+    owner = code_of(step.func.value)
+    if "scaler" in owner and step.args:
+        return code_of(step.args[0].value)
+    return owner
+
+
 def is_zero_grad(call: cst.Call) -> bool:
     return method_name(call) == "zero_grad"
 
