@@ -357,8 +357,12 @@ class Monitor(threading.Thread):
         if now - self._lingering_since > LINGER_GRACE_S:
             return False
         live = {self._ranks.get(p, -1): (self._pids[p], self._hosts.get(p, "")) for p in alive}
-        working = any(view.progressing for view in self.beats.read(live, now).values())
-        if working and not self._said_lingering and now - self._lingering_since >= NOTE_S:
+        views = self.beats.read(live, now).values()
+        working = any(view.progressing for view in views)
+        # said only of work off the main thread: a main thread busy after the script's end is
+        # the interpreter shutting down (torch's teardown), which is not the script's threads
+        threads = any(view.working for view in views)
+        if threads and not self._said_lingering and now - self._lingering_since >= NOTE_S:
             self._said_lingering = True
             which = ", ".join(str(r) for r in sorted(live))
             print(

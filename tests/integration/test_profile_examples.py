@@ -24,6 +24,9 @@ CASES = [
 def test_example_grad_syncs_per_window(profiled, script, syncs, positions, collective) -> None:  # type: ignore[no-untyped-def]
     run = profiled(EXAMPLES / script, "--steps", "2")
     assert run.proc.returncode == 0, run.proc.stderr[-2000:]
+    # a script with no thread of its own: the interpreter's shutdown after the script is not
+    # "non-daemon threads still work"
+    assert "non-daemon" not in run.proc.stderr, run.proc.stderr[-2000:]
     assert run.report["world_size"] == 2
     assert [r["rank"] for r in run.report["ranks"]] == [0, 1]
     op, count = collective
