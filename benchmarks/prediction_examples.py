@@ -3,8 +3,8 @@ rewrites, at its default size and at the README's (``--hidden 1024 --layers 8 --
 run as ``fix --verify`` runs it (``syncscope profile --nproc-per-node 2``, 2 CPU ranks).
 
 For each: the speed-up the original's report projects (range and median, and whether the
-range is widened) against the one then measured as ``fix --verify`` measures it (rank 0's
-median complete window, window 0 apart, original over fixed). The original and the fixed
+range is widened) against the one then measured as ``fix --verify`` measures it (the
+report's window time: median over ranks and steady windows, original over fixed). The original and the fixed
 script run back to back, in alternating order, ``--reps`` times, so that drift in the load
 of a shared machine falls on both.
 
@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import os
 import shutil
-import statistics
 import subprocess
 import sys
 import tempfile
@@ -68,11 +67,10 @@ def _profile_example(script: Path, args: list[str], out: Path) -> Run:
 
 
 def verify_window_ns(run: Run) -> float | None:
-    """What ``fix --verify`` measures: rank 0's median complete window, window 0 apart."""
-    rank0 = [r for r in run.ranks if r.rank == 0]
-    durations = {w.index: w.duration_ns for r in rank0 for w in r.windows if w.complete}
-    steady = [d for i, d in durations.items() if i != 0] or list(durations.values())
-    return float(statistics.median(steady)) if steady else None
+    """What ``fix --verify`` measures: the report's window time (median over ranks and steady
+    windows, warm-up windows apart)."""
+    stat = figures.window_time(run)
+    return stat.median if stat else None
 
 
 def examples(work: Path, reps: int, only: list[str] | None = None) -> dict[str, Any]:

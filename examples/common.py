@@ -26,7 +26,7 @@ if os.environ.get("SYNCSCOPE_BENCH") == "1":
 
 def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser()
-    parser.add_argument("--steps", type=int, default=3, help="optimizer steps (windows)")
+    parser.add_argument("--steps", type=int, default=6, help="optimizer steps (windows)")
     parser.add_argument("--accum", type=int, default=4, help="micro-batches per step")
     parser.add_argument("--hidden", type=int, default=32)
     parser.add_argument("--layers", type=int, default=2)

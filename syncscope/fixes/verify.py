@@ -42,7 +42,7 @@ CORRECTNESS_KINDS = frozenset({"missing-sync", "grad-reset-mid-window", "rank-di
 @dataclass(frozen=True)
 class Profiled:
     grad_syncs: tuple[int, ...]  # per complete window, worst rank
-    window_ms: float | None  # median complete-window duration on rank 0, warm-up window 0 apart
+    window_ms: float | None  # the report's window time: median over ranks and steady windows
     losses: tuple[float, ...] | None
     kinds: frozenset[str]
     window_spread: Stat | None = None  # the same windows' median, low and high (ms)
@@ -68,21 +68,19 @@ class Verification:
 
 
 def _summarize(report: dict[str, Any], stdout: str) -> Profiled:
+    """Grad syncs per complete window (worst rank), and the report's own window time: the
+    median over ranks and steady windows, warm-up windows apart (the first; one holding a
+    one-time cost such as DDP's bucket rebuild, which a fixed loop moves to window 1), the
+    figure the report, ``diff`` and the projection use (``syncscope.model.figures``)."""
     per_window: dict[int, int] = {}
-    durations: dict[int, int] = {}
     for rank in report.get("ranks") or []:
         for window in rank.get("windows") or []:
             if not window.get("complete"):
                 continue
             index = int(window["index"])
             per_window[index] = max(per_window.get(index, 0), int(window.get("grad_syncs", 0)))
-            if rank.get("rank") == 0:
-                durations[index] = int(window.get("duration_ns", 0))
     losses = tuple(float(x) for x in LOSS.findall(stdout))
-    steady = [d / 1e6 for i, d in durations.items() if i != 0] or [
-        d / 1e6 for d in durations.values()
-    ]
-    spread = Stat.of(steady)
+    spread = _window_time(report)
     return Profiled(
         tuple(per_window[i] for i in sorted(per_window)),
         spread.median if spread else None,
@@ -90,6 +88,22 @@ def _summarize(report: dict[str, Any], stdout: str) -> Profiled:
         frozenset(str(f.get("kind")) for f in report.get("findings") or []),
         spread,
     )
+
+
+def _window_time(report: dict[str, Any]) -> Stat | None:
+    """report.json's ``figures.window_time_ns``, in milliseconds."""
+    figure = (report.get("figures") or {}).get("window_time_ns")
+    if not isinstance(figure, dict):
+        return None
+    try:
+        return Stat(
+            float(figure["median"]) / 1e6,
+            float(figure["low"]) / 1e6,
+            float(figure["high"]) / 1e6,
+            int(figure["n"]),
+        )
+    except (KeyError, TypeError, ValueError):
+        return None
 
 
 def _window_cell(p: Profiled) -> str:

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from dataclasses import replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import pytest
@@ -177,11 +177,16 @@ def test_a_change_inside_the_windows_spread_is_within_noise() -> None:
 
 
 def _profiled_report(durations_ms: list[float]) -> dict[str, object]:
+    from syncscope.model.figures import Stat
+
     windows = [
         {"index": i, "complete": True, "grad_syncs": 1, "duration_ns": int(d * 1e6)}
         for i, d in enumerate(durations_ms)
     ]
-    return {"ranks": [{"rank": 0, "windows": windows}], "findings": []}
+    steady = Stat.of([int(d * 1e6) for d in durations_ms[1:]])  # window 0: warm-up
+    assert steady is not None
+    figures = {"window_time_ns": asdict(steady)}  # as report.json writes it
+    return {"ranks": [{"rank": 0, "windows": windows}], "findings": [], "figures": figures}
 
 
 def test_fix_verify_compares_window_time_with_a_noise_band() -> None:
@@ -192,7 +197,7 @@ def test_fix_verify_compares_window_time_with_a_noise_band() -> None:
     quiet = _summarize(_profiled_report([40, 33.9, 30.0, 36.0]), "")
     fast = _summarize(_profiled_report([20, 12.8, 12.0, 13.5]), "")
     # THEN the first window (warm-up) is left out, the spread shown, and no gain claimed
-    assert loaded.window_ms == (32.2 + 65.9) / 2
+    assert loaded.window_ms == pytest.approx((32.2 + 65.9) / 2)
     lines = render(Verification(loaded, quiet, True, None, False))
     assert any(line.startswith("window time: within noise") for line in lines), lines
     assert any("(20.0-70.0)" in line for line in lines)
