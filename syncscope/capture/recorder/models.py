@@ -29,7 +29,6 @@ from syncscope.capture.recorder.gradients import fsdp_param_groups
 _GRAD_SAMPLE = 4  # gradients looked at per model around each backward
 
 
-
 def _stamp(t: object) -> object:
     """A gradient's identity and version (in place changes bump the version); a DTensor's
     local tensor is the one written in place (FSDP2 accumulates into it)."""
