@@ -17,6 +17,7 @@ from typing import Any
 
 import pytest
 
+from syncscope.text import human_bytes
 from tests.conftest import ROOT, run_syncscope, torchrun
 
 pytestmark = pytest.mark.slow
@@ -78,8 +79,6 @@ def test_trace_of_two_models_counts_each_reduction_and_says_what_it_cannot_tell(
         assert sorted(sizes) == ["D", "G"]
         assert all(v["rounds"] == 1 for w in t["windows"] for v in w["models"].values())
         for (size,) in sizes.values():
-            from syncscope.text import human_bytes
-
             assert f"{human_bytes(size)} reduced 1x per window" in note, (note, sizes)
         windows = _windows(report, t["rank"])
         assert len(windows) == WINDOWS
