@@ -8,8 +8,10 @@ from pathlib import Path
 from typing import Any
 
 import orjson
+import pytest
 
 from syncscope.analysis.diagnose import diagnose
+from syncscope.errors import BadTrace
 from syncscope.load.traces import load_traces
 
 
@@ -101,3 +103,11 @@ def test_two_models_in_a_trace_are_counted_by_size_and_said_not_told_apart(
 def test_one_model_in_a_trace_draws_no_several_models_note(tmp_path: Path) -> None:
     run = _job(tmp_path, lambda t: _amp(t, (False,) * 4))
     assert not [n for n in run.meta.notes if "distinct gradient reductions" in n]
+
+
+def test_scale_updates_without_any_optimizer_step_make_no_skipped_windows(tmp_path: Path) -> None:
+    """Every step skipped is not what a trace with no ``Optimizer.step#`` at all says: its
+    optimizer may be one torch does not annotate. No window is made up from the updates:
+    the trace reads as one without optimizer steps."""
+    with pytest.raises(BadTrace, match="no optimizer steps"):
+        _job(tmp_path, lambda t: _amp(t, (True,) * 3))

@@ -99,7 +99,7 @@ def read_rank(
     except SyncscopeError as exc:
         result.error = str(exc)
         return result
-    if (events.steps or events.scale_updates) and (result.rank < result.job.world_size or not info):
+    if events.steps and (result.rank < result.job.world_size or not info):
         result.rank_run = rank_from_trace(events, meta, result.rank, result.flags)
     return result
 

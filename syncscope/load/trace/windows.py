@@ -107,7 +107,7 @@ def _steps(
             merged[-1].busy_ns = merged[-1].end - merged[-1].start
             continue
         merged.append(_Step(span.start, span.end, busy_ns=span.end - span.start))
-    if updates:
+    if updates and merged:  # with no step at all, the optimizer may be one torch never marks
         merged = sorted(
             [*merged, *_skipped_steps(merged, updates, backward)], key=lambda s: s.start
         )
