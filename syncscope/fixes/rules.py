@@ -23,7 +23,7 @@ from syncscope.fixes.edits import Edit
 from syncscope.fixes.gates import agree, code_of, effective
 from syncscope.fixes.loops import Toggle
 from syncscope.fixes.resolve import WRAPPER_WORDS
-from syncscope.fixes.syntax import statement_call
+from syncscope.fixes.syntax import contains, is_backward, statement_call
 
 SUGGEST_STYLE = (
     "name the wrapper with --style (no_sync or flag for DDP, fsdp2, accelerate) "
@@ -143,9 +143,14 @@ class FsdpToggleMisplaced(Rule):
             return None
         setters = [t for t in loop.toggles if t.kind == "setter"]
         before = [t for t in setters if t.index < loop.backward]
+        # several models (a GAN's D and G): a setter between two backwards gates the later
+        # one, so only a setter after the body's last backward comes too late
+        last_backward = max(
+            (i for i, s in enumerate(loop.body) if contains(s, is_backward)), default=loop.backward
+        )
         for toggle in loop.toggles:
             forward_only = toggle.kind == "no_sync" and toggle.covers == "forward"
-            after_backward = toggle.kind == "setter" and toggle.index > loop.backward
+            after_backward = toggle.kind == "setter" and toggle.index > last_backward
             enabled_last = bool(before) and toggle is before[-1] and _literal(toggle, "True")
             if forward_only or after_backward or (enabled_last and len(setters) > 1):
                 message = (

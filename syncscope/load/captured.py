@@ -314,7 +314,8 @@ class _RankReader:
         coll = _collective(ev, group, position, self.done.get(ev["seq"]))
         if coll.issuer == "ddp" and coll.grad_sync and coll.phase == "backward":
             # the DDP model whose forward armed its reducer; several armed: not told apart
-            coll = dataclasses.replace(coll, module=self.armed[0] if len(self.armed) == 1 else "")
+            armed = self.armed[0] if len(self.armed) == 1 else ""
+            coll = dataclasses.replace(coll, module=armed, model=armed)
         current.collectives.append(coll)
         summary = PendingCollective(
             seq=coll.seq,
@@ -519,6 +520,7 @@ def _collective(
         else "torch",
         bucket=ev.get("bucket"),
         module=str(ev.get("detail", "")),
+        model=str(ev.get("model", "") or ""),
         site=_site(ev.get("site")),
         via=str(ev.get("via", "") or ""),
         grad_params=_names(ev.get("grad_params")),

@@ -17,7 +17,7 @@ from syncscope.errors import BadRunDirectory
 from syncscope.files import NotRegularFile
 from syncscope.load.captured import rank_from_events
 from syncscope.model import RankRun, Run, RunMeta, compress_ranks, missing_ranks_text
-from syncscope.model.per_model import ddp_models
+from syncscope.model.per_model import wrapped_models
 from syncscope.model.replicas import local_sgd
 from syncscope.rundir import (
     DROPPED,
@@ -89,8 +89,8 @@ def compare_fingerprints(ranks: Sequence[RankRun], world: int = 0) -> tuple[Rank
 
 
 def _judged_per_model(rank: RankRun) -> bool:
-    """The rank steps several DDP models and its backwards say whose gradients they made."""
-    return bool(ddp_models(rank)) and any(
+    """The rank steps several wrapped models and its backwards say whose gradients they made."""
+    return bool(wrapped_models(rank)) and any(
         mb.grads_of is not None for w in rank.windows for mb in w.micro_batches
     )
 
@@ -106,10 +106,10 @@ def assemble(meta: RunMeta, ranks: Iterable[RankRun]) -> Run:
             f"no events from rank(s) {missing} of {meta.world_size}; "
             "if they ran on other nodes, merge their directories: syncscope analyze DIR DIR ..."
         )
-    models = {r.rank: len(ddp_models(r)) for r in ordered if _judged_per_model(r)}
+    models = {r.rank: len(wrapped_models(r)) for r in ordered if _judged_per_model(r)}
     if models:
         notes.append(
-            f"rank(s) {compress_ranks(list(models))} step {max(models.values())} DDP models: "
+            f"rank(s) {compress_ranks(list(models))} step {max(models.values())} wrapped models: "
             "each model's grad syncs are counted and judged on its own micro-batches "
             "(report.json windows[].models); a window's grad syncs count every model's"
         )

@@ -100,7 +100,7 @@ def _merge_flags(into: RankNotes, rank: RankNotes) -> None:
     into.dtype_assumed = into.dtype_assumed or rank.dtype_assumed
     into.sizes_unknown = into.sizes_unknown or rank.sizes_unknown
     into.backend_only = rank.backend_only  # the last rank read decides, as before
-    into.extra.extend(rank.extra)
+    into.extra.extend(line for line in rank.extra if line not in into.extra)
 
 
 def worker_count(files: Sequence[Path]) -> int:

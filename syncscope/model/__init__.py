@@ -154,6 +154,9 @@ class Collective:
     issuer: Issuer
     bucket: int | None = None  # DDP bucket index (order within one backward)
     module: str = ""  # FSDP module name, or the DDP model whose forward armed the reduction
+    # several wrapped models on the rank: the model (DDP model or FSDP root) whose gradients
+    # it reduces, "" where one model or none can be named
+    model: str = ""
     site: SourceLocation | None = None  # user call site, when the user issued it
     via: str = ""  # what drove a wrapper's reduction outside autograd ("pipelining")
     # a user reduction of ``.grad`` tensors: the parameters (names, at most 32), and the

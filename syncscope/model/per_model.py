@@ -1,21 +1,23 @@
 """A window seen from each wrapped model, where a rank steps several (a GAN's D and G).
 
-The principle holds per model: each DDP model's gradients are reduced once per window, after
-the last backward that gave *it* gradients. Two models stepped in one loop reduce twice per
-window, once each, and that is right. So where a rank wraps two or more DDP models and its
-backwards say which models they gave gradients to (``MicroBatch.grads_of``, live captures
-since that field exists), each model gets a *view* of the window: a ``Window`` holding only
+The principle holds per model: each model's gradients are reduced once per window, after the
+last backward that gave *it* gradients. Two models stepped in one loop reduce twice per
+window, once each, and that is right. So where a rank wraps two or more models (DDP models,
+FSDP roots: ``fully_shard`` or FullyShardedDataParallel) and its backwards say which models
+they gave gradients to (``MicroBatch.grads_of``), each model gets a *view* of the window: a
+``Window`` holding only
 
 - the micro-batches whose backward gave that model gradients (or whose forward armed its
-  reducer), numbered again from 0;
-- its own reductions (``Collective.module``: the model whose forward armed DDP's reducer; a
-  backward in which several were armed counts for each of them), the collectives that
-  reduce no gradients, and reductions no model can be named for (a hand all-reduce);
+  DDP reducer), numbered again from 0;
+- its own reductions (``Collective.model``: the DDP model whose forward armed the reducer,
+  the FSDP root whose param group reduce-scattered; a DDP backward in which several were
+  armed counts for each of them), the collectives that reduce no gradients, and reductions
+  no model can be named for (a hand all-reduce);
 - its own sync toggles, and the window's gradient resets;
 
 positions moved to that numbering. Every per-window rule then judges each view as it judges
-the window of a one-model job. Anything else (one model, FSDP, traces, older captures) has
-one view: the window itself, with the label "".
+the window of a one-model job. Anything else (one model, traces, older captures) has one
+view: the window itself, with the label "".
 """
 
 from __future__ import annotations
@@ -25,9 +27,10 @@ from dataclasses import replace
 from syncscope.model import Collective, MicroBatch, RankRun, Window
 
 
-def ddp_models(rank: RankRun) -> list[str]:
-    """The DDP models' labels of a rank that wraps two or more, else []."""
-    labels = [w.label for w in rank.wrappers if w.kind == "ddp" and w.label]
+def wrapped_models(rank: RankRun) -> list[str]:
+    """The labels of the models (DDP models, FSDP roots) of a rank that wraps two or more,
+    else []."""
+    labels = [w.label for w in rank.wrappers if w.kind in ("ddp", "fsdp") and w.label]
     return labels if len(labels) >= 2 else []
 
 
@@ -38,8 +41,8 @@ def _belongs(mb: MicroBatch, label: str) -> bool:
 def _reduces_for(c: Collective, label: str, labels: list[str], window: Window) -> bool:
     if not c.grad_sync:
         return True
-    if c.module in labels:
-        return c.module == label
+    if c.model in labels:
+        return c.model == label
     if c.issuer == "ddp" and 0 <= c.micro_batch < len(window.micro_batches):
         armed = window.micro_batches[c.micro_batch].armed
         return label in armed or not armed
@@ -49,7 +52,7 @@ def _reduces_for(c: Collective, label: str, labels: list[str], window: Window) -
 def model_views(rank: RankRun, window: Window) -> list[tuple[str, Window]]:
     """``[(model label, its view of the window)]``; ``[("", window)]`` when the rank has
     one model, or its backwards did not record whose gradients they changed."""
-    labels = ddp_models(rank)
+    labels = wrapped_models(rank)
     mbs = window.micro_batches
     if not labels or not mbs or any(mb.grads_of is None for mb in mbs):
         return [("", window)]

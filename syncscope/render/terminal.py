@@ -28,7 +28,7 @@ from syncscope.model import (
     verdict_of,
 )
 from syncscope.model.figures import median
-from syncscope.model.per_model import ddp_models
+from syncscope.model.per_model import wrapped_models
 from syncscope.render.summary import (
     frameworks_of,
     headline,
@@ -100,7 +100,7 @@ def _rank_signature(rank: RankRun, apart: frozenset[int]) -> tuple[tuple[object,
 def _expected_title(run: Run) -> str:
     """What one window should hold: one grad sync, or one per model where a rank steps
     several DDP models (each judged on its own)."""
-    models = max((len(ddp_models(rank)) for rank in run.ranks), default=0)
+    models = max((len(wrapped_models(rank)) for rank in run.ranks), default=0)
     if models >= 2:
         return (
             f"Gradient syncs per window (expected: 1 per model, {models} models, "

@@ -124,6 +124,81 @@ def test_gan_sync_helper_passes_fix_check() -> None:
     assert done.stdout.strip() == "", done.stdout
 
 
+# -- two FSDP2 roots stepped in one loop (a GAN) ----------------------------------------------
+
+FSDP_GAN = {"last": {"D": 1, "G": 1}, "none": {"D": 4, "G": 1}, "forever": {"D": 0, "G": 1}}
+
+
+def _fsdp_labels(run: ProfiledRun) -> dict[str, str]:
+    """The truth's model names to syncscope's labels: G's forward runs first."""
+    roots = [w["label"] for w in run.report["ranks"][0]["wrappers"] if w["kind"] == "fsdp"]
+    assert len(roots) == 2, roots
+    return {"G": roots[0], "D": roots[1]}
+
+
+@pytest.mark.parametrize("gate", list(FSDP_GAN))
+def test_fsdp_gan_grad_syncs_are_counted_per_root(recipe_run, gate: str) -> None:  # type: ignore[no-untyped-def]
+    run, truth = recipe_run("fsdp_gan_two_models", "--d-gate", gate)
+    labels = _fsdp_labels(run)
+    for rank, t in truth.items():
+        assert t["error"] is None and t["windows_completed"] == WINDOWS
+        windows = run.complete_windows(rank)
+        assert len(windows) == WINDOWS
+        for w, true in zip(windows, t["windows"], strict=True):
+            sizes = {name: m["bytes"] for name, m in true["models"].items()}
+            # the truth's own check: each model's reduce-scatters have one size, its own
+            assert all(len(b) == 1 for b in sizes.values()), sizes
+            assert len({b[0] for b in sizes.values()}) == len(sizes), sizes
+            for name, label in labels.items():
+                mine = w["models"][label]
+                told = true["models"].get(name, {"rounds": 0, "reduced_at": []})
+                assert told["rounds"] == FSDP_GAN[gate][name], (rank, name, true)
+                assert mine["micro_batches"] == 4, (rank, name, w)
+                assert mine["grad_syncs"] == told["rounds"], (rank, name, w, true)
+                assert mine["grad_sync_micro_batches"] == told["reduced_at"], (rank, name, w)
+            assert w["expected_grad_syncs"] == 2
+
+
+def test_fsdp_gan_with_right_gates_is_clean(recipe_run) -> None:  # type: ignore[no-untyped-def]
+    run, truth = recipe_run("fsdp_gan_two_models", "--d-gate", "last")
+    labels = _fsdp_labels(run)
+    assert all(w["params_equal"] for t in truth.values() for w in t["windows"])
+    assert run.report["verdict"] == "clean", _findings(run)
+    # each model holds unsharded gradients between its micro-batches: a trade-off, per model
+    assert sorted(_findings(run), key=str) == sorted(
+        [("unsharded-grad-memory", "sync-skipped", "info", labels[m]) for m in ("G", "D")],
+        key=str,
+    )
+
+
+def test_fsdp_gan_sharded_accumulation_names_its_model(recipe_run) -> None:  # type: ignore[no-untyped-def]
+    run, _ = recipe_run("fsdp_gan_two_models", "--d-gate", "none")
+    labels = _fsdp_labels(run)
+    sharded = [f for f in run.report["findings"] if f["cause"] == "fsdp-sharded-accumulation"]
+    assert [(f["severity"], f["evidence"]["model"]) for f in sharded] == [("info", labels["D"])]
+    assert run.report["verdict"] == "clean", _findings(run)
+
+
+def test_fsdp_gan_root_never_re_enabled_is_an_error_on_that_root(recipe_run) -> None:  # type: ignore[no-untyped-def]
+    run, _ = recipe_run("fsdp_gan_two_models", "--d-gate", "forever")
+    labels = _fsdp_labels(run)
+    missing = [f for f in run.report["findings"] if f["kind"] == "missing-sync"]
+    assert [(f["evidence"]["model"], f["severity"]) for f in missing] == [(labels["D"], "error")], (
+        _findings(run)
+    )
+    assert run.report["verdict"] != "clean"
+
+
+def test_fsdp_gan_gates_pass_fix_check() -> None:
+    """Each root's ``set_requires_gradient_sync(last)`` before its own phase's backward is
+    the correct FSDP form, also where the G setter sits between D's backward and G's."""
+    from tests.conftest import run_syncscope
+
+    done = run_syncscope("fix", "--check", str(RECIPES / "fsdp_gan_two_models.py"))
+    assert done.returncode == 0, done.stdout + done.stderr
+    assert done.stdout.strip() == "", done.stdout
+
+
 # -- GradScaler skipping steps (fp16 overflow) ------------------------------------------------
 
 

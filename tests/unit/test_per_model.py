@@ -47,7 +47,7 @@ def test_two_models_each_reduced_once_read_one_per_window_and_clean() -> None:
         D: {"micro_batches": 4, "grad_syncs": 1, "grad_sync_micro_batches": [3]},
     }
     assert window_dict(window, run.ranks[0])["expected_grad_syncs"] == 2
-    assert any("step 2 DDP models" in note for note in run.meta.notes)
+    assert any("step 2 wrapped models" in note for note in run.meta.notes)
     assert diagnose(run) == []
 
 
@@ -79,3 +79,52 @@ def test_the_terminal_table_expects_one_sync_per_model() -> None:
 
     run = run_of(_gan_rank(0), _gan_rank(1))
     assert "expected: 1 per model, 2 models, each on its last micro-batch" in render_text(run, [])
+
+
+# -- FSDP roots (``fully_shard`` or FullyShardedDataParallel), each its own model -------------
+
+FG, FD = "fsdp:G#0", "fsdp:D#1"
+
+
+def _fsdp_gan_rank(rank: int, d_reduces_at: tuple[int, ...] = (3,), windows: int = 2) -> Rank:
+    """Two FSDP roots: per micro-batch D's backward (gives D gradients; D reduce-scatters on
+    ``d_reduces_at``), then G's (gives G gradients only; G reduce-scatters on the last). FSDP
+    decides at backward: each reduce-scatter names the root whose param group issued it."""
+    r = Rank(rank, wrappers=("fsdp", "fsdp"))
+    r.events[2]["label"], r.events[3]["label"] = FG, FD
+    for _ in range(windows):
+        for micro in range(4):
+            last = micro == 3
+            d_sync = micro in d_reduces_at
+            r.add("fwd", wrapper="fsdp", module=FD, sync=d_sync, depth=0, site=None)
+            r.add("bwd", sync={FG: False, FD: d_sync}, site=None)
+            if d_sync:
+                r.coll("reduce_scatter", issuer="fsdp", model=FD)
+            r.add("bwd_end", grads_of=[FD])
+            r.add("fwd", wrapper="fsdp", module=FG, sync=last, depth=0, site=None)
+            r.add("bwd", sync={FG: last, FD: False}, site=None)
+            if last:
+                r.coll("reduce_scatter", issuer="fsdp", model=FG)
+            r.add("bwd_end", grads_of=[FG])
+        r.step()
+        r.step()
+    return r.finish()
+
+
+def test_two_fsdp_roots_each_reduced_once_read_one_per_model() -> None:
+    run = run_of(_fsdp_gan_rank(0), _fsdp_gan_rank(1))
+    window = run.ranks[0].windows[0]
+    assert (len(window.micro_batches), window.grad_syncs) == (8, 2)
+    assert grad_syncs_by_model(run.ranks[0], window) == {
+        FG: {"micro_batches": 4, "grad_syncs": 1, "grad_sync_micro_batches": [3]},
+        FD: {"micro_batches": 4, "grad_syncs": 1, "grad_sync_micro_batches": [3]},
+    }
+    assert window_dict(window, run.ranks[0])["expected_grad_syncs"] == 2
+    assert all(f.severity == "info" for f in diagnose(run))
+    assert not [f for f in diagnose(run) if f.kind in ("redundant-sync", "missing-sync")]
+
+
+def test_an_fsdp_root_never_reduced_is_missing_its_sync_alone() -> None:
+    run = run_of(*(_fsdp_gan_rank(r, d_reduces_at=()) for r in (0, 1)))
+    missing = [f for f in diagnose(run) if f.kind == "missing-sync"]
+    assert [f.evidence.get("model") for f in missing] == [FD]

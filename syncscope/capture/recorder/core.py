@@ -24,6 +24,7 @@ from syncscope.capture.fingerprint import (
     rss_bytes,
 )
 from syncscope.capture.recorder.gradients import GradientIndex, _op_tensors
+from syncscope.capture.recorder.models import ModelIndex
 from syncscope.capture.recorder.pending import PendingWork
 from syncscope.capture.recorder.records import Item, Record, event_of, needs_mem
 from syncscope.capture.recorder.records import perf_ns as _perf_ns
@@ -138,7 +139,7 @@ def _payload(tensors: list[torch.Tensor]) -> tuple[int, str, bool]:
     return nbytes, dtype, bool(tensors) and all(t.is_floating_point() for t in tensors)
 
 
-class Recorder(WrapperRegistry, GradientIndex, PendingWork, StepHooks):
+class Recorder(WrapperRegistry, GradientIndex, ModelIndex, PendingWork, StepHooks):
     """Receives callbacks from the instrumentation and writes events for one rank.
 
     In parts, by concern: this class is the window/phase state machine and holds the
@@ -182,6 +183,7 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork, StepHooks):
         self._closed = False
         self._init_wrappers()
         self._init_gradients()
+        self._init_models()
         self._init_pending()
         self._init_steps()
         self._window_activity = False  # a backward, collective or reset since the last step
@@ -279,6 +281,7 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork, StepHooks):
         self._pending_fp = []
         self._pending_pfp = []
         self._forget_gradients()
+        self._forget_models()
 
     # -- forward ----------------------------------------------------------------------------
     def _window_begin(self) -> None:
@@ -338,7 +341,7 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork, StepHooks):
         if self._bucket_ptrs:
             self._bucket_ptrs = set()
         self._window_activity = True
-        self._model_grads = self.model_grad_state()  # several DDP models: whose grads change
+        self._model_grads = self.model_grad_state()  # several models: whose grads change
         self.hold(
             ("bwd", _perf_ns() + self._clock_offset, self.sync_state(), sites.user_site(2, "bwd"))
         )
@@ -352,7 +355,7 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork, StepHooks):
             return
         if self._model_grads is None:
             self.hold(("bwd_end", _perf_ns() + self._clock_offset))
-        else:  # several DDP models: which of them this backward gave gradients to
+        else:  # several models: which of them this backward gave gradients to
             changed = self.models_with_new_grads()
             self.hold(("bwd_end", _perf_ns() + self._clock_offset, {"grads_of": changed}))
             self._model_grads = None
@@ -481,6 +484,10 @@ class Recorder(WrapperRegistry, GradientIndex, PendingWork, StepHooks):
             issuer == "user" and (grad_storage or grad_content)
         )
         extra = self._reduction_facts(issuer, tensors, grad_storage) if rare else None
+        if issuer == "fsdp" and op in ("reduce_scatter", "all_reduce"):
+            model = self.fsdp_model_of_reduction(1)  # several models: whose gradients
+            if model:
+                extra = {**(extra or {}), "model": model}
         self.hold(
             (
                 "coll",

@@ -128,7 +128,6 @@ class GradientIndex:
         ddp_modules: weakref.WeakKeyDictionary[Any, str]
         fsdp1_modules: weakref.WeakKeyDictionary[Any, str]
         fsdp_roots: weakref.WeakKeyDictionary[Any, str]
-        ddp_labels: dict[int, tuple[weakref.ref[Any], str]]
 
     def _init_gradients(self) -> None:
         self._grads_freed = False  # ZeRO-2/3: the model's .grad is freed once reduced
@@ -142,15 +141,12 @@ class GradientIndex:
         self._params_cache: list[torch.Tensor] = []
         self._grad_sample: list[torch.Tensor] = []  # what _count_grads looks at
         self._params_dirty = True  # a wrapper or optimizer step since _params last ran
-        self._model_sample: dict[str, list[torch.Tensor]] = {}  # DDP label -> sampled params
-        self._model_grads: dict[str, tuple[object, ...]] | None = None  # at backward begin
 
     def _forget_gradients(self) -> None:
         """Hold none of the job's tensors (capture is over: they must be free to go)."""
         self._params_cache, self._grad_sample = [], []
         self._grad_ptrs, self._grad_list = None, []
         self._content_hits, self._bucket_ptrs = set(), set()
-        self._model_sample, self._model_grads = {}, None
 
     def _params(self) -> list[torch.Tensor]:
         """Parameters of the known optimizers (else of the wrapped models), cached."""
@@ -175,38 +171,6 @@ class GradientIndex:
         self._params_cache = params
         self._grad_sample = params[:: max(1, -(-len(params) // _GRAD_SAMPLE))]
         return self._params_cache
-
-    def model_grad_state(self) -> dict[str, tuple[object, ...]] | None:
-        """With several DDP models: per model, the identity and version counter of a spread
-        sample of at most _GRAD_SAMPLE of its parameters' gradients, which a backward that
-        accumulates into them changes (in place: the version; a new tensor: the identity).
-        None with one DDP model or none: nothing to tell apart, nothing read."""
-        labels = self.ddp_labels
-        if len(labels) < 2:
-            return None
-        state: dict[str, tuple[object, ...]] = {}
-        for ref, label in list(labels.values()):
-            sample = self._model_sample.get(label)
-            if sample is None:
-                module = ref()
-                if module is None:
-                    continue
-                params = list(module.parameters())
-                step = max(1, -(-len(params) // _GRAD_SAMPLE))
-                sample = self._model_sample[label] = params[::step]
-            state[label] = tuple(
-                None if (g := p.grad) is None else (id(g), g._version) for p in sample
-            )
-        return state
-
-    def models_with_new_grads(self) -> list[str] | None:
-        """The DDP models whose sampled gradients the backward that just ended changed
-        (compared with ``model_grad_state`` at its begin); None with fewer than two."""
-        before = self._model_grads
-        if before is None:
-            return None
-        after = self.model_grad_state() or {}
-        return [label for label, state in after.items() if before.get(label) != state]
 
     def _count_grads(self) -> int:
         """Parameters holding a gradient, among a spread sample of at most _GRAD_SAMPLE of

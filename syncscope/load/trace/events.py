@@ -28,7 +28,16 @@ FORWARD_MARKERS = frozenset(
 )
 _FSDP_REDUCE = "FSDP::post_backward_reduce"
 _BACKWARD = "autograd::engine::evaluate_function:"
-_NOT_COMPUTE = ("c10d::", "record_param_comms", "autograd::engine", "ProfilerStep", "Optimizer.")
+# GradScaler.update(): once per window, also where GradScaler.step() skipped optimizer.step()
+_SCALE_UPDATE = "aten::_amp_update_scale"
+_NOT_COMPUTE = (
+    "c10d::",
+    "record_param_comms",
+    "autograd::engine",
+    "ProfilerStep",
+    "Optimizer.",
+    _SCALE_UPDATE,
+)
 _DTYPE_BYTES = {
     "float": 4, "float32": 4, "int": 4, "int32": 4, "unsigned int": 4,
     "double": 8, "float64": 8, "long": 8, "long int": 8, "int64": 8, "complexfloat": 8,
@@ -107,6 +116,7 @@ class RankEvents:
     micro_marks: list[Span] = field(default_factory=list)
     grad_marks: list[Span] = field(default_factory=list)
     profiler_steps: list[Span] = field(default_factory=list)
+    scale_updates: list[Span] = field(default_factory=list)  # GradScaler.update() calls
     collectives: list[RawCollective] = field(default_factory=list)
     param_comms: list[RawCollective] = field(default_factory=list)
     backend_comms: list[RawCollective] = field(default_factory=list)
@@ -210,6 +220,9 @@ class RankEvents:
             raise ValueError("negative duration or a time outside any run")
         if name.startswith(_BACKWARD):
             self.backward.extend((start, end))
+            return
+        if name.startswith(_SCALE_UPDATE):
+            self.scale_updates.append(Span(start, end, 0, name))
             return
         if e.get("cat") == "cpu_op" and not name.startswith(_NOT_COMPUTE):
             self.cpu_compute.extend((start, end))

@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from syncscope.load.trace.events import RankEvents, RawCollective, Span, dtype_bytes
+from syncscope.load.trace.models import model_layouts, several_models_note
 from syncscope.load.trace.overlap import Interval, Measure, measure_windows, merge_pairs
 from syncscope.load.trace.packed import Packed
 from syncscope.model import (
@@ -44,6 +45,7 @@ class _Step:
     end: int
     count: int = 1
     busy_ns: int = 0
+    skipped: bool = False  # GradScaler skipped optimizer.step(): its update() closes the window
 
 
 # A window's start, end and the step that closed it (None: the trailing window).
@@ -73,7 +75,31 @@ class RankNotes:
     extra: list[str] = field(default_factory=list)
 
 
-def _steps(spans: list[Span], backward: Sequence[Interval]) -> list[_Step]:
+def _skipped_steps(
+    steps: list[_Step], updates: list[Span], backward: Sequence[Interval]
+) -> list[_Step]:
+    """GradScaler's ``update()`` calls with no optimizer step since the last backward before
+    them: ``GradScaler.step()`` found inf/NaN and skipped ``optimizer.step()`` (the trace
+    has no ``Optimizer.step#`` there), each a step of its own, marked skipped."""
+    bw_starts = [b[0] for b in backward]
+    step_starts = sorted(s.start for s in steps)
+    out: list[_Step] = []
+    for u in sorted(updates, key=lambda u: u.start):
+        i = bisect_right(bw_starts, u.start)
+        if i == 0:
+            continue  # no backward before it: nothing was accumulated
+        since = bw_starts[i - 1]
+        if bisect_right(step_starts, u.start) > bisect_left(step_starts, since):
+            continue  # the step was taken: this update follows it
+        if out and out[-1].start >= since:
+            continue  # one update per window
+        out.append(_Step(u.start, u.end, count=0, skipped=True))
+    return out
+
+
+def _steps(
+    spans: list[Span], backward: Sequence[Interval], updates: list[Span] | None = None
+) -> list[_Step]:
     merged: list[_Step] = []
     for span in sorted(spans, key=lambda s: (s.start, -s.end)):
         if merged and span.start <= merged[-1].end:  # nested duplicate or overlapping
@@ -81,6 +107,10 @@ def _steps(spans: list[Span], backward: Sequence[Interval]) -> list[_Step]:
             merged[-1].busy_ns = merged[-1].end - merged[-1].start
             continue
         merged.append(_Step(span.start, span.end, busy_ns=span.end - span.start))
+    if updates and merged:  # with no step at all, the optimizer may be one torch never marks
+        merged = sorted(
+            [*merged, *_skipped_steps(merged, updates, backward)], key=lambda s: s.start
+        )
     grouped: list[_Step] = []
     starts = [b[0] for b in backward]
     for s in merged:
@@ -215,7 +245,7 @@ def rank_from_trace(ev: RankEvents, meta: dict[str, Any], rank: int, notes: Rank
     """The RankRun of one trace; ``ev`` must hold at least one optimizer step."""
     base = int(meta.get("baseTimeNanoseconds") or 0)
     backward = merge_pairs(ev.backward)
-    steps = _steps(ev.steps, backward)
+    steps = _steps(ev.steps, backward, ev.scale_updates)
     wrapper = _wrapper_of(ev)
     notes.no_markers = notes.no_markers or (not ev.micro_marks and not ev.forwards)
     notes.own_markers = notes.own_markers or bool(ev.window_marks)
@@ -223,6 +253,9 @@ def rank_from_trace(ev: RankEvents, meta: dict[str, Any], rank: int, notes: Rank
     _attach_done(comms, ev)
     bounds, tail_end = _bounds(ev, steps, backward, comms, notes)
     windows = _windows(ev, bounds, _Sorted(ev, backward), comms, wrapper, notes, base)
+    layouts = model_layouts(windows)
+    if layouts is not None:
+        notes.extra.append(several_models_note(layouts))
     return RankRun(
         rank=rank,
         windows=tuple(windows),
@@ -339,6 +372,7 @@ def _window_fields(
         end_ns=hi + base,
         grad_resets=shared.setdefault(("resets", resets), resets),
         steps=step.count if step else 0,
+        step_skipped=bool(step and step.skipped),
         step_ns=step.busy_ns if step else 0,
         comm_ns=measure.comm if measure else None,
         exposed_comm_ns=measure.exposed if measure else None,

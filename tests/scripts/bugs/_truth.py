@@ -102,6 +102,7 @@ class Truth:
         self.window = 0
         self.micro_batch: int | None = None
         self.phase_name = "forward"
+        self.model_name: str | None = None  # the model whose backward runs (named by the script)
         self.log: list[dict[str, Any]] = []
         self.replicas: list[dict[str, Any]] = []
         self.notes: dict[str, Any] = {}
@@ -125,9 +126,15 @@ class Truth:
         finally:
             self.phase_name = "after" if name == "backward" else outer
 
-    def backward(self, loss: torch.Tensor) -> None:
-        with self.phase("backward"):
-            loss.backward()
+    def backward(self, loss: torch.Tensor, model: str | None = None) -> None:
+        """``loss.backward()``; ``model``: the one model this backward gives gradients to
+        (the script freezes or detaches the others), named on each reduction it runs."""
+        self.model_name = model
+        try:
+            with self.phase("backward"):
+                loss.backward()
+        finally:
+            self.model_name = None
 
     @contextlib.contextmanager
     def excluded(self) -> Iterator[None]:
@@ -159,7 +166,10 @@ class Truth:
             group = next((a for a in args if isinstance(a, dist.ProcessGroup)), None)
         tensors = [a for a in (*args, *kwargs.values()) if isinstance(a, (torch.Tensor, list))]
         size = max((nbytes(t) for t in tensors), default=0)
-        self.log.append(self._entry(op, group, size, via))
+        entry = self._entry(op, group, size, via)
+        if self.model_name is not None:
+            entry["model"] = self.model_name
+        self.log.append(entry)
 
     def record_bucket(self, process_group: Any, bucket: Any, name: str | None = None) -> None:
         entry = self._entry("all_reduce", process_group, nbytes(bucket.buffer()), "ddp_comm_hook")
@@ -243,9 +253,11 @@ class Truth:
             )
             replica = next((r for r in self.replicas if r["window"] == w), None)
             by_model: dict[str, Any] = {}
+            sizes: dict[str, set[int]] = {}
             for e in reductions:
                 if "model" in e:
                     by_model.setdefault(e["model"], set()).add((e["micro_batch"], e["phase"]))
+                    sizes.setdefault(e["model"], set()).add(e["bytes"])
             windows.append(
                 {
                     "window": w,
@@ -261,7 +273,11 @@ class Truth:
                     "differing_params": replica["differing_params"] if replica else None,
                     # per model (scripts that name their models): rounds and where they ran
                     "models": {
-                        name: {"rounds": len(keys), "reduced_at": sorted(m for m, _ in keys)}
+                        name: {
+                            "rounds": len(keys),
+                            "reduced_at": sorted(m for m, _ in keys),
+                            "bytes": sorted(sizes[name]),
+                        }
                         for name, keys in sorted(by_model.items())
                     },
                 }
