@@ -80,24 +80,40 @@ def test_a_trace_of_taken_steps_only_has_no_skipped_window(tmp_path: Path) -> No
     assert [w.step_skipped for w in run.ranks[0].windows if w.complete] == [False] * 3
 
 
-def _gan(trace: _Trace) -> None:
+def _gan(trace: _Trace, d_every: bool = False) -> None:
     for _ in range(4):
         for micro in range(4):
             last = micro == 3
-            trace.micro_batch(289 if last else None)  # D's buckets
+            trace.micro_batch(289 if last or d_every else None)  # D's buckets
             trace.micro_batch(416 if last else None)  # G's
         trace.x("Optimizer.step#Adam.step")
         trace.x("Optimizer.step#Adam.step")
         trace.x("Optimizer.zero_grad#Adam.zero_grad")
 
 
-def test_two_models_in_a_trace_are_counted_by_size_and_said_not_told_apart(
-    tmp_path: Path,
-) -> None:
+def test_two_models_in_a_trace_are_told_apart_by_their_reductions(tmp_path: Path) -> None:
+    # GIVEN a GAN's trace: D's and G's backwards alternate, each model reduced once per
+    # window after its last backward (a trace names neither model)
     run = _job(tmp_path, _gan)
     (note,) = [n for n in run.meta.notes if "distinct gradient reductions" in n]
     assert "1.1 KiB reduced 1x per window; 1.6 KiB reduced 1x per window" in note
-    assert "likely 2 wrapped models" in note and "not per model" in note
+    assert "2 wrapped models, judged each on its own" in note
+    # THEN each reduction layout is a model, and neither is redundant
+    labels = [w.label for w in run.ranks[0].wrappers]
+    assert labels == ["the model reducing 1.1 KiB", "the model reducing 1.6 KiB"]
+    steady = [w for w in run.ranks[0].windows if w.complete][1:]
+    assert all(w.grad_syncs == 2 for w in steady)
+    assert not [f for f in diagnose(run) if f.kind in ("redundant-sync", "missing-sync")]
+
+
+def test_a_model_of_two_reducing_every_micro_batch_in_a_trace_is_named(tmp_path: Path) -> None:
+    # GIVEN the same GAN whose D reduces on every backward, G once per window
+    run = _job(tmp_path, lambda t: _gan(t, d_every=True))
+    (note,) = [n for n in run.meta.notes if "distinct gradient reductions" in n]
+    assert "1.1 KiB reduced 4x per window; 1.6 KiB reduced 1x per window" in note
+    # THEN the redundant syncs are D's, G's gate stands
+    redundant = [f for f in diagnose(run) if f.kind == "redundant-sync"]
+    assert redundant and all(f.evidence.get("model") == "the model reducing 1.1 KiB" for f in redundant)
 
 
 def test_one_model_in_a_trace_draws_no_several_models_note(tmp_path: Path) -> None:

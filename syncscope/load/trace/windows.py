@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from syncscope.load.trace.events import RankEvents, RawCollective, Span, dtype_bytes
-from syncscope.load.trace.models import model_layouts, several_models_note
+from syncscope.load.trace.models import model_layouts, several_models_note, split_by_layout
 from syncscope.load.trace.overlap import Interval, Measure, measure_windows, merge_pairs
 from syncscope.load.trace.packed import Packed
 from syncscope.model import (
@@ -254,7 +254,9 @@ def rank_from_trace(ev: RankEvents, meta: dict[str, Any], rank: int, notes: Rank
     bounds, tail_end = _bounds(ev, steps, backward, comms, notes)
     windows = _windows(ev, bounds, _Sorted(ev, backward), comms, wrapper, notes, base)
     layouts = model_layouts(windows)
-    if layouts is not None:
+    models: tuple[WrapperInfo, ...] = ()
+    if layouts is not None and wrapper in ("ddp", "fsdp"):
+        windows, models = split_by_layout(windows, layouts, wrapper)
         notes.extra.append(several_models_note(layouts))
     return RankRun(
         rank=rank,
@@ -262,7 +264,8 @@ def rank_from_trace(ev: RankEvents, meta: dict[str, Any], rank: int, notes: Rank
         host=str(meta.get("host_name", "")),
         pid=ev.pid or 0,
         device="cuda" if ev.comm_kernels or ev.compute_kernels else "cpu",
-        wrappers=(WrapperInfo(kind=wrapper, label=_label(wrapper)),) if wrapper != "none" else (),
+        wrappers=models
+        or ((WrapperInfo(kind=wrapper, label=_label(wrapper)),) if wrapper != "none" else ()),
         last_event_ns=tail_end + base,
         backend=str((meta.get("distributedInfo") or {}).get("backend", "")),
     )
