@@ -17,7 +17,7 @@ from syncscope.render.html import render_html
 from syncscope.render.json_report import finding_dict
 from syncscope.render.terminal import render_text
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "fix"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "fix"
 ADVICE = Fix("ddp-no_sync", "Put forward and backward inside no_sync()", "for micro, batch ...")
 
 

@@ -11,7 +11,7 @@ import pytest
 
 from syncscope import cli
 
-FIXTURES = Path(__file__).parent.parent / "fixtures" / "fix"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "fix"
 
 
 @dataclass

@@ -11,7 +11,7 @@ import pytest
 from syncscope.commands import analyze
 from syncscope.files import new_folder
 
-SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "syncscope-gloo-ddp-no_sync"
+SAMPLE = Path(__file__).resolve().parents[3] / "sample_traces" / "syncscope-gloo-ddp-no_sync"
 
 
 def test_concurrent_new_folders_are_distinct(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from syncscope.load.trace.synth import Shape, write_job
 from syncscope.load.traces import load_traces
 from syncscope.model import figures
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 SAMPLES = ROOT / "sample_traces"
 
 

@@ -9,7 +9,7 @@ import pytest
 from syncscope.fixes import FixOptions, fix_source
 from tests.helpers.fixed import fixed
 
-FIXTURES = Path(__file__).parent.parent / "fixtures" / "fix"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "fix"
 PAIRS = sorted(FIXTURES.glob("*.in.py"))
 LEAVE_ALONE = {
     "accelerate_accumulate",

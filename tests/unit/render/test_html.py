@@ -249,7 +249,7 @@ def test_rendering_imports_no_plotly_python_code() -> None:
         "render_diff_html(compare(runs.redundant(), [], runs.huge(), []))\n"
         "print(sorted(m for m in sys.modules if m.split('.')[0] in ('plotly', '_plotly_utils')))\n"
     )
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     out = subprocess.run(
         [sys.executable, "-c", script], cwd=root, capture_output=True, text=True, check=True
     )
@@ -410,7 +410,7 @@ def test_charts_number_windows_as_the_terminal_and_report_json_do(tmp_path: Path
     from syncscope.analysis.diagnose import diagnose
     from syncscope.load.traces import load_traces
 
-    root = Path(__file__).resolve().parents[2]
+    root = Path(__file__).resolve().parents[3]
     run = load_traces([root / "sample_traces" / "syncscope-gloo-ddp-every"])
     assert [w.index for w in run.ranks[0].windows] == [1, 2]
     figs = figures(render_html(run, diagnose(run)))

@@ -241,7 +241,7 @@ def test_analyze_hta_on_a_run_without_traces_says_so(
 
 def test_assert_syncs_names_a_micro_batch_outside_the_window() -> None:
     from syncscope.testing.asserts import check
-    from tests.unit.test_assert_syncs import stats_of
+    from tests.unit.testing.test_asserts import stats_of
 
     problems = check(stats_of(make_run()), at_micro_batch=-99)
     assert problems and "names none of them" in problems[0] and "-95" not in problems[0]

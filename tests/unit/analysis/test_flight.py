@@ -17,7 +17,7 @@ from syncscope.analysis.flight import analyze_dumps, grad_sync_rounds
 from syncscope.cli import main
 from syncscope.load.flight import BadDump, find_dumps, read_dump, read_dumps
 
-SAMPLE = Path(__file__).resolve().parents[2] / "sample_traces" / "syncscope-gloo-ddp-no_sync"
+SAMPLE = Path(__file__).resolve().parents[3] / "sample_traces" / "syncscope-gloo-ddp-no_sync"
 BACKWARD = [
     {
         "name": "_engine_run_backward",

@@ -13,7 +13,7 @@ from syncscope.errors import BadTrace
 from syncscope.load.trace import read
 from syncscope.load.trace.read import read_trace
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 SAMPLES = ROOT / "sample_traces"
 NCCL = SAMPLES / "nccl_parser_config" / "nccl_data.json.gz"
 

@@ -13,7 +13,7 @@ from syncscope.cli import main
 from syncscope.fixes import fix_source
 from tests.helpers.fixed import fixed
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "fix"
+FIXTURES = Path(__file__).resolve().parents[2] / "fixtures" / "fix"
 
 
 def _sites(name: str) -> list[tuple[str, int, str, str]]:

@@ -23,7 +23,7 @@ from torch import nn
 
 from tests.helpers.truth import assert_buckets_are_the_reductions, truth_windows
 
-TRUTH = Path(__file__).resolve().parents[1] / "scripts" / "frameworks" / "_truth.py"
+TRUTH = Path(__file__).resolve().parents[2] / "scripts" / "frameworks" / "_truth.py"
 ACCUM = 4
 # FSDP2 issues no reduce-scatter in a shard group of one on torch 2.11 (measured on CUDA,
 # docs/gpu.md), 2.13 and 2.15 (CPU); torch 2.8 issues one per FSDP module on every

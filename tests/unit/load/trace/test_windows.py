@@ -10,7 +10,7 @@ import pytest
 from syncscope.load.traces import load_traces
 from syncscope.model import normalize_op
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[4]
 SAMPLES = ROOT / "sample_traces"
 SHARED = ROOT.parent / "shared" / "data" / "kineto"
 

@@ -17,7 +17,7 @@ import yaml
 from syncscope.cli import main
 from tests.helpers.fixed import fixed
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 FIXTURES = ROOT / "tests" / "fixtures" / "fix"
 
 
