@@ -2,7 +2,7 @@
 CPU/gloo loop (tests/scripts/bugs/, the public source named in each docstring), profiled by
 ``syncscope profile`` with the scripts' own truth beside it.
 
-Each script counts, without syncscope (tests/scripts/bugs/_truth.py), every gradient
+Each script counts, without syncscope (tests/helpers/truth.py), every gradient
 reduction the stack issued per optimizer step (wrapped ``torch.distributed`` functions, a
 pass-through DDP comm hook, torch.profiler's functional all-reduces for a compiled graph)
 and compares parameters across replicas after each step; with ``BUG_TRUTH_DIR`` set each

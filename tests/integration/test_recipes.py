@@ -1,6 +1,6 @@
 """torch's own recipes and the loops of its tutorials, profiled by ``syncscope profile`` with
 a count made without syncscope beside each (tests/scripts/recipes/, the truth of
-tests/scripts/bugs/_truth.py: wrapped ``torch.distributed`` functions, a pass-through DDP
+tests/helpers/truth.py: wrapped ``torch.distributed`` functions, a pass-through DDP
 comm hook per model, parameters compared across replicas after each step).
 
 A recipe that is right must read right: no finding above info, its grad syncs counted as

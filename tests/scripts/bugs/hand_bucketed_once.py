@@ -12,10 +12,15 @@ Expected truth: 1 round per window, on the last micro-batch (after its backward)
 parameters equal across ranks (same seed for the initial parameters).
 """
 
+import sys
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
-from _truth import Truth, parse
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout: tests.helpers
+from tests.helpers.truth import Truth, parse
 
 
 def main(truth: Truth) -> None:

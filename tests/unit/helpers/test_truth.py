@@ -1,19 +1,16 @@
-"""The ground-truth counter of the GPU tests (tests/scripts/frameworks/_truth.py, used by
-tests/scripts/cuda_loops.py), checked on CPU against a second, independent count: the
-``c10d::`` ops torch.profiler records in the same loop, on a one-rank gloo group, with no
-syncscope in the process. Also the world-size-1 facts the GPU tests rely on, where they hold
-on CPU too: a shard group of one reduce-scatters nothing, an HSDP 1 x 1 mesh keeps the
-replicate all-reduce (docs/gpu.md).
+"""The ground-truth counter of the GPU tests (tests/helpers/truth.py's ``count_collectives``
+and ``count_buckets``, used by tests/scripts/cuda_loops.py), checked on CPU against a second,
+independent count: the ``c10d::`` ops torch.profiler records in the same loop, on a one-rank
+gloo group, with no syncscope in the process. Also the world-size-1 facts the GPU tests rely
+on, where they hold on CPU too: a shard group of one reduce-scatters nothing, an HSDP 1 x 1
+mesh keeps the replicate all-reduce (docs/gpu.md).
 """
 
 from __future__ import annotations
 
 import contextlib
-import importlib.util
 from collections import Counter
 from collections.abc import Callable
-from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import pytest
@@ -21,9 +18,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
+from tests.helpers import truth
 from tests.helpers.truth import assert_buckets_are_the_reductions, truth_windows
 
-TRUTH = Path(__file__).resolve().parents[2] / "scripts" / "frameworks" / "_truth.py"
 ACCUM = 4
 # FSDP2 issues no reduce-scatter in a shard group of one on torch 2.11 (measured on CUDA,
 # docs/gpu.md), 2.13 and 2.15 (CPU); torch 2.8 issues one per FSDP module on every
@@ -40,19 +37,12 @@ C10D = {
 }
 
 
-def _load_truth() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("_truth_under_test", TRUTH)
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
 class Counted:
-    """One loop counted twice: by _truth's wrappers and comm hook, and by torch.profiler."""
+    """One loop counted twice: by the truth counter's wrappers and comm hook, and by
+    torch.profiler."""
 
     def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
-        self.truth = _load_truth()
+        self.truth = truth
         for name in self.truth.all_ops():  # the wrappers are undone after the test
             monkeypatch.setattr(dist, name, getattr(dist, name))
         self.state: dict[str, Any] = {"counting": True, "window": 0, "micro": 0, "phase": "other"}
