@@ -1,6 +1,7 @@
-"""Inputs that ended in a traceback, or in a run syncscope could not read back (fourth round).
+"""Odd inputs end in one line and exit 2, or in a complete run: never a traceback, never a
+run syncscope cannot read back.
 
-Each ends in one line and exit 2, or in a complete run: a ``meta.json`` or ``report.json``
+The cases: a ``meta.json`` or ``report.json``
 nested 100k deep, a script file name that is not UTF-8, a ``--hang-timeout`` the option
 check took and the run directory's reader refused, a report written onto a full device.
 """
@@ -73,7 +74,8 @@ def test_a_report_onto_a_full_device_is_one_line(
 
 def test_the_hang_timeout_s_bound_is_the_readers() -> None:
     """profile takes exactly what meta.json's reader takes (the option check is in
-    tests/faults/test_profile_faults.py: 1e308 and 1.1e18 are refused before any rank)."""
+    tests/faults/test_profile_never_harms_the_job.py: 1e308 and 1.1e18 are refused before any
+    rank)."""
     assert field_float({"hang_timeout_s": SANE_MAX}, "hang_timeout_s", "meta.json") == SANE_MAX
     with pytest.raises(SyncscopeError, match="finite number of sane size"):
         field_float({"hang_timeout_s": SANE_MAX * 1.1}, "hang_timeout_s", "meta.json")

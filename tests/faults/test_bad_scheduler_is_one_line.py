@@ -1,4 +1,4 @@
-"""``analyze --scheduler`` on a bad scheduler, a lost one, and hostile URLs (issue 46 item 13).
+"""``analyze --scheduler`` on a bad scheduler, a lost one, and hostile URLs.
 
 Each ends in one line on stderr and exit 2, never a traceback from Dask or syncscope, and
 never a hang: a scheduler file of invalid JSON or one that does not exist, a scheduler with

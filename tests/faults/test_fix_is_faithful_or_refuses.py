@@ -1,4 +1,4 @@
-"""Issue 28, `syncscope fix` on odd and large input: linear time, faithful or refused."""
+"""`syncscope fix` on odd and large input: linear time, faithful or refused."""
 
 from __future__ import annotations
 

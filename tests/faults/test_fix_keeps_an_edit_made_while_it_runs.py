@@ -1,4 +1,4 @@
-"""``fix --apply`` never writes over an edit made while it ran (issue 46, item 11): the
+"""``fix --apply`` never writes over an edit made while it ran: the
 rewrite is of the text read at the start; a user's save in between was silently lost."""
 
 from __future__ import annotations

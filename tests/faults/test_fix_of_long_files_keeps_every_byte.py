@@ -1,4 +1,4 @@
-"""Issue 28, `syncscope fix` on long files: only what a fix can touch or read goes through
+"""`syncscope fix` on long files: only what a fix can touch or read goes through
 libcst (syncscope/fixes/focus.py); the rest is elided and put back byte for byte.
 
 Times are printed by benchmarks/bench_fix.py, not asserted here: these tests hold what the
@@ -354,7 +354,7 @@ def test_a_form_feed_libcst_would_drop_is_never_lost(padded: bool) -> None:
     assert fix_source(clean).fixed == clean and not fix_source(clean).problems
 
 
-# --- one huge function (issue 46 item 11): elided inside, not only at the top level -------
+# --- one huge function: elided inside, not only at the top level --------------------------
 
 
 def _body_padding(indent: str, count: int, tag: str) -> str:

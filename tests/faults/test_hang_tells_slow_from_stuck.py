@@ -1,9 +1,9 @@
-"""Issue 46, items 4 and 5: hang detection tells a slow rank from a stuck one.
+"""Hang detection tells a slow rank from a stuck one.
 
 The monitor judged progress on the rank files and, for ranks that had written only their
-header, on their process's CPU. So (4) a healthy job whose rank 0 ran a long CPU-bound phase
+header, on their process's CPU. So a healthy job whose rank 0 ran a long CPU-bound phase
 (an evaluation) while rank 1 waited in a barrier was killed as hung (``--hang-timeout 8``),
-with a false collective-mismatch; and (5) start-up hangs were never caught: a rank that
+with a false collective-mismatch; and start-up hangs were never caught: a rank that
 slept before ``init_process_group``, or a script that set ``WORLD_SIZE`` itself, left its
 ranks in the store for 30 minutes, because torch's and syncscope's own threads gave the
 waiting processes CPU ticks. Now each rank's heartbeat says what its *main thread* does

@@ -355,7 +355,7 @@ def test_the_first_profile_does_not_wait_on_the_compiler(
 ) -> None:
     """A compiler that would take 5 minutes: the run records with the Python kernel, says
     so in one line, and the build starts in the background once the run has ended (was: the
-    first profile waited on the build, 54 s of a 66 s first run here, 96 s in issue 42)."""
+    first profile waited on the build, 54 s of a 66 s first run here, 96 s on a loaded machine)."""
     marker = tmp_path / "compiling"
     where = use(
         monkeypatch,

@@ -1,4 +1,5 @@
-"""Launch, capture, attach and the test API under faults (issue 28, third round)."""
+"""Launch, capture, attach and the test API under faults: each is refused in one line or
+recorded, never silently wrong."""
 
 from __future__ import annotations
 
@@ -47,7 +48,7 @@ def _profile(out: Path, script: Path, *args: str, nproc: int = 2) -> list[str]:
     return [*command, "--out", str(out), str(script), *args]
 
 
-# --- bug 4: two profile runs on one --out ---------------------------------------------------
+# --- two profile runs on one --out ----------------------------------------------------------
 
 
 def test_run_dir_lock_refuses_a_live_holder(tmp_path: Path) -> None:
@@ -101,7 +102,7 @@ def test_second_profile_on_the_same_out_is_refused(tmp_path: Path) -> None:
     assert not (out / LOCK_FILE).exists()
 
 
-# --- bug 12: attach's environment and --out -------------------------------------------------
+# --- attach's environment and --out --------------------------------------------------------
 
 
 @pytest.mark.slow  # starts a process
@@ -135,7 +136,7 @@ def test_attach_refuses_bad_rank_environment_and_empty_out(
     assert sorted(p.name for p in tmp_path.iterdir()) == ["noop.py"]  # nothing written
 
 
-# --- bug 13: overlapping track() blocks -----------------------------------------------------
+# --- overlapping track() blocks ------------------------------------------------------------
 
 
 def _one_step(model: object) -> None:
@@ -171,7 +172,7 @@ def test_overlapping_track_blocks_each_keep_their_hooks() -> None:
     assert c.grad_syncs_per_window == [1]
 
 
-# --- bug 14: one HF Trainer callback listed twice -------------------------------------------
+# --- one HF Trainer callback listed twice --------------------------------------------------
 
 
 @pytest.mark.usefixtures("process_group")
@@ -205,7 +206,7 @@ def test_hf_callback_listed_twice_counts_once_and_leaves_the_other_counting() ->
     assert a.stats.grad_syncs_per_window == [1]
 
 
-# --- bug 1: a job restarted by torchrun --max-restarts ---------------------------------------
+# --- a job restarted by torchrun --max-restarts ---------------------------------------------
 
 
 @pytest.mark.slow  # starts a process
@@ -269,7 +270,7 @@ def test_spawn_refuses_bad_arguments_in_one_line(
         spawn(print, **kwargs)  # type: ignore[arg-type]
 
 
-# --- bug 2: a script that ends in os._exit(0) -----------------------------------------------
+# --- a script that ends in os._exit(0) -----------------------------------------------------
 
 
 @pytest.mark.slow  # starts a process

@@ -1,5 +1,5 @@
-"""Library code is decided by what was imported, not by a substring of its path (issue 46,
-item 8): DeepSpeed imported from a ``PYTHONPATH`` outside site-packages was the user's own
+"""Library code is decided by what was imported, not by a substring of its path:
+DeepSpeed imported from a ``PYTHONPATH`` outside site-packages was the user's own
 code, so its reductions were the user's and ZeRO-1 read as a missing sync ([0, 0, 0]); a
 user's project under a directory whose name holds "site-packages" was library code."""
 

@@ -1,5 +1,4 @@
-"""No finding from data syncscope dropped, and collectives grouped by their process group
-(issue 46, items 6 and 7).
+"""No finding from data syncscope dropped, and collectives grouped by their process group.
 
 - A line of a rank file that is no event (not JSON; ``NaN`` among its numbers, which JSON
   has no word for) was dropped with no note: one NaN in a grad-sync line gave a false

@@ -1,4 +1,4 @@
-"""Issue 28, bug 5 end to end: a script whose name, arguments and exception text carry
+"""End to end: a script whose name, arguments and exception text carry
 terminal escapes, run under ``syncscope profile``: syncscope's own output shows them as
 text (the user's traceback on stderr is the user's, printed by Python, and left alone)."""
 

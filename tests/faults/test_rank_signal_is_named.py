@@ -1,4 +1,4 @@
-"""Issue 28: a rank that dies of a signal it cannot record (SIGSEGV) is reported with that
+"""A rank that dies of a signal it cannot record (SIGSEGV) is reported with that
 signal, not as "killed with SIGKILL": the launcher's failure record is written into the
 rank's file as its exit."""
 

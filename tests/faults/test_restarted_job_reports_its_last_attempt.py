@@ -1,4 +1,4 @@
-"""Issue 28, bug 1 (the reader's half): torchrun's --max-restarts re-runs every rank's script
+"""The reader's half: torchrun's --max-restarts re-runs every rank's script
 and each attempt appends to the same rank file. The last attempt is the job's outcome and is
 reported alone, with a note (the earlier ones read as extra, mismatched windows: a false
 error, exit 1). The launch half end to end: `profile --max-restarts 1` finishes with exit 0 and

@@ -1,4 +1,4 @@
-"""Issue 28, bug 3: `profile --trace` on a script that runs its own torch.profiler. A second
+"""`profile --trace` on a script that runs its own torch.profiler. A second
 profiler under the script's crashed rank 0 (SIGSEGV, 2 of 2), and `report`/`analyze` then
 refused the run for its empty traces/. syncscope now starts none under the script's, says so
 once, and the counting report stands; a run whose traces/ is empty reads as the counting run

@@ -1,4 +1,4 @@
-"""Issue 46 item 9: traces of two jobs of the same shape in one directory.
+"""Traces of two jobs of the same shape in one directory are told apart.
 
 Same world size, backend and process groups: no header tells the two runs apart, and their
 ranks were compared as one job's (a collective-mismatch error invented from rank 0 of one

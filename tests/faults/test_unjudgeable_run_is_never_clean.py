@@ -1,4 +1,4 @@
-"""Issue 42: runs a diagnosis cannot judge are never reported clean, nor as a false error.
+"""Runs a diagnosis cannot judge are never reported clean, nor as a false error.
 
 A script with no optimizer step, N copies of a script that never joined a process group, and
 a run whose rank data is missing or unreadable: each says what happened, in every output.

@@ -1,4 +1,4 @@
-"""Trace events whose name is not a string (issue 46, item 9): they were dropped with no
+"""Trace events whose name is not a string: they were dropped with no
 note, so a collective among them was missing from its rank and read as a false
 collective-mismatch. Now they are counted in a note and the window that held one draws no
 finding."""

@@ -1,4 +1,5 @@
-"""Issue 28, the read and render side: what a user controls never drives the terminal."""
+"""The read and render side: what a user controls never drives the terminal, and a hostile
+run directory is read in bounded time, with a note for what was left out."""
 
 from __future__ import annotations
 
@@ -166,7 +167,7 @@ def test_an_overlong_event_line_is_skipped_not_held(tmp_path: Path) -> None:
     path = tmp_path / "rank-00000.jsonl"
     big = b'{"type": "note", "x": "' + b"a" * (rundir.EVENT_MAX_BYTES + 10) + b'"}\n'
     path.write_bytes(b'{"type": "header", "rank": 0}\n' + big + b'{"type": "exit"}\n')
-    # read as a dropped record in its place, counted in a note (issue 46, item 6)
+    # read as a dropped record in its place, counted in a note
     assert [e["type"] for e in rundir.read_events(path)] == ["header", "dropped", "exit"]
 
 

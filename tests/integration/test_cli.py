@@ -1,6 +1,6 @@
 """The command line as a user meets it: its errors in process through ``main()``, and real
 ``syncscope profile`` launches (marked slow) for exit codes, the launcher and what runs keep.
-Argument parsing itself is tests/unit/test_cli_args.py's."""
+Argument parsing itself is tests/unit/test_cli.py's."""
 
 from __future__ import annotations
 
@@ -72,7 +72,7 @@ def test_out_under_missing_parents_creates_them(tmp_path: Path) -> None:
     proc = run_syncscope("profile", "--out", str(out), str(SINGLE))
     assert proc.returncode == 0, proc.stderr[-2000:]
     assert (out / "report.json").is_file()
-    # no --nproc-per-node: one line says so, with the flag to add (issue 42)
+    # no --nproc-per-node: one line says so, with the flag to add
     said = [line for line in proc.stderr.splitlines() if "--nproc-per-node" in line]
     assert said == [
         "syncscope: no --nproc-per-node given: running 1 rank per node (world size 1 on one "

@@ -1,6 +1,6 @@
 """DeepSpeed 0.19.8 for real (``DS_ACCELERATOR=cpu``, gloo, 2 ranks, a tiny MLP,
 ``gradient_accumulation_steps=4``) under ``syncscope profile``: ZeRO stages 0-3 and the
-misuses of issue 27, every count checked against the ground truth the script takes itself
+misuses of an engine that accumulates by itself, every count checked against the ground truth the script takes itself
 (a wrapper of torch.distributed's API counting each collective per micro-batch and phase,
 and the parameters every rank holds after each boundary step), not against constants.
 

@@ -1,4 +1,4 @@
-"""A trainer's own sync helper that did nothing, named by function and line (issue 27 item 4).
+"""A trainer's own sync helper that did nothing, named by function and line.
 
 Real 2-rank gloo runs of tests/scripts/sync_helpers.py: a DDP-only ``grad_sync_context``
 under FSDP2, a ``no_sync(model)`` helper given a module with DDP inside, and the same

@@ -1,4 +1,4 @@
-"""Accumulation loops on CUDA for tests/gpu (issues 16, 44): ``cuda_loops.py PATTERN``.
+"""Accumulation loops on CUDA for tests/gpu: ``cuda_loops.py PATTERN``.
 
 The backend comes from ``CUDA_LOOPS_BACKEND`` (``nccl``, the default, or ``gloo``: DDP over
 gloo on CUDA tensors lets two ranks share one GPU, which NCCL refuses). Every rank uses

@@ -1,4 +1,4 @@
-"""Helpers that live in one place and are used from several (issue 15): each tested once here,
+"""Helpers that live in one place and are used from several: each tested once here,
 against every caller's expectations."""
 
 from __future__ import annotations

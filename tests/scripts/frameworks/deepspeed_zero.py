@@ -3,7 +3,7 @@
 ``loss = engine(x); engine.backward(loss); engine.step()`` on every micro-batch.
 
 MODE: ``clean`` (default); ``buckets`` (ZeRO-2 with ``overlap_comm``, ``contiguous_gradients``
-and a small ``reduce_bucket_size``); the misuses of issue 27: ``step-every-2`` (``engine.step()``
+and a small ``reduce_bucket_size``); the misuses: ``step-every-2`` (``engine.step()``
 once per 2 micro-batches); ``manual-twice`` (the user all-reduces the model's gradients at
 the boundary beside DeepSpeed's reduction); ``manual-every`` (the user all-reduces the
 gradients after every backward); ``gas1-by-hand`` (``gradient_accumulation_steps`` 1 in the

@@ -43,7 +43,7 @@ def test_every_rank_crashing_is_failed_and_says_where_and_what_was_captured() ->
     assert failed.evidence["last_seen"] == "in forward of micro-batch 2 of window 1"
     assert failed.evidence["complete_windows"] == 1
     assert failed.evidence["ranks_captured"] == 2
-    # said once, by the verdict line or the page's banner, not again in the message (issue 42)
+    # said once, by the verdict line or the page's banner, not again in the message
     assert "complete window" not in failed.message
     # the complete window before the crash is still diagnosed
     assert "redundant-sync" in [f.kind for f in findings]

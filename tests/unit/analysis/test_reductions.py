@@ -1,4 +1,4 @@
-"""What the gradients went through (issue 41's shapes), on hand-built event streams: a
+"""What the gradients went through (the bug shapes' loops), on hand-built event streams: a
 reduction counts by what it reduces, wherever it is issued, and the cause comes from the
 reductions and the run's objects. The real loops are in tests/integration/test_bug_shapes.py.
 """

@@ -1,4 +1,4 @@
-"""A user's own sync helper that did nothing is named (issue 27 item 4).
+"""A user's own sync helper that did nothing is named.
 
 Hand-built event streams (tests/helpers/events.py): the capture records, on each forward and
 backward call site, the ``with`` statements of the user's source around it (``within``).

@@ -1,5 +1,5 @@
 """``syncscope fix`` as users run it, in process through ``main()``: exit statuses 0/1/2,
-stdout and stderr, --apply safety (the console script itself: test_cli.py)."""
+stdout and stderr, --apply safety (the console script itself: tests/integration/test_cli.py)."""
 
 from __future__ import annotations
 
@@ -51,7 +51,7 @@ def test_dry_run_prints_diff_and_problems_exit_1(run: Run, script: Path) -> None
     assert done.stdout.startswith("--- a/train.py\n+++ b/train.py\n")
     assert "train.py:9: SYN101 no sync suppression" in done.stderr
     assert script.read_text() == (FIXTURES / "ddp_no_suppression_modulo.in.py").read_text()
-    # nothing was written: a problem reads "--apply fixes it", never "(fixed)" (issue 42)
+    # nothing was written: a problem reads "--apply fixes it", never "(fixed)"
     assert "(fixed)" not in done.stderr and "(--apply fixes it)" in done.stderr
 
 

@@ -196,7 +196,7 @@ def test_contextlib_import_opens_its_own_section_before_third_party_imports() ->
 
 
 def test_from_run_applies_to_a_renamed_identical_copy(tmp_path: Path) -> None:
-    """Issue 42: the run profiled train.py; fix --from on copy.py, the same bytes, said
+    """The run profiled train.py; fix --from on copy.py, the same bytes, said
     nothing to fix. The content hash matched, so the run's sources apply to the copy."""
     script, run = _helper_toggle_run(tmp_path)
     copy = tmp_path / "elsewhere" / "copy.py"

@@ -1,4 +1,4 @@
-"""``syncscope fix --from RUN`` on findings that are not loop rewrites (issue 41, item 4): a
+"""``syncscope fix --from RUN`` on findings that are not loop rewrites: a
 forward around the DDP wrapper is rewritten to call it; the rewrite never writes a program
 that raises where the original did not; a run whose problems it cannot rewrite never ends
 in a silent 0."""

@@ -1,4 +1,4 @@
-"""One definition per figure (syncscope.model.figures), the same in every output (issue 14)."""
+"""One definition per figure (syncscope.model.figures), the same in every output."""
 
 from __future__ import annotations
 
@@ -269,7 +269,7 @@ def test_exposed_communication_never_exceeds_communication_one_definition() -> N
 
 
 def test_the_projected_speed_up_is_the_ratio_of_the_figures_shown_beside_it() -> None:
-    """Issue 42: "median 1.55x" beside "13.9 ms -> 9.2 ms" (1.51x): the speed-up's middle
+    """Once "median 1.55x" sat beside "13.9 ms -> 9.2 ms" (1.51x): the speed-up's middle
     figure is the shown window over the shown projected window; the range stays the range
     of the per-(rank, window) ratios."""
     run = runs.make_run(windows=6, sync_at=runs.every)
@@ -298,7 +298,7 @@ def test_the_projected_speed_up_is_the_ratio_of_the_figures_shown_beside_it() ->
 
 
 def test_the_exposed_communication_card_uses_one_statistic() -> None:
-    """Issue 42: the card said 15.3 ms (a median) in its message and 16.1 ms (a mean) in its
+    """One card said 15.3 ms (a median) in its message and 16.1 ms (a mean) in its
     evidence for the same quantity: one statistic, the medians of the cost, everywhere."""
     from syncscope.analysis.exposed import exposed_communication
 
@@ -321,7 +321,7 @@ HTA = {
 
 
 def test_hta_figures_read_as_sentences_not_python_dicts() -> None:
-    """Issue 42: ``analyze --hta`` printed raw Python dicts; the terminal and the page say
+    """``analyze --hta`` printed raw Python dicts; the terminal and the page say
     the same sentences, and report.json keeps the data."""
     from syncscope.analysis.exposed import exposed_communication
 

@@ -79,7 +79,7 @@ def test_redundant_run_headline_numbers() -> None:
     assert "4 <small>(1 expected)</small>" in page
     assert "150.0 MiB" in page  # wasted bytes per window
     assert "43% of the window" in page
-    # the speed-up is measured from the run's steady windows (issue 14), not taken from a
+    # the speed-up is measured from the run's steady windows, not taken from a
     # finding's cost: each early micro-batch spends 0.42 ms in or waiting on its syncs, so a
     # 4.2 ms window projects to 2.94 ms
     assert "1.43x" in page
@@ -405,7 +405,7 @@ def test_trace_note_says_every_window_was_traced_when_it_was() -> None:
 
 
 def test_charts_number_windows_as_the_terminal_and_report_json_do(tmp_path: Path) -> None:
-    """Issue 42: traces number windows from the first traced step (1-2 here); every chart's
+    """Traces number windows from the first traced step (1-2 here); every chart's
     x axis says 1-2 too, as the terminal table and report.json do, never 0-1."""
     from syncscope.analysis.diagnose import diagnose
     from syncscope.load.traces import load_traces
@@ -427,7 +427,7 @@ def test_charts_number_windows_as_the_terminal_and_report_json_do(tmp_path: Path
 
 
 def test_per_window_charts_use_the_tiles_units_and_start_at_zero() -> None:
-    """Issue 42: the bytes chart read 0.03 MiB where the tiles say 33.0 KiB, and the memory
+    """The bytes chart read 0.03 MiB where the tiles say 33.0 KiB, and the memory
     axis spanned 305.8-306 MiB, making 0.25 MiB look large."""
     import dataclasses
 
@@ -463,7 +463,7 @@ def test_per_window_charts_use_the_tiles_units_and_start_at_zero() -> None:
 def test_the_terminal_shows_sites_under_the_current_directory_relative(
     monkeypatch: pytest.MonkeyPatch, tmp_path: Path
 ) -> None:
-    """Issue 42: the README's sample output shows ``examples/x.py:18``; the tool printed the
+    """The README's sample output shows ``examples/x.py:18``; the tool printed the
     absolute path. Under the current directory it prints it relative, as compilers do;
     report.json keeps the absolute path."""
     from syncscope.model import SourceLocation
@@ -486,7 +486,7 @@ def test_the_terminal_shows_sites_under_the_current_directory_relative(
 
 
 def test_syncs_of_a_window_no_step_closed_are_not_called_extra() -> None:
-    """Issue 42: a window no optimizer step closed has no "last micro-batch" to judge by: its
+    """A window no optimizer step closed has no "last micro-batch" to judge by: its
     syncs are drawn as syncs of an open window, not as extra syncs."""
     import dataclasses
 

@@ -31,7 +31,7 @@ def test_clean_run_passes_every_form_of_expectation() -> None:
     assert_syncs(stats, at_micro_batch=[3])
     assert_syncs(stats, per_window=1, max_per_window=1, at_micro_batch=-1)
     with pytest.raises(TypeError, match="needs an expectation"):
-        assert_syncs(stats)  # no expectation: an error, not a silent pass (issue 17)
+        assert_syncs(stats)  # no expectation: an error, not a silent pass
 
 
 def test_redundant_run_message_has_expected_vs_actual_positions_finding_and_fix() -> None:
@@ -55,7 +55,7 @@ def test_redundant_run_message_has_expected_vs_actual_positions_finding_and_fix(
     )
     assert "  forward: train.py:42" in lines
     assert any(
-        # the summary as text, its markdown marks stripped (issue 14)
+        # the summary as text, its markdown marks stripped
         line.startswith("  fix: Put forward and backward inside no_sync()")
         for line in lines
     )

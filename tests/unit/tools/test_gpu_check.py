@@ -1,5 +1,5 @@
-"""The GPU check's CPU-side logic (benchmarks/gpu_check.py, bench_gpu.py, gpu_prepare.py;
-issue 44): the offline install from carried wheels into a fresh virtual environment, the
+"""The GPU check's CPU-side logic (benchmarks/gpu_check.py, bench_gpu.py, gpu_prepare.py):
+the offline install from carried wheels into a fresh virtual environment, the
 clean skip without CUDA, the reading of pytest's output into docs/gpu.md rows, and the
 capture-cost verdict beside the run-to-run noise."""
 

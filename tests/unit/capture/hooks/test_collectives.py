@@ -1,6 +1,6 @@
 """Collectives syncscope issues itself (``track()``'s gather of every rank's events) are not
 the job's: no recorder counts them (``syncscope.capture.hooks.collectives.unrecorded``). On two
-ranks, with the gather itself: tests/integration/test_own_collectives.py."""
+ranks, with the gather itself: tests/integration/test_track_inside_a_capture.py."""
 
 from __future__ import annotations
 
