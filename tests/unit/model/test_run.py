@@ -1,16 +1,26 @@
-"""Rank sets are written one way everywhere: contiguous runs joined, the count right."""
+"""The run model's shared definitions: rank sets written one way everywhere (contiguous runs
+joined, the count right), the argument each c10d op reads (the same for capture and traces),
+the order of severities."""
 
 from __future__ import annotations
 
+import pytest
+import torch
+
 from syncscope.analysis.coverage import ranks_missing
+from syncscope.capture.recorder.core import _op_tensors
 from syncscope.load.inputs import load
+from syncscope.load.trace.events import RankEvents
 from syncscope.model import (
     MAX_LISTED_RUNS,
+    SEVERITIES,
     compress_ranks,
+    input_argument,
     missing_rank_runs,
     missing_ranks_text,
     rank_runs,
     ranks_text,
+    severity_rank,
 )
 from tests.conftest import ROOT
 from tests.helpers.events import Rank, run_of
@@ -62,3 +72,69 @@ def test_a_trace_set_of_two_ranks_of_128_names_the_other_126_as_one_run() -> Non
     assert "rank(s) 2-127 were not seen" in note
     (finding,) = ranks_missing(run)
     assert "no trace from 126 ranks of 128 (2-127)" in finding.message
+
+
+# c10d ops as capture sees them (the dispatched op) and the argument holding what they read
+DISPATCHED = {
+    "allreduce_": 0,
+    "allreduce_coalesced_": 0,
+    "broadcast_": 0,
+    "reduce_": 0,
+    "send": 0,
+    "recv_": 0,
+    "recv_any_source_": 0,
+    "barrier": 0,
+    "monitored_barrier_": 0,
+    "allgather_": 1,
+    "_allgather_base_": 1,
+    "allgather_coalesced_": 1,
+    "allgather_into_tensor_coalesced_": 1,
+    "reduce_scatter_": 1,
+    "_reduce_scatter_base_": 1,
+    "reduce_scatter_tensor_coalesced_": 1,
+    "alltoall_": 1,
+    "alltoall_base_": 1,
+    "gather_": 1,
+    "scatter_": 1,
+}
+
+
+@pytest.mark.parametrize(("op", "index"), DISPATCHED.items())
+def test_the_input_argument_is_the_same_for_capture_and_traces(op: str, index: int) -> None:
+    # GIVEN one op, as dispatched (capture) and as a trace names it
+    assert input_argument(op) == index
+    assert input_argument(f"c10d::{op}") == index
+    assert input_argument(op.upper()) == index
+    # THEN capture reads that argument's tensors...
+    first, second = torch.zeros(2), torch.zeros(3, 5)
+    assert [t.numel() for t in _op_tensors(op, ([first], [second]))] == [[2], [15]][index]
+    # ...and the trace reader that argument's size and dtype
+    event = {
+        "ph": "X",
+        "cat": "cpu_op",
+        "name": f"c10d::{op}",
+        "ts": 10.0,
+        "dur": 2.0,
+        "tid": 1,
+        "pid": 1,
+        "args": {"Input Dims": [[[2]], [[3, 5]]], "Input type": ["float", "c10::Half"]},
+    }
+    events = RankEvents()
+    events([event])
+    (raw,) = events.collectives
+    assert (raw.nelems, raw.dtype) == [(2, "float"), (15, "c10::Half")][index]
+
+
+def test_backend_and_spelled_out_names() -> None:
+    assert input_argument("nccl:all_reduce") == 0
+    assert input_argument("all_to_all") == 1
+
+
+def test_severity_order_is_most_severe_first() -> None:
+    assert SEVERITIES == ("error", "warning", "info")
+    assert sorted(["info", "error", "bogus", "warning"], key=severity_rank) == [
+        "error",
+        "warning",
+        "info",
+        "bogus",
+    ]
