@@ -1,7 +1,7 @@
 """torch.profiler's ``schedule(..., repeat=N)`` writes a file per rank per cycle: files of one
 process (host, pid) that follow each other in time are one job traced in cycles
 (syncscope.load.trace.jobs); two runs are different processes, a copied file overlaps its
-original. Hand-made spans; the real files: tests/integration/test_recipes.py."""
+original. Hand-made spans; the real files: tests/integration/test_torch_recipes.py."""
 
 from __future__ import annotations
 
