@@ -1,5 +1,6 @@
 """``syncscope fix`` as users run it, in process through ``main()``: exit statuses 0/1/2,
-stdout and stderr, --apply safety (the console script itself: tests/integration/test_cli_launches.py)."""
+stdout and stderr, --apply safety (the console script itself:
+tests/integration/test_cli_launches.py)."""
 
 from __future__ import annotations
 
