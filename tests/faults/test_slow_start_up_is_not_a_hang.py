@@ -1,8 +1,9 @@
 """A rank still starting up on a loaded machine is not a hang: its file holds only its header
 while it imports torch and builds its model, and the hang clock runs only while no rank's main
 thread computes (here without a heartbeat: the main thread's CPU ticks from /proc; a process's
-own CPU would not do, its other threads tick while a rank waits in a rendezvous). Found when ``--hang-timeout 3`` stopped a 2-rank job during its imports on a machine
-with 4 busy loops."""
+own CPU would not do, its other threads tick while a rank waits in a rendezvous). Found when
+``--hang-timeout 3`` stopped a 2-rank job during its imports on a machine with 4 busy
+loops."""
 
 from __future__ import annotations
 
