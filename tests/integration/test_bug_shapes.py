@@ -8,7 +8,8 @@ pass-through DDP comm hook, torch.profiler's functional all-reduces for a compil
 and compares parameters across replicas after each step; with ``BUG_TRUTH_DIR`` set each
 rank writes it as ``truth-rank{R}.json``. The tests check:
 
-1. the truth itself: what really happens on this torch (each script's docstring says what it expects);
+1. the truth itself: what really happens on this torch (each script's docstring says what
+   it expects);
 2. counts: syncscope's grad syncs (rounds) per window equal the truth's rounds per window,
    on every rank (a grad sync is any reduction of the gradients, wherever
    it is issued: the pipelining shape counts 2 per window and is never a missing-sync);
