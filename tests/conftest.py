@@ -79,7 +79,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     if torch.cuda.is_available():
         return
-    skip = pytest.mark.skip(reason="needs a CUDA GPU (issue 16): not run here, not a pass")
+    skip = pytest.mark.skip(reason="needs a CUDA GPU: not run here, not a pass")
     for item in gpu:
         item.add_marker(skip)
 

@@ -331,7 +331,7 @@ TILE_ROWS_JS = """JSON.stringify([...document.querySelectorAll('#headline .tile'
 def test_headline_tiles_are_short_and_never_alone_on_a_row(
     browser: DevTools, tmp_path: Path, width: int, per_row: int
 ) -> None:
-    """Issue 42: the speed-up tile was a paragraph that stretched every tile to ~450 px,
+    """The speed-up tile was a paragraph that stretched every tile to ~450 px,
     and a seventh tile sat alone on a second row. Six tiles (communication and its exposed
     share are one): one row at 1400 px, two rows of three at 800 px, none taller than 200 px;
     how the figures are taken reads under the tiles."""

@@ -1,4 +1,4 @@
-"""The CUDA/NCCL path on a real GPU (issues 16, 44): capture, memory, traces with NCCL kernels.
+"""The CUDA/NCCL path on a real GPU: capture, memory, traces with NCCL kernels.
 
 Marked ``gpu``: without CUDA these are skipped with that reason and never counted as a pass
 (tests/conftest.py). They run on one GPU: NCCL at world size 1, and gloo on CUDA tensors for

@@ -100,7 +100,7 @@ def test_analyze_imports_only_what_it_runs(tmp_path: Path) -> None:
 
 
 def test_traces_of_unnamed_groups_are_compared_op_by_op(tmp_path: Path) -> None:
-    """Issue 42: trace_filter's ranks interleave their all-to-alls (other process groups,
+    """trace_filter's ranks interleave their all-to-alls (other process groups,
     which the old-style trace does not name) and gradient all-reduces differently: no fault,
     so no collective-mismatch and no exit 1; the report says which ranks it lacks instead."""
     traces = _copy(tmp_path, "trace_filter")
@@ -137,7 +137,7 @@ def test_a_mismatch_within_one_op_of_an_unnamed_group_is_still_found(tmp_path: P
 def test_fsdp_memory_cost_from_traces_is_unknown_not_zero(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    """Issue 42: traces record no parameter sizes: the memory that skipping the reduce-scatter
+    """Traces record no parameter sizes: the memory that skipping the reduce-scatter
     would hold is unknown (null, "unknown"), never ~0 B."""
     traces = _copy(tmp_path, "syncscope-gloo-fsdp2")
     out = tmp_path / "report"

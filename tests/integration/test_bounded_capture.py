@@ -1,4 +1,4 @@
-"""Bounded capture: ``--windows N``, ``--skip-windows W``, ``--then run|stop`` (issue 13, item 4).
+"""Bounded capture: ``--windows N``, ``--skip-windows W``, ``--then run|stop``.
 
 tests/scripts/bounded.py runs 6 optimizer steps on 2 gloo ranks and records, after each
 step's ``zero_grad``, whether syncscope's wrappers are still installed; it writes that list

@@ -1,20 +1,21 @@
-"""Issue 41: seven loop shapes from bugs reported in public projects, each our own minimal
+"""Seven loop shapes from bugs reported in public projects, each our own minimal
 CPU/gloo loop (tests/scripts/bugs/, the public source named in each docstring), profiled by
 ``syncscope profile`` with the scripts' own truth beside it.
 
-Each script counts, without syncscope (tests/scripts/bugs/_truth.py), every gradient
+Each script counts, without syncscope (tests/helpers/truth.py), every gradient
 reduction the stack issued per optimizer step (wrapped ``torch.distributed`` functions, a
 pass-through DDP comm hook, torch.profiler's functional all-reduces for a compiled graph)
 and compares parameters across replicas after each step; with ``BUG_TRUTH_DIR`` set each
 rank writes it as ``truth-rank{R}.json``. The tests check:
 
-1. the truth itself: what really happens on this torch (the numbers of issue 41's table);
+1. the truth itself: what really happens on this torch (each script's docstring says what
+   it expects);
 2. counts: syncscope's grad syncs (rounds) per window equal the truth's rounds per window,
-   on every rank (issue 41 item 1: a grad sync is any reduction of the gradients, wherever
+   on every rank (a grad sync is any reduction of the gradients, wherever
    it is issued: the pipelining shape counts 2 per window and is never a missing-sync);
 3. replicas: rank-divergence is reported exactly when the truth saw replicas differ;
-4. causes (issue 41 items 2 and 3), in their own section below;
-5. every code snippet a finding shows parses (item 4).
+4. causes, in their own section below;
+5. every code snippet a finding shows parses.
 
 A truth round is one (micro-batch, phase) in which at least one gradient reduction ran (DDP's
 buckets in the backward and a hand all-reduce after it, on the same micro-batch, are two).
@@ -247,7 +248,7 @@ def test_every_snippet_shown_parses(bug_run, name: str) -> None:  # type: ignore
             ast.parse(snippet)  # SyntaxError fails the test with the snippet's line
 
 
-# -- 4. causes (issue 41 items 2 and 3): the names the analysis is being given ---------------
+# -- 4. causes: the names the analysis gives ------------------------------------------------
 #
 # The causes, their evidence and their advice, as docs/findings describes them.
 

@@ -1,4 +1,4 @@
-"""torch.compile: a profiled model is compiled exactly as the plain one (issue 13, item 1).
+"""torch.compile: a profiled model is compiled exactly as the plain one.
 
 One compiled DDP run (aot_eager) and one compiled FSDP2 run (inductor), each launched plainly
 under torchrun and under ``syncscope profile`` on 2 gloo ranks; the script dumps Dynamo's

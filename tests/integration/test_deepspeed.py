@@ -1,8 +1,9 @@
 """DeepSpeed 0.19.8 for real (``DS_ACCELERATOR=cpu``, gloo, 2 ranks, a tiny MLP,
 ``gradient_accumulation_steps=4``) under ``syncscope profile``: ZeRO stages 0-3 and the
-misuses of issue 27, every count checked against the ground truth the script takes itself
-(a wrapper of torch.distributed's API counting each collective per micro-batch and phase,
-and the parameters every rank holds after each boundary step), not against constants.
+misuses of an engine that accumulates by itself, every count checked against the ground
+truth the script takes itself (a wrapper of torch.distributed's API counting each collective
+per micro-batch and phase, and the parameters every rank holds after each boundary step),
+not against constants.
 
 Needs the ``deepspeed`` extra (see .ci/run: built with ``DS_BUILD_OPS=0`` and no build
 isolation). The first DeepSpeed init on a machine compiles its shared-memory op (about

@@ -1,4 +1,4 @@
-"""Functional collectives (``_c10d_functional``) are counted like any other (issue 13, item 2).
+"""Functional collectives (``_c10d_functional``) are counted like any other.
 
 tests/scripts/functional.py issues, per window of 2 micro-batches, one activation
 all-reduce per micro-batch (a collective, not a grad sync) and one gradient all-reduce per
@@ -60,7 +60,7 @@ def test_functional_all_reduces_counted(profiled, mode: str) -> None:  # type: i
         # a collective and its wait are one collective: every one is done, none is pending
         assert {c["seq"] for c in functional} <= dones(run, rank)
     # the script reduces its 4 gradients one by one: fragmented-sync when those 3 extra
-    # calls cost a material share of the window (measured, issue 27 item 6), nothing else
+    # calls cost a material share of the window (measured), nothing else
     findings = run.report["findings"]
     assert {(f["kind"], f["cause"]) for f in findings} <= {("fragmented-sync", "unbucketed")}
     for f in findings:

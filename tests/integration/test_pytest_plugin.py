@@ -251,7 +251,7 @@ def test_a_pytest_session_that_does_not_use_it_never_imports_torch(
 def test_a_failing_assert_syncs_shows_the_callers_line_not_the_helper(
     inner: pytest.Pytester,
 ) -> None:
-    """Issue 42: the traceback stops at the test's own ``assert_syncs(...)`` line, as
+    """The traceback stops at the test's own ``assert_syncs(...)`` line, as
     pytest's own helpers do; the helper's body (its docstring, its checks) is not shown."""
     inner.makepyfile(
         """

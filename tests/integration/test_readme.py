@@ -106,7 +106,7 @@ def test_readme_example_output_is_what_the_command_prints(tmp_path) -> None:  # 
 
 
 def test_the_readme_checks_its_demo_with_fix_verify_on_the_same_run() -> None:
-    """Issue 42: the demo proves what it claims: its `fix --verify` line profiles the same
+    """The demo proves what it claims: its `fix --verify` line profiles the same
     script with the same arguments as the first command, and shows a measured result."""
     text = README.read_text()
     script_and_args = " ".join(COMMAND[len(OPTIONS) :])

@@ -1,6 +1,6 @@
 """torch's recipes traced by torch.profiler alone (no syncscope in the run), then read by
 ``syncscope analyze``: what a Chrome trace can tell, checked against the count the recipe's
-truth makes (tests/scripts/bugs/_truth.py) and against what a trace cannot tell.
+truth makes (tests/helpers/truth.py) and against what a trace cannot tell.
 
 - GradScaler skipping steps: the trace has no ``Optimizer.step#`` span for a skipped step,
   but GradScaler's ``update()`` (``aten::_amp_update_scale_``) still ends the window.

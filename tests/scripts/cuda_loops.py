@@ -1,4 +1,4 @@
-"""Accumulation loops on CUDA for tests/gpu (issues 16, 44): ``cuda_loops.py PATTERN``.
+"""Accumulation loops on CUDA for tests/gpu: ``cuda_loops.py PATTERN``.
 
 The backend comes from ``CUDA_LOOPS_BACKEND`` (``nccl``, the default, or ``gloo``: DDP over
 gloo on CUDA tensors lets two ranks share one GPU, which NCCL refuses). Every rank uses
@@ -8,7 +8,7 @@ there is no GPU). Patterns follow tests/scripts/loops.py and patterns.md; the te
 syncscope measures against what this script counted, never against the pattern's name.
 
 Ground truth (``CUDA_LOOPS_TRUTH=DIR``: each rank writes ``DIR/truth-RANK.json``), taken
-without syncscope by tests/scripts/frameworks/_truth.py: every ``torch.distributed``
+without syncscope by tests/helpers/truth.py: every ``torch.distributed``
 collective of the loop (op, bytes, window, micro-batch, phase), the buckets a DDP model
 reduced (a pass-through comm hook: DDP's reducer calls c10d from C++), the micro-batches of
 each window (a window ends with a real optimizer step: Accelerate's ``sync_gradients``), the
@@ -28,8 +28,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-sys.path.insert(0, str(Path(__file__).resolve().parent / "frameworks"))
-from _truth import all_ops, count_buckets, count_collectives
+sys.path.insert(0, str(Path(__file__).resolve().parents[2]))  # the checkout: tests.helpers
+from tests.helpers.truth import all_ops, count_buckets, count_collectives
 
 STATE: dict[str, object] = {"counting": False, "window": 0, "micro": 0, "phase": "other"}
 LOG: list[dict[str, object]] = []

@@ -1,4 +1,4 @@
-"""The package's shape: short functions, no import cycles (issue 15), layers (issue 32).
+"""The package's shape: short functions, no import cycles, layers.
 
 - Every function and method in ``syncscope/`` (nested ones included) spans at most
   ``MAX_FUNCTION_LINES`` lines, counted as ``end_lineno - lineno + 1`` on the ast (from the
@@ -178,7 +178,7 @@ def test_relative_imports_resolve() -> None:
     assert found == ["syncscope.model", "syncscope"]
 
 
-# The layers (issue 32): what each part of the package may import. A module belongs to the
+# The layers: what each part of the package may import. A module belongs to the
 # part named by its first name under syncscope/ (syncscope.model.figures: "model").
 FOUNDATION: dict[str, set[str]] = {  # these import nothing above them: only what is listed
     "errors": set(),
@@ -187,7 +187,7 @@ FOUNDATION: dict[str, set[str]] = {  # these import nothing above them: only wha
     "files": {"errors"},
     "validate": {"errors"},
     "model": {"errors", "model"},
-    # the rules: pure functions from the model to findings (issue 45), whatever read the run
+    # the rules: pure functions from the model to findings, whatever read the run
     "analysis": {"model", "text"},
 }
 FORBIDDEN: dict[str, set[str]] = {  # part -> the parts it never imports

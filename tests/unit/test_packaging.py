@@ -239,7 +239,7 @@ def test_numpy_comes_with_torch_because_torch_warns_without_it() -> None:
     assert not {"torch", "numpy", "ninja"} & _names(_pyproject()["project"]["dependencies"])
 
 
-# --- extras against the examples they exist for (issue 42) --------------------------------
+# --- extras against the examples they exist for -------------------------------------------
 
 # example -> its extra; what the example imports, and what it needs at run time without
 # importing it (the HF Trainer refuses to run without accelerate: transformers' own "torch"

@@ -14,11 +14,16 @@ truth: reduce-scatters on every micro-batch (4 rounds per window with --accum 4)
 parameters (full tensors) equal across ranks, as FSDP keeps one copy of each shard.
 """
 
+import sys
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
-from _truth import Truth, parse
 from torch import nn
 from torch.distributed.fsdp import fully_shard
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout: tests.helpers
+from tests.helpers.truth import Truth, parse
 
 
 class Inner(nn.Module):

@@ -12,11 +12,16 @@ Expected truth: the blocks reduce-scatter on micro-batches 0-3, the root on 3 on
 per window with --accum 4; the parameters (full tensors) equal across ranks.
 """
 
+import sys
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
-from _truth import Truth, parse
 from torch import nn
 from torch.distributed.fsdp import fully_shard
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout: tests.helpers
+from tests.helpers.truth import Truth, parse
 
 
 class Net(nn.Module):

@@ -3,8 +3,8 @@ micro-batch's backward. The correct hand-written sync: gradients reduced once.
 
 Public shape: the hand-bucketed data parallelism of minimal trainers (the gradients
 flattened into one buffer, all-reduced, averaged and copied back before
-``optimizer.step()``), the contrast to moe_subgroup.py (issue 41 item 2: "a correct
-hand-bucketed sync (reduced once) stays clean").
+``optimizer.step()``), the contrast to moe_subgroup.py (a correct
+hand-bucketed sync, reduced once, stays clean).
 
     torchrun --nproc-per-node 2 hand_bucketed_once.py [--windows 3] [--accum 4]
 
@@ -12,10 +12,15 @@ Expected truth: 1 round per window, on the last micro-batch (after its backward)
 parameters equal across ranks (same seed for the initial parameters).
 """
 
+import sys
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
-from _truth import Truth, parse
 from torch import nn
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout: tests.helpers
+from tests.helpers.truth import Truth, parse
 
 
 def main(truth: Truth) -> None:

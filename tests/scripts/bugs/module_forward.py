@@ -8,15 +8,20 @@ from the first optimizer step.
 
     torchrun --nproc-per-node 2 module_forward.py [--windows 3] [--accum 4]
 
-Truth (tests/scripts/bugs/_truth.py): DDP buckets through a pass-through comm hook; expected
+Truth (tests/helpers/truth.py): DDP buckets through a pass-through comm hook; expected
 0 reductions per window, parameters differ across ranks after every step.
 """
 
+import sys
+from pathlib import Path
+
 import torch
 import torch.distributed as dist
-from _truth import Truth, parse
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout: tests.helpers
+from tests.helpers.truth import Truth, parse
 
 
 def main(truth: Truth) -> None:

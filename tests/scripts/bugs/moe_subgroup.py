@@ -18,12 +18,16 @@ the hand all-reduce of each expert gradient after it); parameters equal across r
 """
 
 import contextlib
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from _truth import Truth, parse
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout: tests.helpers
+from tests.helpers.truth import Truth, parse
 
 
 class MoE(nn.Module):

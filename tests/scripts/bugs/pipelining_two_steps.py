@@ -19,14 +19,18 @@ Expected truth: 2 rounds per window (one reduce-scatter round per ``step()``), p
 """
 
 import argparse
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from _truth import Truth
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.fsdp import fully_shard
 from torch.distributed.pipelining import PipelineStage, Schedule1F1B, ScheduleGPipe
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout: tests.helpers
+from tests.helpers.truth import Truth
 
 DIM = 16
 

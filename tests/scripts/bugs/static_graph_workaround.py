@@ -14,12 +14,16 @@ Expected truth: 2 rounds per window (micro-batches 0 and 3), replicas equal.
 """
 
 import contextlib
+import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from _truth import Truth, parse
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout: tests.helpers
+from tests.helpers.truth import Truth, parse
 
 
 def main(truth: Truth) -> None:

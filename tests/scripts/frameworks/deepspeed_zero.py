@@ -3,7 +3,7 @@
 ``loss = engine(x); engine.backward(loss); engine.step()`` on every micro-batch.
 
 MODE: ``clean`` (default); ``buckets`` (ZeRO-2 with ``overlap_comm``, ``contiguous_gradients``
-and a small ``reduce_bucket_size``); the misuses of issue 27: ``step-every-2`` (``engine.step()``
+and a small ``reduce_bucket_size``); the misuses: ``step-every-2`` (``engine.step()``
 once per 2 micro-batches); ``manual-twice`` (the user all-reduces the model's gradients at
 the boundary beside DeepSpeed's reduction); ``manual-every`` (the user all-reduces the
 gradients after every backward); ``gas1-by-hand`` (``gradient_accumulation_steps`` 1 in the
@@ -23,12 +23,15 @@ from __future__ import annotations
 import json
 import os
 import sys
+from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 
 import torch
 import torch.distributed as dist
-from _truth import count_collectives
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout: tests.helpers
+from tests.helpers.truth import count_collectives
 
 GAS = 4
 # mode "buckets": overlapped, contiguous reduction in small buckets (more collectives per

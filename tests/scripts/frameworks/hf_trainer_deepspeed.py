@@ -25,6 +25,7 @@ import json
 import os
 import sys
 import tempfile
+from pathlib import Path
 
 os.environ.setdefault("DS_ACCELERATOR", "cpu")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -32,7 +33,9 @@ os.environ.setdefault("ACCELERATE_USE_DEEPSPEED", "true")  # what `accelerate la
 
 import torch
 import torch.distributed as dist
-from _truth import count_collectives, phase
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout: tests.helpers
+from tests.helpers.truth import count_collectives, phase
 
 GAS = 4
 STEPS = 3

@@ -19,16 +19,16 @@ sync is turned off once and never on again (D never reduces: parameters never ch
 still do).
 """
 
-import os
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.distributed.fsdp import fully_shard
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bugs"))
-from _truth import Truth
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout: tests.helpers
+from tests.helpers.truth import Truth
 
 
 def parse():

@@ -18,16 +18,16 @@ right): D's rounds are 4 per window, G's 1. ``--d-gate forever``: D's forward is
 """
 
 import contextlib
-import os
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bugs"))
-from _truth import Truth
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout: tests.helpers
+from tests.helpers.truth import Truth
 
 
 def ddp_sync(module: nn.Module, sync: bool):  # stylegan2-ada's torch_utils/misc.py

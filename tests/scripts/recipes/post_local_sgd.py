@@ -20,8 +20,8 @@ micro-batch); parameters equal inside each subgroup after every step (unless
 
 import argparse
 import contextlib
-import os
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
@@ -34,8 +34,8 @@ from torch.distributed.algorithms.ddp_comm_hooks.post_localSGD_hook import (
 from torch.distributed.optim import PostLocalSGDOptimizer
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bugs"))
-from _truth import Truth
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout: tests.helpers
+from tests.helpers.truth import Truth
 
 WARMUP = 2
 PERIOD = 2

@@ -15,16 +15,16 @@ fails at window 2's first forward with torch's RuntimeError. The loop's sync gat
 """
 
 import contextlib
-import os
 import sys
+from pathlib import Path
 
 import torch
 import torch.distributed as dist
 from torch import nn
 from torch.nn.parallel import DistributedDataParallel as DDP
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "bugs"))
-from _truth import Truth, parse
+sys.path.insert(0, str(Path(__file__).resolve().parents[3]))  # the checkout: tests.helpers
+from tests.helpers.truth import Truth, parse
 
 
 class TwoHeads(nn.Module):

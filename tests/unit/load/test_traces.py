@@ -1,0 +1,203 @@
+"""Merging rank files into one job, bad sets of files, and the trace-only findings."""
+
+from __future__ import annotations
+
+import dataclasses
+import gzip
+import random
+import shutil
+from array import array
+from pathlib import Path
+
+import orjson
+import pytest
+
+from syncscope.analysis.crossrank import collective_mismatch
+from syncscope.analysis.exposed import exposed_communication
+from syncscope.errors import BadTrace
+from syncscope.load.trace.overlap import merge, merge_pairs, subtract, total
+from syncscope.load.trace.synth import Shape, write_job
+from syncscope.load.traces import load_traces
+from syncscope.model import figures
+
+ROOT = Path(__file__).resolve().parents[3]
+SAMPLES = ROOT / "sample_traces"
+
+
+def _rewrite(path: Path, **info: object) -> None:
+    doc = orjson.loads(gzip.decompress(path.read_bytes()))
+    doc["distributedInfo"].update(info)
+    path.write_bytes(gzip.compress(orjson.dumps(doc)))
+
+
+def test_one_directory_per_node_merges(tmp_path: Path) -> None:
+    src = SAMPLES / "syncscope-gloo-ddp-no_sync"
+    for r in (0, 1):
+        (tmp_path / f"node{r}").mkdir()
+        shutil.copy(src / f"rank-{r}.json.gz", tmp_path / f"node{r}")
+    run = load_traces([tmp_path / "node0", tmp_path / "node1"])
+    assert [r.rank for r in run.ranks] == [0, 1]
+    assert not any("not seen" in n for n in run.meta.notes)
+
+
+def test_duplicate_rank(tmp_path: Path) -> None:
+    src = SAMPLES / "syncscope-gloo-ddp-no_sync" / "rank-0.json.gz"
+    shutil.copy(src, tmp_path / "a.json.gz")
+    shutil.copy(src, tmp_path / "b.json.gz")
+    with pytest.raises(
+        BadTrace, match=r"b\.json\.gz: rank 0 appears twice \(also in .*a\.json\.gz\)"
+    ):
+        load_traces([tmp_path])
+
+
+def test_two_jobs_in_one_directory(tmp_path: Path) -> None:
+    shutil.copy(SAMPLES / "syncscope-gloo-ddp-no_sync" / "rank-0.json.gz", tmp_path / "a.json.gz")
+    shutil.copy(SAMPLES / "trace_filter" / "sampled_rank-1.json.gz", tmp_path / "b.json.gz")
+    with pytest.raises(
+        BadTrace, match=r"holds traces of 2 jobs \(job 1: a\.json\.gz \[.*; job 2: b"
+    ):
+        load_traces([tmp_path])
+    run = load_traces([tmp_path], skip_bad=True)
+    assert [r.rank for r in run.ranks] == [0]
+    assert any(n.startswith("skipped ") and "different job" in n for n in run.meta.notes)
+
+
+def test_empty_directory_and_missing_path(tmp_path: Path) -> None:
+    with pytest.raises(BadTrace, match="no trace files"):
+        load_traces([tmp_path])
+    with pytest.raises(BadTrace, match="no such file"):
+        load_traces([tmp_path / "nope"])
+
+
+def test_no_optimizer_steps_and_skip_bad(tmp_path: Path) -> None:
+    good = tmp_path / "rank-0.json.gz"
+    shutil.copy(SAMPLES / "syncscope-gloo-ddp-no_sync" / "rank-0.json.gz", good)
+    (tmp_path / "rank-1.json").write_bytes(
+        orjson.dumps(
+            {"distributedInfo": {"rank": 1, "world_size": 2, "backend": "gloo"}, "traceEvents": []}
+        )
+    )
+    (tmp_path / "rank-2.json").write_bytes(b"")
+    with pytest.raises(BadTrace, match=r"rank-1\.json: no optimizer steps"):
+        load_traces([tmp_path])
+    run = load_traces([tmp_path], skip_bad=True)
+    skipped = [n for n in run.meta.notes if n.startswith("skipped")]
+    assert len(skipped) == 2 and any("0 bytes" in n for n in skipped)
+
+
+def test_interval_arithmetic() -> None:
+    comm = merge([(0, 10), (5, 20), (30, 40)])
+    assert comm == [(0, 20), (30, 40)]
+    comp = merge([(2, 4), (8, 35)])
+    assert subtract(comm, comp) == [(0, 2), (4, 8), (35, 40)]
+    assert total(subtract(comm, comp)) == 11
+
+
+def test_merging_flat_pairs_equals_merging_tuples() -> None:
+    rng = random.Random(7)
+    for _ in range(200):
+        pairs = [(s, s + rng.randint(-3, 40)) for s in (rng.randint(0, 300) for _ in range(30))]
+        if rng.random() < 0.5:
+            pairs.sort()  # the usual case: already in start order
+        flat = array("q", [v for pair in pairs for v in pair])
+        assert merge_pairs(flat) == merge(pairs)
+    assert merge_pairs(array("q")) == []
+
+
+def test_synthetic_job_mismatch_and_exposure(tmp_path: Path) -> None:
+    # GIVEN a 3-rank synthetic job where rank 2 issues a broadcast in place of a bucket
+    write_job(tmp_path, 3, 200_000, Shape(mismatch_rank=2, ops_per_forward=10))
+    run = load_traces([tmp_path])
+    assert all(w.grad_syncs == 1 for r in run.ranks for w in r.windows)
+    # THEN the cross-rank check names the group, the window and both collectives
+    (finding,) = collective_mismatch(run)
+    assert finding.kind == "collective-mismatch" and finding.severity == "error"
+    assert finding.ranks == (0, 2) and "broadcast" in finding.message
+    # AND exposed communication is measured per window
+    (exposed,) = exposed_communication(run)
+    steady = figures.steady_windows(run)  # measured over the steady windows, as comm time is
+    assert exposed.evidence["windows_measured"] == len(steady.windows) * len(run.ranks)
+    assert 0 < float(exposed.cost["exposed_share"]) < 1  # type: ignore[arg-type]
+
+
+def test_matching_ranks_have_no_mismatch(tmp_path: Path) -> None:
+    write_job(tmp_path, 2, 100_000, Shape(ops_per_forward=10))
+    run = load_traces([tmp_path])
+    assert collective_mismatch(run) == []
+    unmeasured = dataclasses.replace(
+        run,
+        ranks=tuple(
+            dataclasses.replace(
+                r, windows=tuple(dataclasses.replace(w, exposed_comm_ns=None) for w in r.windows)
+            )
+            for r in run.ranks
+        ),
+    )
+    assert exposed_communication(unmeasured) == []
+
+
+@pytest.mark.parametrize("name", ["syncscope-gloo-fsdp2", "syncscope-gloo-ddp-every"])
+def test_worker_processes_give_the_same_run(
+    name: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a multi-rank job and a redundant-sync synthetic job
+    synthetic = tmp_path / "synthetic"
+    write_job(synthetic, 3, 200_000, Shape(sync_every_micro_batch=True))
+    for paths in ([SAMPLES / name], [synthetic]):
+        monkeypatch.setenv("SYNCSCOPE_TRACE_WORKERS", "0")
+        alone = load_traces(paths)
+        # WHEN it is read by two worker processes
+        monkeypatch.setenv("SYNCSCOPE_TRACE_WORKERS", "2")
+        pooled = load_traces(paths)
+        # THEN the run is the same, field for field
+        assert pooled == alone
+
+
+def test_worker_processes_report_bad_files_in_file_order(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN two good ranks, a corrupt gzip and a duplicate rank
+    src = SAMPLES / "syncscope-gloo-ddp-no_sync"
+    shutil.copy(src / "rank-0.json.gz", tmp_path / "a.json.gz")
+    shutil.copy(src / "rank-1.json.gz", tmp_path / "b.json.gz")
+    (tmp_path / "c.json.gz").write_bytes((src / "rank-1.json.gz").read_bytes()[:500])
+    shutil.copy(src / "rank-0.json.gz", tmp_path / "d.json.gz")
+    monkeypatch.setenv("SYNCSCOPE_TRACE_WORKERS", "2")
+    # WHEN read by workers: the first bad file is the error, as in a sequential read
+    with pytest.raises(BadTrace, match=r"c\.json\.gz: truncated gzip"):
+        load_traces([tmp_path])
+    # THEN with skip_bad both bad files are skipped and named, in file order
+    run = load_traces([tmp_path], skip_bad=True)
+    assert [r.rank for r in run.ranks] == [0, 1]
+    skipped = [n for n in run.meta.notes if n.startswith("skipped ")]
+    assert len(skipped) == 2 and "c.json.gz" in skipped[0] and "d.json.gz" in skipped[1]
+
+
+def test_mismatch_evidence_lists_the_differing_rank_beyond_16(tmp_path: Path) -> None:
+    # GIVEN a 20-rank job where rank 18 issues a broadcast in place of a bucket
+    write_job(tmp_path, 20, 20_000, Shape(mismatch_rank=18, ops_per_forward=2, micro_batches=1))
+    run = load_traces([tmp_path])
+    (finding,) = collective_mismatch(run)
+    # THEN the evidence table has the reference rank and rank 18, within 16 rows
+    per_rank = finding.evidence["per_rank"]
+    assert isinstance(per_rank, dict)
+    assert "0" in per_rank and "18" in per_rank and len(per_rank) == 16
+    assert "broadcast" in per_rank["18"] and "broadcast" not in per_rank["0"]
+    assert set(finding.evidence["counts"]) == set(per_rank)  # type: ignore[arg-type]
+
+
+def test_files_matched_to_ranks_by_the_rank_each_file_holds(tmp_path: Path) -> None:
+    from syncscope.load.inputs import load
+
+    # GIVEN 11 ranks whose file names do not follow their ranks: rank 1's file is named
+    # "rank-10" and rank 10's "rank-1" (a substring test would match "rank-1" to both)
+    write_job(tmp_path, 11, 20_000, Shape(ops_per_forward=2, micro_batches=1))
+    (tmp_path / "rank-1.json").rename(tmp_path / "tmp.json")
+    (tmp_path / "rank-10.json").rename(tmp_path / "rank-1.json")
+    (tmp_path / "tmp.json").rename(tmp_path / "rank-10.json")
+    run, files = load([tmp_path], skip_bad=False, progress=False)
+    # THEN each rank gets the file that holds it
+    assert len(files) == len(run.ranks) == 11
+    assert files[1].name == "rank-10.json" and files[10].name == "rank-1.json"
+    for r in (0, 2, 9):
+        assert files[r].name == f"rank-{r}.json"
