@@ -18,7 +18,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from syncscope.load.trace.events import RankEvents, RawCollective, Span, dtype_bytes
-from syncscope.load.trace.models import model_layouts, several_models_note, split_by_layout
+from syncscope.load.trace.layouts import model_layouts, several_models_note, split_by_layout
 from syncscope.load.trace.overlap import Interval, Measure, measure_windows, merge_pairs
 from syncscope.load.trace.packed import Packed
 from syncscope.model import (
