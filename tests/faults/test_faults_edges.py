@@ -16,7 +16,7 @@ from typing import IO, Any
 
 import pytest
 
-from syncscope.launch.pipeline import report_run
+from syncscope.launch.job import report_run
 from tests.helpers.hostile import write_run
 
 ROOT = Path(__file__).resolve().parents[2]
