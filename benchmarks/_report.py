@@ -296,7 +296,7 @@ def _analyze(results: dict[str, Any]) -> list[str]:
         "*syncscope analyze* is the whole CLI, start-up and report writing included; *HTA* is "
         "`TraceAnalysis(trace_dir=...)`, the load alone). Real traces from "
         f"../shared/data/kineto; synthetic DDP jobs of {ana['synthetic_mib']:g} MiB per rank "
-        "from `syncscope.load.trace.synth`, whose header is spaced as torch.profiler writes it "
+        "from `tests.helpers.synth_traces`, whose header is spaced as torch.profiler writes it "
         '(`"rank": N`): HTA finds a file\'s rank with the regex `"rank":\\s+(\\d+)`, and on a '
         'compact `"rank":N` it would map every file to rank 0 and load one file of the job. '
         f"Ranks HTA found: {seen}.",

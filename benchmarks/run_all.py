@@ -172,7 +172,7 @@ ANALYZE_LINE = re.compile(
 
 def analysis_speed(work: Path, quick: bool) -> dict[str, Any]:
     """Runs benchmarks/bench_analyze.py on synthetic jobs written here (HTA must see every rank)."""
-    from syncscope.load.trace.synth import write_job
+    from tests.helpers.synth_traces import write_job
 
     mib = 1.0 if quick else 3.0
     synthetic = work / "synthetic"

@@ -1,5 +1,5 @@
-"""The GPU check's CPU-side logic (benchmarks/gpu_check.py, bench_gpu.py, gpu_prepare.py;
-issue 44): the offline install from carried wheels into a fresh virtual environment, the
+"""The GPU check's CPU-side logic (tools/gpu/gpu_check.py and gpu_prepare.py, benchmarks/
+bench_gpu.py): the offline install from carried wheels into a fresh virtual environment, the
 clean skip without CUDA, the reading of pytest's output into docs/gpu.md rows, and the
 capture-cost verdict beside the run-to-run noise."""
 
@@ -20,12 +20,14 @@ ROOT = Path(__file__).resolve().parents[2]
 
 @pytest.fixture
 def benchmarks() -> Iterator[None]:
-    """benchmarks/ on the path (it is no package), for the test's imports only."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    """benchmarks/ and tools/gpu/ on the path (no packages), for the test's imports only."""
+    folders = [str(ROOT / "benchmarks"), str(ROOT / "tools" / "gpu")]
+    sys.path[:0] = folders
     try:
         yield
     finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+        for folder in folders:
+            sys.path.remove(folder)
 
 
 def _module(name: str) -> ModuleType:
@@ -127,7 +129,7 @@ def test_gpu_check_installs_offline_in_a_fresh_venv_and_skips_without_cuda(
     env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU, whatever the machine
     # WHEN the check runs there
     proc = subprocess.run(
-        [str(venv / "bin" / "python"), str(ROOT / "benchmarks" / "gpu_check.py"),
+        [str(venv / "bin" / "python"), str(ROOT / "tools" / "gpu" / "gpu_check.py"),
          "--wheels", str(wheels), "--site", str(site), "--out", str(tmp_path / "out")],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
     )  # fmt: skip
