@@ -181,7 +181,7 @@ def _capture(results: dict[str, Any]) -> list[str]:
         "",
         f"**Counting-mode capture (`syncscope profile`): window time x{ratio:.3f} of plain "
         f"torchrun (median of the paired per-repetition ratios: "
-        f"x{cap['paired']['profile'].median:.3f}); issue 2's limit is x{cap['limit']:.2f}: "
+        f"x{cap['paired']['profile'].median:.3f}); the limit is x{cap['limit']:.2f}: "
         f"{verdict} the limit.** CPU time of the rank process per window: "
         f"x{cap['cpu_ratio']['profile']:.3f}.",
         "",
@@ -248,7 +248,9 @@ def _small_steps_run(small: dict[str, Any], titled: bool) -> list[str]:
     # results written before the MLP shape was added hold the transformer's figures alone
     shapes = small.get("shapes") or {"transformer": small}
     method = small.get("method", "one after another")
-    lines = [f"#### {method.capitalize()}", ""] if titled else []
+    # several runs of one method are told apart by when they ran (a title per section)
+    when = f", {small['measured']}" if small.get("measured") else ""
+    lines = [f"#### {method.capitalize()}{when}", ""] if titled else []
     if small.get("measured"):
         lines += [
             f"Measured {small['measured']}, {method} (load average at the end "
@@ -362,7 +364,7 @@ def _prediction_table(p: dict[str, Any], claimed: bool) -> list[str]:
     return [
         *lines,
         "",
-        f"**Median absolute error: {p['median_abs_error']:.0%}** (previous model: "
+        f"**Median absolute error: {p['median_abs_error']:.0%}** (summed-durations model: "
         f"{p['old_median_abs_error']:.0%}). Error within the noise (or 5%): "
         f"{'; '.join(within) or 'none'}. Beyond it: {'; '.join(beyond) or 'none'}.",
         "",
@@ -383,7 +385,7 @@ def _prediction(results: dict[str, Any]) -> list[str]:
         "[concepts.md](concepts.md#figures)), and measures the fixed loop's window time (median "
         "over ranks and steady windows), accumulate 4, all under `syncscope profile` so the "
         "capture cost is on both sides. Error = (predicted - measured) / measured. *Old* is the "
-        "previous model (window minus the sum of the early collectives' durations) on the same "
+        "summed-durations model (window minus the sum of the early collectives' durations) on the same "
         "runs. *Noise*: the fixed loop's window-time interquartile range over ranks and steady "
         "windows, relative to the measured time; *reps spread*: the range of its medians across "
         "repetitions.",

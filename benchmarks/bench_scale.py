@@ -1,4 +1,4 @@
-"""Benchmark: ``syncscope analyze`` on many ranks and on big files (issue 30's figures).
+"""Benchmark: ``syncscope analyze`` on many ranks and on big files.
 
 Sets (synthetic DDP jobs from ``tests.helpers.synth_traces``, the header spaced as torch.profiler
 writes it):
