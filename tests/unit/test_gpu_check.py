@@ -15,6 +15,8 @@ from types import ModuleType
 
 import pytest
 
+from syncscope._version import __version__
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -136,7 +138,7 @@ def test_gpu_check_installs_offline_in_a_fresh_venv_and_skips_without_cuda(
     # THEN it installed the wheel offline, imports syncscope from it, and stops, saying why
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     assert f"installed 1 wheels from {wheels} into {site}" in proc.stdout
-    assert f"syncscope: 0.1.0 {site}/syncscope/__init__.py" in proc.stdout
+    assert f"syncscope: {__version__} {site}/syncscope/__init__.py" in proc.stdout
     assert "gpu_check: skipped: no CUDA GPU is visible" in proc.stdout
     assert "nothing here is a GPU result" in proc.stdout
     assert not (tmp_path / "out" / "gpu-rows.md").exists()  # no GPU figure written
