@@ -239,17 +239,18 @@ def _small_steps(results: dict[str, Any]) -> list[str]:
         "noise does not blur.",
         "",
     ]
-    for run in runs:
-        lines += _small_steps_run(run, len(runs) > 1)
+    methods = [run.get("method", "one after another") for run in runs]
+    for run, method in zip(runs, methods, strict=True):
+        lines += _small_steps_run(run, len(runs) > 1, methods.count(method) > 1)
     return lines
 
 
-def _small_steps_run(small: dict[str, Any], titled: bool) -> list[str]:
+def _small_steps_run(small: dict[str, Any], titled: bool, dated: bool = False) -> list[str]:
     # results written before the MLP shape was added hold the transformer's figures alone
     shapes = small.get("shapes") or {"transformer": small}
     method = small.get("method", "one after another")
     # several runs of one method are told apart by when they ran (a title per section)
-    when = f", {small['measured']}" if small.get("measured") else ""
+    when = f", {small['measured']}" if dated and small.get("measured") else ""
     lines = [f"#### {method.capitalize()}{when}", ""] if titled else []
     if small.get("measured"):
         lines += [
