@@ -6,8 +6,9 @@ profile`` process tree with ``OMP_NUM_THREADS=1``, on one node (2 ranks) or as 2
 workloads print one ``SYNCSCOPE_BENCH {json}`` line from rank 0; ``Launch.run`` returns it.
 
 A workload is named by its configuration (``workload``): the loops examples/ already has
-are those example scripts, run with ``SYNCSCOPE_BENCH=1`` (workloads/_bench.py,
-``ExampleBench``); the others are benchmarks/workloads/NAME.py.
+are those example scripts, unchanged, started through workloads/run_example.py (which hands
+their ``common`` helpers to workloads/_bench.py's ``ExampleBench``); the others are
+benchmarks/workloads/NAME.py.
 """
 
 from __future__ import annotations
@@ -67,8 +68,15 @@ def _env() -> dict[str, str]:
     env["PYTHONWARNINGS"] = "ignore"
     paths = (str(ROOT), str(WORKLOADS), env.get("PYTHONPATH"))  # WORKLOADS: _bench, _gate
     env["PYTHONPATH"] = os.pathsep.join(p for p in paths if p)
-    env["SYNCSCOPE_BENCH"] = "1"  # examples/common.py: the examples run as workloads
     return env
+
+
+def script_argv(script: Path) -> list[str]:
+    """The command line's script part: an example (a script beside examples' ``common.py``, or
+    a copy of one beside a copy of it) is started through workloads/run_example.py."""
+    if script.parent != WORKLOADS and (script.parent / "common.py").is_file():
+        return [str(WORKLOADS / "run_example.py"), str(script)]
+    return [str(script)]
 
 
 def workload(name: str) -> Path:
@@ -106,12 +114,13 @@ class Launch:
              port: int) -> list[str]:  # fmt: skip
         rdzv = self._rdzv(run_id, port, node)
         if self.launcher == "torchrun":
-            return [sys.executable, "-m", "torch.distributed.run", *rdzv, str(script), *args]
+            return [sys.executable, "-m", "torch.distributed.run", *rdzv, *script_argv(script),
+                    *args]  # fmt: skip
         node_out = out if self.nodes == 1 else out / f"node{node}"
         return [
             sys.executable, "-m", "syncscope", "profile", "--quiet", "--fail-on", "never",
             "--out", str(node_out), *(["--trace"] if self.trace else []), *self.extra, *rdzv,
-            str(script), *args,
+            *script_argv(script), *args,
         ]  # fmt: skip
 
     def run(self, script: Path, args: Sequence[str], workdir: Path) -> dict[str, Any]:

@@ -181,7 +181,7 @@ def _capture(results: dict[str, Any]) -> list[str]:
         "",
         f"**Counting-mode capture (`syncscope profile`): window time x{ratio:.3f} of plain "
         f"torchrun (median of the paired per-repetition ratios: "
-        f"x{cap['paired']['profile'].median:.3f}); issue 2's limit is x{cap['limit']:.2f}: "
+        f"x{cap['paired']['profile'].median:.3f}); the limit is x{cap['limit']:.2f}: "
         f"{verdict} the limit.** CPU time of the rank process per window: "
         f"x{cap['cpu_ratio']['profile']:.3f}.",
         "",
@@ -239,16 +239,19 @@ def _small_steps(results: dict[str, Any]) -> list[str]:
         "noise does not blur.",
         "",
     ]
-    for run in runs:
-        lines += _small_steps_run(run, len(runs) > 1)
+    methods = [run.get("method", "one after another") for run in runs]
+    for run, method in zip(runs, methods, strict=True):
+        lines += _small_steps_run(run, len(runs) > 1, methods.count(method) > 1)
     return lines
 
 
-def _small_steps_run(small: dict[str, Any], titled: bool) -> list[str]:
+def _small_steps_run(small: dict[str, Any], titled: bool, dated: bool = False) -> list[str]:
     # results written before the MLP shape was added hold the transformer's figures alone
     shapes = small.get("shapes") or {"transformer": small}
     method = small.get("method", "one after another")
-    lines = [f"#### {method.capitalize()}", ""] if titled else []
+    # several runs of one method are told apart by when they ran (a title per section)
+    when = f", {small['measured']}" if dated and small.get("measured") else ""
+    lines = [f"#### {method.capitalize()}{when}", ""] if titled else []
     if small.get("measured"):
         lines += [
             f"Measured {small['measured']}, {method} (load average at the end "
@@ -296,7 +299,7 @@ def _analyze(results: dict[str, Any]) -> list[str]:
         "*syncscope analyze* is the whole CLI, start-up and report writing included; *HTA* is "
         "`TraceAnalysis(trace_dir=...)`, the load alone). Real traces from "
         f"../shared/data/kineto; synthetic DDP jobs of {ana['synthetic_mib']:g} MiB per rank "
-        "from `syncscope.load.trace.synth`, whose header is spaced as torch.profiler writes it "
+        "from `tests.helpers.synth_traces`, whose header is spaced as torch.profiler writes it "
         '(`"rank": N`): HTA finds a file\'s rank with the regex `"rank":\\s+(\\d+)`, and on a '
         'compact `"rank":N` it would map every file to rank 0 and load one file of the job. '
         f"Ranks HTA found: {seen}.",
@@ -362,7 +365,7 @@ def _prediction_table(p: dict[str, Any], claimed: bool) -> list[str]:
     return [
         *lines,
         "",
-        f"**Median absolute error: {p['median_abs_error']:.0%}** (previous model: "
+        f"**Median absolute error: {p['median_abs_error']:.0%}** (summed-durations model: "
         f"{p['old_median_abs_error']:.0%}). Error within the noise (or 5%): "
         f"{'; '.join(within) or 'none'}. Beyond it: {'; '.join(beyond) or 'none'}.",
         "",
@@ -383,7 +386,7 @@ def _prediction(results: dict[str, Any]) -> list[str]:
         "[concepts.md](concepts.md#figures)), and measures the fixed loop's window time (median "
         "over ranks and steady windows), accumulate 4, all under `syncscope profile` so the "
         "capture cost is on both sides. Error = (predicted - measured) / measured. *Old* is the "
-        "previous model (window minus the sum of the early collectives' durations) on the same "
+        "summed-durations model (window minus the sum of the early collectives' durations) on the same "
         "runs. *Noise*: the fixed loop's window-time interquartile range over ranks and steady "
         "windows, relative to the measured time; *reps spread*: the range of its medians across "
         "repetitions.",

@@ -186,7 +186,7 @@ def main() -> int:
     parser.add_argument("--synthetic-dir", type=Path, help="reuse synthetic-R dirs here")
     parser.add_argument("--only", choices=("real", "synthetic"), help="one kind of set")
     args = parser.parse_args()
-    from syncscope.load.trace.synth import write_job
+    from tests.helpers.synth_traces import write_job
 
     kind = "a virtual environment" if sys.prefix != sys.base_prefix else "no virtual environment"
     print(f"python {sys.executable} ({kind})", flush=True)

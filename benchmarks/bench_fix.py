@@ -1,5 +1,5 @@
 """`syncscope fix` time against the number of loops in one file, and against its length
-(issue 28: linear in the loops; a long file costs about its loops).
+(linear in the loops; a long file costs about its loops).
 
     python benchmarks/bench_fix.py [--loops 100 400] [--lines 20000 200000] [--reps 1]
     python benchmarks/bench_fix.py --loops --lines 2000 --reps 5  # a training file: < 1 s
@@ -106,13 +106,31 @@ def _lines(n: int, reps: int, tmp: Path) -> None:
     print(f"          applied: {fixed.count('is_last')} is_last, padding intact: {kept}")
 
 
+def loop_functions(n: int) -> str:
+    """``n`` accumulation loops, each in its own function with its own DDP model."""
+    loops = [
+        f"""
+def train{k}(loader):
+    model{k} = DDP(torch.nn.Linear(4, 4))
+    optimizer{k} = torch.optim.SGD(model{k}.parameters(), lr=0.1)
+    for i, batch in enumerate(loader):
+        loss = model{k}(batch).sum() / accum
+        loss.backward()
+        if (i + 1) % accum == 0:
+            optimizer{k}.step()
+            optimizer{k}.zero_grad()
+"""
+        for k in range(n)
+    ]
+    return HEADER + "\naccum = 4\n" + "\n".join(loops)
+
+
 def _loops(counts: list[int]) -> None:
     from syncscope.fixes.codemod import FixOptions, fix_source
-    from tests.faults.test_faults_fix_input import _functions
 
     times: list[float] = []
     for n in counts:
-        source = _functions(n)
+        source = loop_functions(n)
         start = time.perf_counter()
         result = fix_source(source, FixOptions(), path=f"loops{n}.py")
         times.append(time.perf_counter() - start)

@@ -1,4 +1,4 @@
-"""Capture cost on a GPU (issues 16, 44): plain torchrun against ``syncscope profile``, NCCL.
+"""Capture cost on a GPU: plain torchrun against ``syncscope profile``, NCCL.
 
     python benchmarks/bench_gpu.py [--reps 4] [--budget-s 100] [--hidden 2048 --layers 4 ...]
 

@@ -1,6 +1,6 @@
-"""Benchmark: ``syncscope analyze`` on many ranks and on big files (issue 30's figures).
+"""Benchmark: ``syncscope analyze`` on many ranks and on big files.
 
-Sets (synthetic DDP jobs from ``syncscope.load.trace.synth``, the header spaced as torch.profiler
+Sets (synthetic DDP jobs from ``tests.helpers.synth_traces``, the header spaced as torch.profiler
 writes it):
 
 - ``ranks``: N ranks x ~600 KB (3 windows of the default shape; rank 0's file written once,
@@ -36,7 +36,7 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_analyze import HTA_LOAD, _tree_kib  # noqa: E402
 
-from syncscope.load.trace.synth import write_job, write_rank  # noqa: E402
+from tests.helpers.synth_traces import write_job, write_rank  # noqa: E402
 
 RANK_BYTES = 500_000  # 3 windows of the default shape: ~604 KiB a file
 
@@ -158,7 +158,7 @@ def write_doc(path: Path, argv: list[str]) -> None:
         "time and the peak of the process tree's summed RSS (workers included); *load* is "
         "the 1-minute load average when the row ended (above the core count: other jobs "
         "were running, so the times are upper bounds). Synthetic DDP traces from "
-        "`syncscope.load.trace.synth` (3 windows, 604 KB a rank; big files of that shape); run "
+        "`tests.helpers.synth_traces` (3 windows, 604 KB a rank; big files of that shape); run "
         "directories copy a real 2-rank capture to N ranks, every group of all N.",
         "",
         "| set | GB | tool | wall s | peak RSS MiB | load |",

@@ -54,7 +54,7 @@ def _fixed_copy(example: str, work: Path) -> tuple[Path, Path]:
 
 
 def _example_env() -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items() if k != "SYNCSCOPE_BENCH"}
+    env = dict(os.environ)
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(ROOT), env.get("PYTHONPATH")) if p)
     return env
 

@@ -9,7 +9,7 @@ Sections (each measured inside the training script, start-up excluded):
    and the baseline after ``syncscope fix``, on 1 node x 2 gloo ranks and on 2 "nodes" x 1
    rank (torchrun multi-node rendezvous on loopback); configurations interleaved;
 2. capture cost: plain torchrun vs ``syncscope profile`` (with torch's Flight Recorder on,
-   its default, and off) vs ``--trace`` vs a bare ``torch.profiler`` trace (window-time ratios; issue 2's limit for counting mode: 1.03),
+   its default, and off) vs ``--trace`` vs a bare ``torch.profiler`` trace (window-time ratios; the limit for counting mode: 1.03),
    and on small steps, eager and compiled (benchmarks/small_steps.py);
 3. ``syncscope analyze`` vs HTA's ``TraceAnalysis`` load (benchmarks/bench_analyze.py);
 4. grad-sync bytes per window against the gradient bytes of one reduction;
@@ -172,7 +172,7 @@ ANALYZE_LINE = re.compile(
 
 def analysis_speed(work: Path, quick: bool) -> dict[str, Any]:
     """Runs benchmarks/bench_analyze.py on synthetic jobs written here (HTA must see every rank)."""
-    from syncscope.load.trace.synth import write_job
+    from tests.helpers.synth_traces import write_job
 
     mib = 1.0 if quick else 3.0
     synthetic = work / "synthetic"

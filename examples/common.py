@@ -14,17 +14,9 @@ import torch
 import torch.distributed as dist
 from torch import nn
 
-# benchmarks/ runs some examples as its workloads with SYNCSCOPE_BENCH=1 (timed windows,
-# data made up front: benchmarks/workloads/_bench.py). Unset, as when you run them, nothing
-# below changes.
-BENCH = None
-if os.environ.get("SYNCSCOPE_BENCH") == "1":
-    from _bench import ExampleBench
 
-    BENCH = ExampleBench()
-
-
-def parse_args() -> argparse.Namespace:
+def arg_parser() -> argparse.ArgumentParser:
+    """The examples' options: the loop's shape, the model's size and the device."""
     parser = argparse.ArgumentParser()
     parser.add_argument("--steps", type=int, default=6, help="optimizer steps (windows)")
     parser.add_argument("--accum", type=int, default=4, help="micro-batches per step")
@@ -35,7 +27,11 @@ def parse_args() -> argparse.Namespace:
     parser.add_argument(
         "--device", choices=("cpu", "cuda"), default="cpu", help="cuda: NCCL, one GPU per rank"
     )
-    return BENCH.parse_args(parser) if BENCH else parser.parse_args()
+    return parser
+
+
+def parse_args() -> argparse.Namespace:
+    return arg_parser().parse_args()
 
 
 def init(args: argparse.Namespace | None = None) -> int:
@@ -83,15 +79,11 @@ def device(args: argparse.Namespace) -> torch.device:
 def batch(args: argparse.Namespace, rank: int, step: int, micro: int) -> torch.Tensor:
     """Different data on every rank and micro-batch, reproducible: each rank's small data set
     (one batch per micro-batch) is seen again every step, so the loss falls."""
-    if BENCH:
-        return BENCH.batch(args, rank, micro)
     g = torch.Generator().manual_seed(10 * micro + rank)
     return torch.randn(args.batch, args.hidden, generator=g).to(device(args))
 
 
 def report(args: argparse.Namespace, rank: int, step: int, loss: float) -> None:
-    if BENCH:
-        return BENCH.report(args, rank, step)
     if rank == 0 and not args.quiet:
         print(f"step {step} loss {loss:.6f}", flush=True)
 

@@ -24,8 +24,8 @@ from typing import IO, Any
 
 import orjson
 
+from syncscope.atomic import NotRegularFile, atomic_write, open_regular, read_regular
 from syncscope.errors import BadRunDirectory
-from syncscope.files import NotRegularFile, atomic_write, open_regular, read_regular
 
 RUN_FORMAT = "syncscope-run"
 RUN_FORMAT_VERSION = 1

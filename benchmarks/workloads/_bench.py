@@ -2,10 +2,10 @@
 
 Two kinds of workload use it. The scripts in this folder import it directly. The loops
 examples/ already has (``EXAMPLE_CONFIGS``) are not copied here: the harness runs the
-example itself with ``SYNCSCOPE_BENCH=1`` and this folder on ``PYTHONPATH``, and
-examples/common.py hands its ``parse_args``/``batch``/``report`` to ``ExampleBench``
-(benchmark arguments and sizes, data made before the clock starts, the clock ticked at
-the end of every optimizer step). Without that variable the examples are untouched.
+example itself through ``run_example.py``, which hands examples/common.py's
+``parse_args``/``batch``/``report`` to ``ExampleBench`` (benchmark arguments and sizes, data
+made before the clock starts, the clock ticked at the end of every optimizer step). The
+examples themselves know nothing of benchmarks.
 
 Each workload is a plain torchrun script that runs unchanged under ``torchrun`` and under
 ``syncscope profile``. It times its own optimizer-step windows with ``time.perf_counter``
@@ -142,7 +142,6 @@ def finish(args: argparse.Namespace, rank: int) -> None:
         dist.destroy_process_group()
 
 
-BENCH_ENV = "SYNCSCOPE_BENCH"
 # example script -> the configuration name its SYNCSCOPE_BENCH line carries (a copy that
 # ``syncscope fix`` rewrote keeps the name of the loop it was made from)
 EXAMPLE_CONFIGS = {
@@ -156,7 +155,7 @@ EXAMPLE_CONFIGS = {
 
 
 class ExampleBench:
-    """An example (examples/common.py) run as a benchmark workload, ``SYNCSCOPE_BENCH=1``.
+    """An example (examples/common.py) run as a benchmark workload (``run_example.py``).
 
     The example's own loop is what runs; this changes what its helpers do: the arguments
     and sizes are this folder's (``--windows``/``--warmup``/``--torch-profiler``; the

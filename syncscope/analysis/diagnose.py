@@ -19,7 +19,7 @@ from syncscope.analysis import coverage, recipes, reductions
 from syncscope.analysis.advice import SNIPPETS
 from syncscope.analysis.crossrank import rank_divergence, run_failed
 from syncscope.analysis.hangs import hang_and_mismatch, waited_for_rank
-from syncscope.analysis.helpers import (
+from syncscope.analysis.sync_helpers import (
     name_helper,
 )
 from syncscope.analysis.window_rules import (

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 
 from syncscope.analysis import deepspeed_zero, reductions
 from syncscope.analysis.advice import fix_style, in_framework
-from syncscope.analysis.helpers import (
+from syncscope.analysis.sync_helpers import (
     HELPER_CAUSE,
     REPLACED_CAUSES,
     helper_no_op,

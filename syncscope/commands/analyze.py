@@ -94,7 +94,7 @@ def analyze(
     summary on stdout; the exit status by ``fail_on``. ``scheduler``: read the traces on
     that Dask cluster (``local``, an address or a scheduler file; paths may be URLs)."""
     from syncscope.analysis.findings import findings_for
-    from syncscope.files import new_folder
+    from syncscope.atomic import new_folder
     from syncscope.load.inputs import load, split_dumps
     from syncscope.render.outputs import finish
     from syncscope.text import visible

@@ -55,7 +55,7 @@ def diff(run_a: Path, run_b: Path, html: Path | None = None, color: bool | None 
     use_color = sys.stdout.isatty() if color is None else color
     sys.stdout.write(render_diff_text(result, color=use_color))
     if html is not None:
-        from syncscope.files import write_output
+        from syncscope.atomic import write_output
 
         write_output(html, render_diff_html(result).encode("utf-8"))
         print(visible(f"syncscope: wrote {html}"), file=sys.stderr)

@@ -4,7 +4,7 @@ Dry run by default: a unified diff on stdout and one line per problem on stderr.
 status: 0 nothing to fix, 1 problems found (dry run) or left unfixed (``--apply``), 2 error.
 ``--check PATH...``: the problems of every file given or under every directory given, on
 stdout, nothing written (syncscope/fixes/check.py): for CI and pre-commit.
-The work is syncscope/fixes/pipeline.py's.
+The work is syncscope/fixes/driver.py's.
 """
 
 from __future__ import annotations
@@ -81,7 +81,7 @@ def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
 def run(args: argparse.Namespace) -> int:
     if args.check:
         return _check(args)
-    from syncscope.fixes.pipeline import fix
+    from syncscope.fixes.driver import fix
 
     return fix(
         args.script,

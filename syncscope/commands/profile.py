@@ -2,7 +2,7 @@
 
 The parser holds syncscope's own options and, added when this command line is parsed or its
 help shown, every option of torch.distributed.run, read from torch's own parser
-(syncscope/launch/torchrun.py). The run itself is syncscope/launch/pipeline.py's.
+(syncscope/launch/torchrun.py). The run itself is syncscope/launch/job.py's.
 """
 
 from __future__ import annotations
@@ -106,7 +106,7 @@ def _add_launcher_options(parser: argparse.ArgumentParser, group: argparse._Argu
 
 
 def run(args: argparse.Namespace) -> int:
-    from syncscope.launch.pipeline import Request, profile
+    from syncscope.launch.job import Request, profile
 
     return profile(
         Request(

@@ -67,7 +67,7 @@ def report(run_dir: Path, fmt: str = "html", output: str | None = None) -> None:
         return
     from functools import partial
 
-    from syncscope.files import write_output
+    from syncscope.atomic import write_output
 
     try:
         write_output(Path(output), partial(writer(fmt), run, findings))

@@ -10,11 +10,14 @@ The pipeline shows in the modules:
   (SYN109) with the form to write in the script's own names;
 - ``rules``: one small class per problem, each with a code, a message and an optional
   rewrite (TorchFix style);
-- ``codemod``: the driver that applies rewrites one at a time until none is left, adds the
+- ``codemod``: applies the rewrites one at a time until none is left, adds the
   imports they need and renders the unified diff;
-- ``fromrun``: hints from a profile's ``report.json`` (``--from``);
+- ``run_hints``: hints from a profile's ``report.json`` (``--from``), and ``run_edits``: the
+  edits a profile's findings call for beyond the loop rules;
 - ``verify``: profiles the original and the fixed script and compares them (``--verify``);
-- ``proposals``: what ``fix`` does about each finding of a profile, for its report.
+- ``proposals``: what ``fix`` does about each finding of a profile, for its report;
+- ``driver``: the ``syncscope fix`` command's work, from the script read to the diff shown,
+  verified or written (``fix()``), and ``check``: ``fix --check`` for CI and pre-commit.
 
 The package exports the codemod's API lazily: importing ``syncscope.fixes.styles`` (the
 command line does, to list ``--style``) imports no libcst.

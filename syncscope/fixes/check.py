@@ -66,7 +66,7 @@ def python_files(path: Path, skipped: list[Path] | None = None) -> Iterator[Path
 
 def _problems(path: Path) -> list[str]:
     """The lines to print for one file (raises SyncscopeError: a bad file)."""
-    from syncscope.fixes.pipeline import _decode, _read
+    from syncscope.fixes.driver import _decode, _read
 
     data = _read(path)
     if b"backward" not in data:

@@ -95,7 +95,7 @@ def _propose(
     run: Run, findings: list[Finding], run_dir: Path | None, path: Path, data: bytes
 ) -> list[Finding]:
     from syncscope.fixes.codemod import fix_source
-    from syncscope.fixes.pipeline import _decode
+    from syncscope.fixes.driver import _decode
 
     source, _encoding = _decode(path, data)
     plain = fix_source(source, path=str(path))
@@ -123,8 +123,8 @@ def _with_run(
 ) -> FixResult:
     """``fix --from RUN`` on the script: the run's findings as report.json holds them."""
     from syncscope.fixes.codemod import FixOptions
-    from syncscope.fixes.fromrun import hints_from_report
-    from syncscope.fixes.runfindings import fix_with_run
+    from syncscope.fixes.run_edits import fix_with_run
+    from syncscope.fixes.run_hints import hints_from_report
     from syncscope.render.json_report import report_dict
 
     report = report_dict(run, findings)

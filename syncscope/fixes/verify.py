@@ -164,7 +164,7 @@ def verify(
     script's ``encoding``) and compare."""
     import signal
 
-    from syncscope.files import fresh_name
+    from syncscope.atomic import fresh_name
 
     script = script.resolve()
     copy: Path | None = None

@@ -33,7 +33,7 @@ from pathlib import Path
 from types import FrameType
 from typing import TYPE_CHECKING, Any, NoReturn
 
-from syncscope.validate import check_bounds
+from syncscope.fields import check_bounds
 
 if TYPE_CHECKING:
     from syncscope.capture.session import CaptureSession

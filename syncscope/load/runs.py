@@ -13,8 +13,16 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from syncscope.atomic import NotRegularFile
 from syncscope.errors import BadRunDirectory
-from syncscope.files import NotRegularFile
+from syncscope.fields import (
+    check_event,
+    check_sequence,
+    field_float,
+    field_int,
+    field_of,
+    field_str,
+)
 from syncscope.load.captured import rank_from_events
 from syncscope.model import RankRun, Run, RunMeta, compress_ranks, missing_ranks_text
 from syncscope.model.per_model import wrapped_models
@@ -27,14 +35,6 @@ from syncscope.rundir import (
     read_events,
     read_meta,
     stopped_reason,
-)
-from syncscope.validate import (
-    check_event,
-    check_sequence,
-    field_float,
-    field_int,
-    field_of,
-    field_str,
 )
 
 

@@ -18,8 +18,8 @@ from functools import partial
 from pathlib import Path
 from typing import IO, TYPE_CHECKING, NamedTuple
 
+from syncscope.atomic import atomic_write
 from syncscope.errors import SyncscopeError
-from syncscope.files import atomic_write
 
 if TYPE_CHECKING:
     from syncscope.model import Finding, Run

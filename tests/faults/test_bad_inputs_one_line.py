@@ -18,7 +18,7 @@ import pytest
 
 from syncscope import cli
 from syncscope.errors import SyncscopeError
-from syncscope.validate import SANE_MAX, field_float
+from syncscope.fields import SANE_MAX, field_float
 from tests.helpers import hostile as h
 
 DEEP = b"[" * 100_000

@@ -22,8 +22,8 @@ import pytest
 
 from syncscope import cli
 from syncscope.errors import BadTrace
-from syncscope.load.trace.synth import Shape, write_job
 from tests.helpers import hostile as h
+from tests.helpers.synth_traces import Shape, write_job
 
 distributed = pytest.importorskip("distributed", reason="needs syncscope[dask]")
 fsspec = pytest.importorskip("fsspec", reason="URLs need fsspec (syncscope[dask])")

@@ -176,12 +176,12 @@ def test_a_script_that_cannot_be_written_is_refused_before_anything_claims_succe
     the failure is made here): one line, exit 2, no "(fixed)" printed, the file intact."""
     import errno
 
-    from syncscope import files
+    from syncscope import atomic
 
     def refuse(*args: object, **kwargs: object) -> None:
         raise OSError(errno.EROFS, "Read-only file system")
 
-    monkeypatch.setattr(files, "atomic_write", refuse)
+    monkeypatch.setattr(atomic, "atomic_write", refuse)
     script = tmp_path / "ro.py"
     script.write_text(EVERY_MICRO_BATCH)
     status, _, err = _fix(monkeypatch, capsys, tmp_path, "--apply", "--no-backup", "ro.py")

@@ -322,9 +322,9 @@ def test_a_script_beyond_the_size_bound_is_not_read_whole(
     """The script is read up to MAX_SCRIPT_BYTES (64 MiB), no further: beyond, one line,
     exit 2, the file untouched."""
     from syncscope import cli
-    from syncscope.fixes import pipeline
+    from syncscope.fixes import driver
 
-    monkeypatch.setattr(pipeline, "MAX_SCRIPT_BYTES", 1 << 20)
+    monkeypatch.setattr(driver, "MAX_SCRIPT_BYTES", 1 << 20)
     script = tmp_path / "big.py"
     script.write_text(PLAIN * 250)  # about 2.6 MB
     monkeypatch.chdir(tmp_path)

@@ -9,7 +9,7 @@ from typing import IO, Any
 
 import pytest
 
-from syncscope.launch.pipeline import report_run
+from syncscope.launch.job import report_run
 from tests.helpers.hostile import write_run
 
 # --- a full disk when profile writes its reports ---------------------------------------------

@@ -241,7 +241,7 @@ def test_a_restarted_attempt_writes_a_file_of_its_own(tmp_path: Path) -> None:
 def test_profile_notes_the_earlier_attempts(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from syncscope.launch.pipeline import _note_attempts
+    from syncscope.launch.job import _note_attempts
 
     (tmp_path / "attempts" / "attempt-0" / "ranks").mkdir(parents=True)
     _note_attempts(tmp_path)
@@ -318,7 +318,7 @@ def test_os_exit_records_the_exit_and_keeps_every_window(tmp_path: Path) -> None
 def test_a_run_with_nothing_captured_says_so(
     tmp_path: Path, capsys: pytest.CaptureFixture[str]
 ) -> None:
-    from syncscope.launch.pipeline import report_run
+    from syncscope.launch.job import report_run
 
     script = tmp_path / "empty.py"
     script.write_text("")

@@ -1,6 +1,6 @@
-"""The benchmark workloads that are examples/ scripts run with ``SYNCSCOPE_BENCH=1``
-(benchmarks/workloads/_bench.py's ``ExampleBench``): they time their windows and print the
-``SYNCSCOPE_BENCH`` line; without the variable the example prints what it always did."""
+"""The benchmark workloads that are examples/ scripts, wrapped from outside by
+benchmarks/workloads/run_example.py (``_bench.ExampleBench``): they time their windows and
+print the ``SYNCSCOPE_BENCH`` line; run by itself the example prints what it always did."""
 
 from __future__ import annotations
 
@@ -27,18 +27,17 @@ def _port() -> int:
 
 
 def _run(script: Path, *args: str, bench: bool) -> str:
-    """``script`` as rank 0 of a world of 1 (no launcher); its stdout."""
+    """``script`` as rank 0 of a world of 1 (no launcher), with ``bench`` through the
+    harness's wrapper; its stdout."""
     paths = [str(ROOT), *([str(WORKLOADS)] if bench else []), os.environ.get("PYTHONPATH", "")]
     env = dict(
         os.environ, PYTHONPATH=os.pathsep.join(p for p in paths if p), OMP_NUM_THREADS="1",
         PYTHONWARNINGS="ignore", RANK="0", LOCAL_RANK="0", WORLD_SIZE="1",
         LOCAL_WORLD_SIZE="1", MASTER_ADDR="127.0.0.1", MASTER_PORT=str(_port()),
     )  # fmt: skip
-    env.pop("SYNCSCOPE_BENCH", None)
-    if bench:
-        env["SYNCSCOPE_BENCH"] = "1"
+    wrapper = [str(WORKLOADS / "run_example.py")] if bench else []
     proc = subprocess.run(
-        [sys.executable, str(script), *args],
+        [sys.executable, *wrapper, str(script), *args],
         capture_output=True, text=True, env=env, cwd=ROOT, timeout=120,
     )  # fmt: skip
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
@@ -50,7 +49,7 @@ def test_every_example_workload_names_its_configuration_back() -> None:
     sys.path[:0] = [str(BENCHMARKS), str(WORKLOADS)]
     try:
         from _bench import EXAMPLE_CONFIGS
-        from _harness import EXAMPLE_WORKLOADS, EXAMPLES, workload
+        from _harness import EXAMPLE_WORKLOADS, EXAMPLES, script_argv, workload
     finally:
         del sys.path[:2]
     assert {f"{stem}.py": name for stem, name in EXAMPLE_CONFIGS.items()} == {
@@ -59,7 +58,19 @@ def test_every_example_workload_names_its_configuration_back() -> None:
     for name, script in EXAMPLE_WORKLOADS.items():
         assert workload(name) == workload(f"{name}.py") == EXAMPLES / script
         assert workload(name).is_file()
+        # an example starts through the wrapper; the workloads of benchmarks/ by themselves
+        assert script_argv(workload(name)) == [
+            str(WORKLOADS / "run_example.py"),
+            str(EXAMPLES / script),
+        ]
     assert workload("alternating") == WORKLOADS / "alternating.py"
+    assert script_argv(workload("alternating")) == [str(WORKLOADS / "alternating.py")]
+
+
+def test_the_examples_know_nothing_of_benchmarks() -> None:
+    for script in (ROOT / "examples").glob("*.py"):
+        text = script.read_text(encoding="utf-8")
+        assert "SYNCSCOPE_BENCH" not in text and "_bench" not in text, script.name
 
 
 @pytest.mark.slow
@@ -85,7 +96,7 @@ def test_an_example_run_as_a_workload_prints_its_timed_windows(example: str, con
 
 
 @pytest.mark.slow
-def test_an_example_without_the_variable_is_the_example() -> None:
+def test_an_example_run_by_itself_is_the_example() -> None:
     out = _run(ROOT / "examples" / "ddp_sync_every_step.py", bench=False)
     assert [line.split(" loss ")[0] for line in out.splitlines()] == [
         "step 0",

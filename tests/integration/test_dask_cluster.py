@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-from syncscope.load.trace.synth import Shape, write_job
+from tests.helpers.synth_traces import Shape, write_job
 
 pytestmark = pytest.mark.slow
 distributed = pytest.importorskip("distributed", reason="needs syncscope[dask]")

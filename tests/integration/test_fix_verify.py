@@ -308,7 +308,7 @@ def test_a_fix_that_changes_training_is_refused_naming_window_and_parameter(
 ) -> None:
     from syncscope.errors import SyncscopeError
     from syncscope.fixes import codemod
-    from syncscope.fixes.pipeline import fix
+    from syncscope.fixes.driver import fix
 
     # GIVEN the every-micro-batch example and a wrong rewrite of it: one sync per window,
     # but at the first micro-batch (the other three never reduced)

@@ -1,4 +1,4 @@
-"""The package's shape: short functions, no import cycles, layers.
+"""The package's shape: short functions, no import cycles, layers, a map of each stage.
 
 - Every function and method in ``syncscope/`` (nested ones included) spans at most
   ``MAX_FUNCTION_LINES`` lines, counted as ``end_lineno - lineno + 1`` on the ast (from the
@@ -10,12 +10,16 @@
   submodule are not edges (a package whose ``__init__`` imports its own submodules would
   otherwise form a cycle with each of them). Imports under ``if TYPE_CHECKING:`` are not
   edges: they never run. A cycle is a strongly connected component of more than one module.
-- Layers, on the same edges plus the imports made only for the type checker: ``model``,
-  ``errors``, ``files`` and ``validate`` import nothing above them (``FOUNDATION``); the
-  run-directory format (``rundir``) never imports capture; render never imports analysis;
-  capture never imports analysis, render or trace (``FORBIDDEN``).
-- The package root holds at most 8 modules; every other module is in the folder of its
-  stage, and docs/concepts.md lists each folder (``test_every_folder_is_on_the_map``).
+- Layers, on the same edges plus the imports made only for the type checker: ``model`` and
+  the foundation (``errors``, ``_version``, ``text``, ``atomic``, ``fields``) import nothing
+  above them, ``analysis`` only the model and ``text`` (``FOUNDATION``); the run-directory
+  format (``rundir``) never imports capture; render never imports analysis or load; capture
+  never imports analysis, render or load; load never diagnoses, renders, captures or
+  launches (``FORBIDDEN``).
+- The package root holds at most ``MAX_ROOT_MODULES`` modules (its entry points, the
+  run-directory format and the foundation); every other module is in the folder of its
+  stage, docs/concepts.md lists each folder (``test_every_folder_is_on_the_map``) and each
+  folder's ``__init__`` says in its docstring which of its modules do what.
 """
 
 from __future__ import annotations
@@ -174,7 +178,7 @@ def test_relative_imports_resolve() -> None:
     assert found == ["syncscope.render.units.human_ns", "syncscope.render.units"]
     (node,) = ast.parse("from .. import model").body
     assert isinstance(node, ast.ImportFrom)
-    found = list(_targets(node, "syncscope.trace", is_package=True))
+    found = list(_targets(node, "syncscope.load", is_package=True))
     assert found == ["syncscope.model", "syncscope"]
 
 
@@ -184,8 +188,8 @@ FOUNDATION: dict[str, set[str]] = {  # these import nothing above them: only wha
     "errors": set(),
     "_version": set(),
     "text": set(),  # text helpers: safe terminal text, bytes and durations
-    "files": {"errors"},
-    "validate": {"errors"},
+    "atomic": {"errors"},  # files written whole or not at all
+    "fields": {"errors"},  # typed, range-checked readers of the values a file holds
     "model": {"errors", "model"},
     # the rules: pure functions from the model to findings, whatever read the run
     "analysis": {"model", "text"},
@@ -230,9 +234,9 @@ def test_the_layer_check_sees_a_violation() -> None:
     graph = {
         "syncscope.model.figures": {"syncscope.model", "syncscope.text"},
         "syncscope.render.summary": {"syncscope.model.figures", "syncscope.analysis.advice"},
-        "syncscope.rundir": {"syncscope.files", "syncscope.capture.recorder.records"},
+        "syncscope.rundir": {"syncscope.atomic", "syncscope.capture.recorder.records"},
         "syncscope.capture.session": {"syncscope.rundir", "syncscope.load.trace.read"},
-        "syncscope.files": {"syncscope.errors"},
+        "syncscope.atomic": {"syncscope.errors"},
         "syncscope.capture.sites": {"syncscope"},
         "syncscope.analysis.exposed": {"syncscope.text", "syncscope.load.trace.overlap"},
     }
@@ -251,7 +255,7 @@ def test_the_layer_check_sees_a_violation() -> None:
     assert "syncscope.testing.track" in graph["syncscope"]  # only under TYPE_CHECKING
 
 
-def test_the_package_root_holds_at_most_8_modules() -> None:
+def test_the_package_root_holds_only_entry_points_format_and_foundation() -> None:
     root = sorted(p.name for p in PACKAGE.glob("*.py"))
     assert len(root) <= MAX_ROOT_MODULES, f"{len(root)} modules at syncscope/: {root}"
 
@@ -266,3 +270,16 @@ def test_every_folder_is_on_the_map() -> None:
     folders = sorted(p.parent.name for p in PACKAGE.glob("*/__init__.py"))
     assert sorted(mapped) == folders
     assert len(mapped) == len(set(mapped))
+
+
+def test_every_stage_maps_its_modules() -> None:
+    """Each folder's ``__init__`` opens with a docstring that names what its modules do: at
+    least one module of the folder (or the stage's entry point) by name."""
+    unmapped: list[str] = []
+    for init in sorted(PACKAGE.glob("*/__init__.py")):
+        doc = ast.get_docstring(ast.parse(init.read_text(encoding="utf-8"))) or ""
+        modules = {p.stem for p in init.parent.glob("*.py") if p.name != "__init__.py"}
+        modules |= {p.parent.name for p in init.parent.glob("*/__init__.py")}
+        if len(doc.splitlines()) < 3 or not any(re.search(rf"\b{m}\b", doc) for m in modules):
+            unmapped.append(init.parent.name)
+    assert not unmapped, f"stages whose __init__ maps none of their modules: {unmapped}"

@@ -1,4 +1,4 @@
-"""syncscope/files.py: every file syncscope writes is written whole or not at all."""
+"""syncscope/atomic.py: every file syncscope writes is written whole or not at all."""
 
 from __future__ import annotations
 
@@ -9,9 +9,9 @@ from typing import IO
 import pytest
 
 from syncscope import cli
+from syncscope.atomic import atomic_write, copy_fresh
 from syncscope.commands import saved
 from syncscope.errors import SyncscopeError
-from syncscope.files import atomic_write, copy_fresh
 from tests.helpers import runs
 
 

@@ -7,7 +7,7 @@
   modules).
 - Every ``test_<name>.py`` in a package folder names a module of that folder (``<name>.py``,
   ``_<name>.py`` or the subpackage ``<name>/``); at tests/unit/ itself also the
-  ``REPOSITORY_WIDE`` checks, which read the whole package or pyproject.toml.
+  ``REPOSITORY_WIDE`` checks, which read the whole package, pyproject.toml or the docs.
 - No two test files of tests/ share a name: a failure's file name says which file it is.
 """
 
@@ -22,26 +22,14 @@ OUTSIDE_THE_PACKAGE = {
     "tools": "the GPU check's machine tooling",
     "helpers": "tests/helpers/",
 }
-REPOSITORY_WIDE = {"architecture", "layout", "packaging", "torch_releases"}
-# module renames in flight: a test named after the new name guards the module of either name
-RENAMED = {
-    "atomic": "files",
-    "fields": "validate",
-    "sync_helpers": "helpers",
-    "run_hints": "fromrun",
-    "run_edits": "runfindings",
-    "job": "pipeline",
-    "driver": "pipeline",
-    "run": "__init__",
-}
+REPOSITORY_WIDE = {"architecture", "layout", "packaging", "torch_releases", "user_docs"}
 
 
 def _is_module(package: Path, name: str) -> bool:
-    return any(
-        (package / f"{n}.py").is_file()
-        or (package / f"_{n}.py").is_file()
-        or (package / n / "__init__.py").is_file()
-        for n in (name, RENAMED.get(name, name))
+    return (
+        (package / f"{name}.py").is_file()
+        or (package / f"_{name}.py").is_file()
+        or (package / name / "__init__.py").is_file()
     )
 
 
@@ -81,14 +69,14 @@ def test_the_unit_tests_mirror_the_package() -> None:
 
 def test_the_layout_check_sees_what_it_checks(tmp_path: Path) -> None:
     package, tests = tmp_path / "syncscope", tmp_path / "tests"
-    for path in ("load/trace/read.py", "render/html.py", "cli.py", "files.py"):
+    for path in ("load/trace/read.py", "render/html.py", "cli.py", "atomic.py"):
         (package / path).parent.mkdir(parents=True, exist_ok=True)
         (package / path).touch()
     for folder in ("", "load", "load/trace", "render"):
         (package / folder / "__init__.py").touch()
     for path in (
         "unit/test_cli.py",
-        "unit/test_atomic.py",  # files.py under its new name
+        "unit/test_atomic.py",
         "unit/test_architecture.py",
         "unit/load/trace/test_read.py",
         "unit/render/test_charts.py",  # no render/charts.py

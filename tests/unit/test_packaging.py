@@ -292,3 +292,50 @@ def test_each_extra_installs_what_its_example_needs(example: str) -> None:
     for module in imported - set(sys.stdlib_module_names) - {"syncscope", "torch"}:
         needed.update(d.lower() for d in distributions.get(module, [module]))
     assert needed <= closure, f"syncscope[{extra}] lacks {sorted(needed - closure)} ({example})"
+
+
+# --- the test extra: what the tests import or run, nothing more ----------------------------
+
+# distributions of the test extra that no test imports, each with what uses it
+TEST_TOOLS = {
+    "pytest": "runs the suite",
+    "hatchling": "builds the wheel tests/unit/test_gpu_check.py installs, offline",
+}
+
+
+def _imported_by_tests() -> set[str]:
+    """Distributions that tests/ imports (its scripts and helpers included; ``importorskip``
+    counts), read from the source."""
+    stdlib = sys.stdlib_module_names
+    found: set[str] = set()
+    for path in sorted((ROOT / "tests").rglob("*.py")):
+        if "fixtures" in path.relative_to(ROOT / "tests").parts:
+            continue  # `fix`'s before/after files: read as text, never run
+        tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+        for node in ast.walk(tree):
+            names = _imported(node)
+            if (
+                isinstance(node, ast.Call)
+                and isinstance(node.func, ast.Attribute)
+                and node.func.attr == "importorskip"
+                and node.args
+                and isinstance(node.args[0], ast.Constant)
+            ):
+                names = [str(node.args[0].value)]
+            for name in names:
+                top = name.split(".")[0]
+                if top and top not in stdlib and top not in ("syncscope", "tests"):
+                    found.add(_distribution(top))
+    return found
+
+
+def test_the_test_extra_holds_only_what_the_tests_import_or_run() -> None:
+    # GIVEN the test extra, and the distributions the tests import
+    extra = _names(_pyproject()["project"]["optional-dependencies"]["test"]) - {"syncscope"}
+    imported = _imported_by_tests()
+    assert {"accelerate", "pyyaml", "distributed"} <= imported  # the scan sees imports
+    # THEN each distribution of the extra is imported by a test, or is a tool a test runs
+    unused = sorted(extra - imported - set(TEST_TOOLS))
+    assert not unused, f"in the test extra, imported by no test: {unused}"
+    # and HTA, whose extra brings a notebook server, is not among them
+    assert "traceinsight" not in extra

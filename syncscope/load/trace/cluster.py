@@ -40,8 +40,8 @@ from contextlib import ExitStack, contextmanager
 from pathlib import Path
 from typing import Any
 
+from syncscope.atomic import NotRegularFile, read_regular
 from syncscope.errors import BadTrace, SyncscopeError
-from syncscope.files import NotRegularFile, read_regular
 from syncscope.load.trace.rankfile import RankResult, read_rank
 from syncscope.load.trace.read import is_trace_file
 from syncscope.text import visible

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 from syncscope.errors import BadTrace, SyncscopeError
+from syncscope.fields import field_int, field_of, field_str
 from syncscope.load.trace.events import RankEvents
 from syncscope.load.trace.read import Opener, read_trace
 from syncscope.load.trace.windows import RankNotes, rank_from_trace
 from syncscope.model import RankRun
-from syncscope.validate import field_int, field_of, field_str
 
 _RANK_IN_NAME = re.compile(r"rank[-_]?(\d+)")
 

@@ -10,7 +10,7 @@ from typing import Any
 
 from syncscope.analysis.advice import SNIPPETS
 from syncscope.analysis.diagnose import diagnose
-from syncscope.analysis.helpers import _SNIPPETS as HELPER_TEMPLATES
+from syncscope.analysis.sync_helpers import _SNIPPETS as HELPER_TEMPLATES
 from syncscope.model import Finding
 from tests.helpers.events import Rank, run_of
 

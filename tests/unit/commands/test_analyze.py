@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 
+from syncscope.atomic import new_folder
 from syncscope.commands import analyze
-from syncscope.files import new_folder
 
 SAMPLE = Path(__file__).resolve().parents[3] / "sample_traces" / "syncscope-gloo-ddp-no_sync"
 

@@ -8,7 +8,7 @@ import pytest
 
 from syncscope.errors import SyncscopeError
 from syncscope.fixes import FixOptions, fix_source
-from syncscope.fixes.fromrun import load_hints
+from syncscope.fixes.run_hints import load_hints
 from tests.helpers.reports import report_run_dir
 
 HEADER = "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"

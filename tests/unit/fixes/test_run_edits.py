@@ -12,7 +12,7 @@ import pytest
 
 from syncscope import cli
 from syncscope.fixes import FixOptions, fix_source
-from syncscope.fixes.fromrun import load_hints
+from syncscope.fixes.run_hints import load_hints
 from tests.helpers.reports import report_run_dir
 
 HEADER = "import torch\nfrom torch.nn.parallel import DistributedDataParallel as DDP\n"

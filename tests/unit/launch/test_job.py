@@ -10,7 +10,7 @@ from typing import Any
 
 import pytest
 
-from syncscope.launch.pipeline import report_run
+from syncscope.launch.job import report_run
 from tests.helpers.hostile import run_events, write_run
 
 

@@ -16,9 +16,9 @@ from syncscope.analysis.crossrank import collective_mismatch
 from syncscope.analysis.exposed import exposed_communication
 from syncscope.errors import BadTrace
 from syncscope.load.trace.overlap import merge, merge_pairs, subtract, total
-from syncscope.load.trace.synth import Shape, write_job
 from syncscope.load.traces import load_traces
 from syncscope.model import figures
+from tests.helpers.synth_traces import Shape, write_job
 
 ROOT = Path(__file__).resolve().parents[3]
 SAMPLES = ROOT / "sample_traces"

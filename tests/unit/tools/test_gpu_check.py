@@ -1,5 +1,5 @@
-"""The GPU check's CPU-side logic (benchmarks/gpu_check.py, bench_gpu.py, gpu_prepare.py):
-the offline install from carried wheels into a fresh virtual environment, the
+"""The GPU check's CPU-side logic (tools/gpu/gpu_check.py and gpu_prepare.py, benchmarks/
+bench_gpu.py): the offline install from carried wheels into a fresh virtual environment, the
 clean skip without CUDA, the reading of pytest's output into docs/gpu.md rows, and the
 capture-cost verdict beside the run-to-run noise."""
 
@@ -15,17 +15,21 @@ from types import ModuleType
 
 import pytest
 
+from syncscope._version import __version__
+
 ROOT = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture
 def benchmarks() -> Iterator[None]:
-    """benchmarks/ on the path (it is no package), for the test's imports only."""
-    sys.path.insert(0, str(ROOT / "benchmarks"))
+    """benchmarks/ and tools/gpu/ on the path (no packages), for the test's imports only."""
+    folders = [str(ROOT / "benchmarks"), str(ROOT / "tools" / "gpu")]
+    sys.path[:0] = folders
     try:
         yield
     finally:
-        sys.path.remove(str(ROOT / "benchmarks"))
+        for folder in folders:
+            sys.path.remove(folder)
 
 
 def _module(name: str) -> ModuleType:
@@ -127,14 +131,14 @@ def test_gpu_check_installs_offline_in_a_fresh_venv_and_skips_without_cuda(
     env["CUDA_VISIBLE_DEVICES"] = ""  # no GPU, whatever the machine
     # WHEN the check runs there
     proc = subprocess.run(
-        [str(venv / "bin" / "python"), str(ROOT / "benchmarks" / "gpu_check.py"),
+        [str(venv / "bin" / "python"), str(ROOT / "tools" / "gpu" / "gpu_check.py"),
          "--wheels", str(wheels), "--site", str(site), "--out", str(tmp_path / "out")],
         capture_output=True, text=True, env=env, cwd=tmp_path, timeout=300,
     )  # fmt: skip
     # THEN it installed the wheel offline, imports syncscope from it, and stops, saying why
     assert proc.returncode == 0, proc.stdout + proc.stderr[-2000:]
     assert f"installed 1 wheels from {wheels} into {site}" in proc.stdout
-    assert f"syncscope: 0.1.0 {site}/syncscope/__init__.py" in proc.stdout
+    assert f"syncscope: {__version__} {site}/syncscope/__init__.py" in proc.stdout
     assert "gpu_check: skipped: no CUDA GPU is visible" in proc.stdout
     assert "nothing here is a GPU result" in proc.stdout
     assert not (tmp_path / "out" / "gpu-rows.md").exists()  # no GPU figure written

@@ -9,8 +9,8 @@ import pytest
 from syncscope.errors import BadTrace, SyncscopeError
 from syncscope.load.trace import cluster
 from syncscope.load.trace.cluster import MAX_BATCH_BYTES, MAX_BATCH_FILES, TASKS_PER_THREAD, batches
-from syncscope.load.trace.synth import Shape, write_job
 from syncscope.load.traces import load_traces
+from tests.helpers.synth_traces import Shape, write_job
 
 
 def test_batches_cover_every_file_once_in_order() -> None:

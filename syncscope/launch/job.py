@@ -174,7 +174,7 @@ def _check(request: Request) -> _Plan:
             "--trace (or leave --trace-windows out)"
         )
     _check_native()
-    from syncscope.validate import SANE_MAX, check_bounds
+    from syncscope.fields import SANE_MAX, check_bounds
 
     if not 0 <= request.hang_timeout <= SANE_MAX:  # NaN fails both; meta.json's reader's bound
         raise SyncscopeError(

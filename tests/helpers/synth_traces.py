@@ -7,7 +7,7 @@ For benchmarks and tests: ``write_job(out_dir, ranks=8, target_bytes=50 << 20)``
 nested ``record_param_comms``, GPU kernels with their launches, and nested duplicate
 ``Optimizer.step#`` annotations. Windows are written until the file reaches its size.
 
-    python -m syncscope.load.trace.synth OUT_DIR --ranks 8 --mb 50
+    python -m tests.helpers.synth_traces OUT_DIR --ranks 8 --mb 50
 """
 
 from __future__ import annotations

@@ -1,10 +1,11 @@
-"""The GPU check in one call (issue 44): install, GPU tests, capture-cost pair, rows for
-docs/gpu.md, in under 6 minutes on one H100.
+"""The GPU check in one call: install, GPU tests, capture-cost pair, rows for docs/gpu.md,
+in under 6 minutes on one H100.
 
-Here, first (needs PyPI): ``python benchmarks/gpu_prepare.py`` writes ``.whl/``. Then, with
-the device tool (docs/gpu.md gives the exact call)::
+First, on a machine that reaches the package registry: ``python tools/gpu/gpu_prepare.py``
+writes ``.whl/``. Copy the checkout with its ``.whl/`` to the GPU machine (which needs no
+registry), then there (docs/dev/gpu-check.md gives the whole procedure)::
 
-    python3 benchmarks/gpu_check.py --out $OUT      # carry: [".whl"], timeout_s: 420
+    python3 tools/gpu/gpu_check.py --out OUT_DIR
 
 1. installs every wheel of ``--wheels`` (``.whl/``) with ``pip install --no-index --no-deps
    --target SITE`` and puts SITE on the path of everything it starts (the GPU image has
@@ -38,7 +39,7 @@ import sys
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODULES = ("syncscope", "orjson", "libcst", "plotly", "hta", "pydot")
 PAIR_S = 110  # bench_gpu.py's budget (100 s) and its last repetition's overrun
 OUTCOME = re.compile(r"\b(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")

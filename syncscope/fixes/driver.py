@@ -46,12 +46,12 @@ def fix(
     source, encoding = _decode(script, data)
     hints = None
     if from_run is not None:
-        from syncscope.fixes.fromrun import load_hints
+        from syncscope.fixes.run_hints import load_hints
 
         hints = load_hints(from_run, script, data)
     unaddressed: list[str] = []
     if hints is not None:
-        from syncscope.fixes.runfindings import fix_with_run, unaddressed_lines
+        from syncscope.fixes.run_edits import fix_with_run, unaddressed_lines
 
         result = fix_with_run(source, FixOptions(style, hints), str(script))
         unaddressed = unaddressed_lines(result, hints.findings)
@@ -204,7 +204,7 @@ def _write(script: Path, text: bytes, backup: bool) -> None:
     """Write ``text`` over ``script`` (through a symlink, to the file it names), whole or
     not at all; with ``backup`` the original is kept first as ``SCRIPT.bak`` (or
     ``SCRIPT.bak.1`` ... where that name is taken)."""
-    from syncscope.files import atomic_write, copy_fresh
+    from syncscope.atomic import atomic_write, copy_fresh
 
     target = script.resolve()
     if backup:

@@ -14,10 +14,10 @@ from pathlib import Path
 from typing import Any
 
 from syncscope.errors import BadRunDirectory, SyncscopeError
+from syncscope.fields import field_int, field_of
 from syncscope.fixes.canonical import DdpForm
 from syncscope.fixes.codemod import RunFinding, RunHints
 from syncscope.fixes.resolve import WrapperKind
-from syncscope.validate import field_int, field_of
 
 TOGGLE_ROLES = frozenset(
     {

@@ -1,17 +1,17 @@
-"""Wheels for the GPU check (issue 44), built here, carried to the GPU machine.
+"""Wheels for the GPU check, built on a machine with registry access, copied to the GPU machine.
 
-    python benchmarks/gpu_prepare.py [--dest .whl] [--python-version 3.12]
+    python tools/gpu/gpu_prepare.py [--dest .whl] [--python-version 3.12]
 
 The GPU machine reaches no package registry, and its image has torch, CUDA, pytest,
 pytest-xdist, numpy, pandas, narwhals, pyparsing, networkx, rich, pygments, ninja,
 accelerate, transformers and lightning, but not the rest of what syncscope and its tests
-import. This writes into ``--dest`` (``.whl/``, ignored by git, carried with the device
-tool's ``carry: [".whl"]``) syncscope's own wheel (``pip wheel --no-deps`` of this tree) and
+import. This writes into ``--dest`` (``.whl/``, ignored by git, copied to the GPU machine
+with the checkout) syncscope's own wheel (``pip wheel --no-deps`` of this tree) and
 ``pip download --no-deps`` wheels of the packages the image lacks, for the image's Python
 (3.12, x86-64 manylinux): orjson, libcst, plotly, traceinsight (HTA, ``analyze --hta``) and
-pydot (HTA imports it). benchmarks/gpu_check.py installs them there with ``--no-index``. The
+pydot (HTA imports it). tools/gpu/gpu_check.py installs them there with ``--no-index``. The
 folder is emptied first: two versions of one package stop the whole install. Needs PyPI
-here; prints the wheels and their size (the carried tree may hold 64 MiB in all).
+here; prints the wheels and their size (``LIMIT_MIB`` at most, to keep the copy small).
 """
 
 from __future__ import annotations
@@ -21,12 +21,12 @@ import subprocess
 import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # what the GPU image lacks, with the floors pyproject.toml states (pydot: HTA's own need)
 MISSING = ["orjson>=3.9", "libcst>=1.0", "plotly>=5.20", "traceinsight>=0.6", "pydot"]
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (39, 35, 34, 31, 28, 27, 24, 17)]
 PLATFORMS += ["manylinux2014_x86_64", "manylinux1_x86_64"]
-LIMIT_MIB = 48  # leaves room for the working tree within the 64 MiB a call carries
+LIMIT_MIB = 48  # with the working tree, a copy of at most 64 MiB
 
 
 def download_command(dest: Path, python_version: str) -> list[str]:
