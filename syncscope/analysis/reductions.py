@@ -14,7 +14,7 @@ The rules here look at what a window's reductions did to the gradients:
   whose first micro-batch syncs;
 - ``static_graph_failure``: a static-graph DDP that failed on a backward under ``no_sync``.
 
-Every fix named here is in ``SNIPPETS`` (each parses: tests/unit/test_reductions.py).
+Every fix named here is in ``SNIPPETS`` (each parses: tests/unit/analysis/test_reductions.py).
 """
 
 from __future__ import annotations

@@ -299,7 +299,7 @@ def test_each_extra_installs_what_its_example_needs(example: str) -> None:
 # distributions of the test extra that no test imports, each with what uses it
 TEST_TOOLS = {
     "pytest": "runs the suite",
-    "hatchling": "builds the wheel tests/unit/test_gpu_check.py installs, offline",
+    "hatchling": "builds the wheel tests/unit/tools/test_gpu_check.py installs, offline",
 }
 
 

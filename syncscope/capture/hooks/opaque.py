@@ -15,7 +15,7 @@ callee, a kernel the dispatcher calls from a compiled graph). Otherwise, which i
 call of an eager job, ``fn`` is called directly. The wrapper's own code is marked so that
 Dynamo never compiles a frame of it (``skip_code``); where it inlines a call to it, it
 reaches the disabled function and breaks the graph there as it would at the disabled
-function itself (same graph breaks, same graphs: tests/unit/test_opaque.py).
+function itself (same graph breaks, same graphs: tests/unit/capture/hooks/test_opaque.py).
 """
 
 from __future__ import annotations
