@@ -74,9 +74,9 @@ def test_trace_of_two_models_counts_each_reduction_and_says_what_it_cannot_tell(
     (note,) = [n for n in report["notes"] if "distinct gradient reductions" in n]
     assert "2 wrapped models, judged each on its own" in note
     # each model reduced once per window after its last backward: no false alarm
-    assert not [
-        f for f in report["findings"] if f["kind"] in ("redundant-sync", "missing-sync")
-    ], report["findings"]
+    assert not [f for f in report["findings"] if f["kind"] in ("redundant-sync", "missing-sync")], (
+        report["findings"]
+    )
     for t in truth.values():
         # the truth's models: one round per window each, of a size of its own
         sizes = {m: v["bytes"] for w in t["windows"] for m, v in w["models"].items()}

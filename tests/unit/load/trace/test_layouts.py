@@ -113,7 +113,9 @@ def test_a_model_of_two_reducing_every_micro_batch_in_a_trace_is_named(tmp_path:
     assert "1.1 KiB reduced 4x per window; 1.6 KiB reduced 1x per window" in note
     # THEN the redundant syncs are D's, G's gate stands
     redundant = [f for f in diagnose(run) if f.kind == "redundant-sync"]
-    assert redundant and all(f.evidence.get("model") == "the model reducing 1.1 KiB" for f in redundant)
+    assert redundant and all(
+        f.evidence.get("model") == "the model reducing 1.1 KiB" for f in redundant
+    )
 
 
 def test_one_model_in_a_trace_draws_no_several_models_note(tmp_path: Path) -> None:
