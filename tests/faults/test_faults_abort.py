@@ -62,3 +62,35 @@ def test_a_mismatch_that_aborts_gloo_names_both_collectives_and_their_lines(
         ("rank 1", 13),
     ]
     assert any(f["kind"] == "run-failed" for f in report["findings"])
+
+
+ABORTS_IN_THE_CALL = textwrap.dedent(
+    """
+    import os
+    import torch, torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    dist.all_reduce(torch.ones(4))
+    # from here the backend ends the process inside its all_reduce, as gloo does on a mismatch
+    lib = torch.library.Library("c10d", "IMPL")
+    lib.impl("allreduce_", lambda *args, **kwargs: os.abort(), "CPU")
+    dist.all_reduce(torch.ones(3))
+    """
+)
+
+
+@pytest.mark.slow
+def test_a_collective_whose_call_aborts_the_process_is_on_disk(tmp_path: Path) -> None:
+    """Was: its record was made when the call returned, so an abort inside the call lost it
+    (1 run in 6 of the gloo mismatch without the 10 ms, under load); the report then said
+    the rank was blocked in the all-reduce before it (#1), which had completed."""
+    done, out = profile_script(tmp_path, "train.py", ABORTS_IN_THE_CALL, "--nproc-per-node", "1")
+    assert done.returncode == 134, done.stderr[-3000:]
+    from syncscope.load.runs import load_run
+
+    (rank,) = load_run(out).ranks
+    (blocked,) = rank.pending
+    assert (blocked.seq, blocked.op, blocked.bytes) == (1, "all_reduce", 12)
+    report = json.loads((out / "report.json").read_text())
+    (failed,) = [f for f in report["findings"] if f["kind"] == "run-failed"]
+    assert "blocked in all_reduce #2" in failed["message"], failed["message"]
