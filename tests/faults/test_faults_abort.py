@@ -94,3 +94,25 @@ def test_a_collective_whose_call_aborts_the_process_is_on_disk(tmp_path: Path) -
     report = json.loads((out / "report.json").read_text())
     (failed,) = [f for f in report["findings"] if f["kind"] == "run-failed"]
     assert "blocked in all_reduce #2" in failed["message"], failed["message"]
+
+
+def test_a_call_record_stands_for_its_collective_only_where_the_call_never_returned(
+    tmp_path: Path,
+) -> None:
+    from syncscope.load.runs import load_run
+    from tests.helpers import hostile as h
+
+    def events(rank: int) -> list[dict[str, object]]:
+        evs = h.run_events(rank)
+        evs.pop()  # no exit record: the process ended inside its last call
+        colls = [e for e in evs if e["type"] == "coll"]
+        for coll in colls:  # each blocking collective told before its call, then returned
+            evs.insert(evs.index(coll), {**coll, "type": "call", "t_end": coll["t"]})
+        t = int(evs[-1]["t"]) + 10  # type: ignore[call-overload]
+        evs.append({**colls[-1], "type": "call", "seq": 3, "t": t, "t_end": t, "bytes": 12})
+        return evs
+
+    (rank, _) = load_run(h.write_run(tmp_path, events=events)).ranks
+    seqs = [(c.seq, c.bytes) for w in rank.windows for c in w.collectives]
+    assert seqs == [(1, 64), (2, 64), (3, 12)]  # each once, the last one from its call
+    assert [(p.seq, p.bytes) for p in rank.pending] == [(3, 12)]
