@@ -137,3 +137,19 @@ def test_a_wait_for_one_rank_named_thrice_names_it_once(tmp_path: Path) -> None:
     (wait,) = waited_for_rank(load_run(run))
     assert wait.ranks == (0,)
     assert "for rank(s) 0 (" in wait.message
+
+
+def test_a_heartbeat_with_lists_for_words_or_ids_says_nothing_of_them(tmp_path: Path) -> None:
+    """Was: ``waiting in [0, 0, 0] at [0, 0, 0]`` in the hang's headline; a ``pid`` that is
+    no integer stopped the monitor with a traceback."""
+    from syncscope.launch.watch import Beats
+
+    (tmp_path / "beats").mkdir()
+    garbled = {"pid": 1000, "rank": 0, "seq": 1, "state": "waiting", "pg": True}
+    garbled.update(call=[0, 0, 0], where=[0, 0, 0])
+    beats = {0: garbled, 1: {"pid": "1001", "rank": 1, "seq": 1, "state": "running"}}
+    for rank, beat in beats.items():
+        (tmp_path / "beats" / f"rank-{rank:05d}.json").write_bytes(orjson.dumps(beat))
+    views = Beats(tmp_path).read({0: (1000, "elsewhere"), 1: (1001, "elsewhere")}, now=0.0)
+    assert views[0].text() == "waiting in torch.distributed"
+    assert views[1].state == ""  # no beat: what /proc says (nothing, on another host)
