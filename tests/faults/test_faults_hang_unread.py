@@ -147,7 +147,7 @@ def test_a_heartbeat_with_lists_for_words_or_ids_says_nothing_of_them(tmp_path: 
     (tmp_path / "beats").mkdir()
     garbled = {"pid": 1000, "rank": 0, "seq": 1, "state": "waiting", "pg": True}
     garbled.update(call=[0, 0, 0], where=[0, 0, 0])
-    beats = {0: garbled, 1: {"pid": "1001", "rank": 1, "seq": 1, "state": "running"}}
+    beats = {0: garbled, 1: {"pid": "x", "rank": 1, "seq": 1, "state": "running"}}
     for rank, beat in beats.items():
         (tmp_path / "beats" / f"rank-{rank:05d}.json").write_bytes(orjson.dumps(beat))
     views = Beats(tmp_path).read({0: (1000, "elsewhere"), 1: (1001, "elsewhere")}, now=0.0)
