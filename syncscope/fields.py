@@ -179,6 +179,7 @@ _EVENT_ANY_INTS = frozenset({"depth", "status", "bucket"})
 _EVENT_DICTS = frozenset({"site", "accelerate"})
 _EVENT_STRS = frozenset({"type", "host"})
 _REQUIRED: dict[str, tuple[str, ...]] = {"done": ("seq", "t"), "coll": ("seq", "t")}
+_REQUIRED["call"] = ("seq", "t")
 _REQUIRED.update({"bwd": ("t",), "fp": ("window", "fp")})
 
 
@@ -248,6 +249,22 @@ def check_bounds(
     return n, w, t
 
 
+def _calls_read(events: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Each ``call`` record as its collective's ``coll`` where no ``coll`` of its ``seq``
+    follows it (the call never returned), else left out (the ``coll`` has the call's times)."""
+    if not any(ev.get("type") == "call" for ev in events):
+        return events  # a file from before ``call`` records, or of no blocking collective
+    returned = {ev["seq"] for ev in events if ev.get("type") == "coll"}
+    out = []
+    for ev in events:
+        if ev.get("type") == "call":
+            if ev["seq"] in returned:
+                continue
+            ev = {**ev, "type": "coll"}
+        out.append(ev)
+    return out
+
+
 def check_sequence(
     events: list[dict[str, Any]], name: str
 ) -> tuple[list[dict[str, Any]], list[str]]:
@@ -260,7 +277,10 @@ def check_sequence(
     - ``coll`` records out of ``seq`` order (``seq`` is the order of issue on the rank): the
       places ``coll`` records hold in the file take them in ``seq`` order, so every other
       event, and the window each place is in, stays where it was written.
+    - A ``call`` (a blocking collective's record, written before its call) is read as its
+      ``coll`` where that never came (the process ended inside the call), else left out.
     """
+    events = _calls_read(events)
     colls = [ev["seq"] for ev in events if ev.get("type") == "coll"]
     dones = [ev["seq"] for ev in events if ev.get("type") == "done"]
     in_order = all(a < b for a, b in itertools.pairwise(colls))

@@ -73,16 +73,8 @@ def hang(run: Run) -> list[Finding]:
     per_rank = {}
     stories: dict[int, str] = {}
     for r in run.ranks:
-        running = str(r.rank) in threads
-        waiting = threads.get(str(r.rank), "waiting in").startswith("waiting in")
-        blocked, last_completed = _released_by_stop(r, waiting)
         stories[r.rank] = threads.get(str(r.rank)) or _ended(r)
-        per_rank[str(r.rank)] = {
-            "last_completed": _pending_text(last_completed),
-            "blocked_in": _pending_text(blocked)
-            if blocked
-            else ("no collective in flight" if running or not r.finished else _ended(r)),
-        }
+        per_rank[str(r.rank)] = _collectives_of(r, threads.get(str(r.rank)))
     evidence: dict[str, object] = {"per_rank": per_rank}
     if threads:  # what each rank's main thread did when it was stopped
         evidence["main_threads"] = dict(threads)
@@ -105,6 +97,28 @@ def hang(run: Run) -> list[Finding]:
             fix=SNIPPETS["stuck-rank" if stuck else "same-sequence"],
         )
     ]
+
+
+def _collectives_of(r: RankRun, thread: str | None) -> dict[str, str]:
+    """A stopped rank's last completed collective and the one it was blocked in, as its
+    records say; where lines of its file could not be read (dropped), what they hid is said
+    so, and the collective its main thread waited in is the one it was blocked in."""
+    waiting = (thread or "waiting in").startswith("waiting in")
+    blocked, last_completed = _released_by_stop(r, waiting)
+    dropped = sum(w.records_dropped for w in r.windows)
+    unread = f"{dropped} line(s) of its file could not be read"  # noted with the lines
+    last = _pending_text(last_completed)
+    if blocked:
+        return {"last_completed": last, "blocked_in": _pending_text(blocked)}
+    if thread and thread.startswith("waiting in ") and dropped:
+        blocked_in = f"{thread.removeprefix('waiting in ')} (its main thread; {unread})"
+    elif thread is not None or not r.finished:
+        blocked_in = "no collective in flight"
+    else:
+        blocked_in = _ended(r)
+    if last_completed is None and dropped:
+        last = f"not known: {unread}"
+    return {"last_completed": last, "blocked_in": blocked_in}
 
 
 def _ended(r: RankRun) -> str:
@@ -173,7 +187,7 @@ def waited_for_rank(run: Run) -> list[Finding]:
     by_culprit: dict[tuple[int, ...], list[dict[str, Any]]] = defaultdict(list)
     for wait in run.meta.waits:
         entry: dict[str, Any] = dict(wait)
-        by_culprit[tuple(entry["for"])].append(entry)
+        by_culprit[tuple(sorted(set(entry["for"])))].append(entry)  # each rank once
     findings = []
     for culprits, waits in sorted(by_culprit.items()):
         longest = max(waits, key=lambda w: float(w["seconds"]))

@@ -59,9 +59,9 @@ class EventWriter:
     C++ with Python's lock released (a collective's wait, a backward), so a rank that hangs
     there has its events, the hanging collective's record included, on disk within the
     interval. A rank killed outright (SIGKILL, a segfault) loses at most its last interval
-    of events. ``flush`` writes what is held now (before a blocking collective, and after
-    its call returns: a backend that aborts the process while it is waited for, gloo on a
-    size mismatch, leaves its record on disk).
+    of events. ``flush`` writes what is held now (before a blocking collective's call, its
+    own record among them: a backend that aborts the process inside the call, gloo on a
+    size mismatch, leaves it on disk).
 
     A failed write (disk full, directory gone, permissions changed) never reaches the
     training script: the writer stops for good, keeps the reason in ``stopped``, says so

@@ -80,6 +80,15 @@ class _Seen:
     working: bool = False  # its threads or child processes computed meanwhile
 
 
+_IDS = ("rank", "pid")
+
+
+def _words(beat: dict[str, Any], key: str) -> str:
+    """A beat's text field; anything else (a list, a number) says nothing."""
+    value = beat.get(key, "")
+    return value if isinstance(value, str) else ""
+
+
 class Beats:
     """Reads the heartbeats of a run directory, poll after poll."""
 
@@ -115,8 +124,9 @@ class Beats:
             for path in self.folder.glob("rank-*.json"):
                 with contextlib.suppress(OSError, orjson.JSONDecodeError, ValueError, TypeError):
                     data = orjson.loads(path.read_bytes())
-                    if isinstance(data, dict):
-                        beats[int(data.get("rank", -1))] = data
+                    # a beat names its rank and process as integers; any other is no beat
+                    if isinstance(data, dict) and {type(data.get(k)) for k in _IDS} == {int}:
+                        beats[data["rank"]] = data
         return beats
 
     def _from_beat(
@@ -143,7 +153,7 @@ class Beats:
             seen = self._seen[rank] = _Seen(seq, pid, cpu, now, busy, work, working)
         if now - seen.changed > self.stale_s:
             return None
-        pg, state = beat.get("pg"), str(beat.get("state", ""))
+        pg, state = beat.get("pg"), _words(beat, "state")
         busy = seen.busy if seen.busy is not None else local and self._ticking(pid, now)
         if state == "running" and beat.get("call") == "backward" and not busy:
             state = "waiting"  # a backward whose thread computes nothing: DDP's all-reduce
@@ -152,8 +162,8 @@ class Beats:
             pid,
             state=state,
             busy=busy and state != "waiting",
-            where=str(beat.get("where", "")),
-            call=str(beat.get("call", "")),
+            where=_words(beat, "where"),
+            call=_words(beat, "call"),
             pg=pg if isinstance(pg, bool) else None,
             working=seen.working,
         )

@@ -392,7 +392,7 @@ class _RankReader:
 
     def finish(self, rank: int | None) -> RankRun:
         windows = list(self.windows)
-        if not self.current.empty():
+        if not self.current.empty() or self.current.dropped:  # lines it held were dropped
             windows.append(self.current.build(self.last_t, False))
         footer, header = self.footer, self.header
         status = footer.get("status") if footer else None

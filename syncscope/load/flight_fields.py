@@ -275,19 +275,25 @@ def _ranks(value: object, what: str, budget: Budget) -> tuple[int, ...]:
     """A group's ranks: ``"[0, 1]"`` (the recorder's string), a list, or a dict's "ranks"."""
     if isinstance(value, dict):
         value = value.get("ranks", ())
+    ranks: tuple[int, ...] = ()
     if isinstance(value, str):
         budget.take(value.count(","))
-        return _parse_ranks(value, what)
-    if isinstance(value, list | tuple):
+        ranks = _parse_ranks(value, what)
+    elif isinstance(value, list | tuple):
         budget.take(len(value))
         if all(type(r) is int for r in value):
-            return tuple(read_rank(r, what) for r in value)
-    return ()
+            ranks = tuple(read_rank(r, what) for r in value)
+    if len(set(ranks)) != len(ranks):  # a member counted twice hides one that is missing
+        twice = next(r for r in ranks if ranks.count(r) > 1)
+        raise Bad(f"{what}: rank {twice} appears twice in its ranks")
+    return ranks
 
 
 def read_groups(config: object, budget: Budget) -> dict[str, tuple[str, tuple[int, ...]]]:
     """``pg_config``: group name -> (description, global ranks)."""
     out: dict[str, tuple[str, tuple[int, ...]]] = {}
+    if config is not None and not isinstance(config, dict):
+        raise Bad(f"pg_config is a {_kind(config)}, not a mapping of groups")
     if not isinstance(config, dict):
         return out
     budget.take(len(config))

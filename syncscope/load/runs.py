@@ -16,6 +16,7 @@ from typing import Any
 from syncscope.atomic import NotRegularFile
 from syncscope.errors import BadRunDirectory
 from syncscope.fields import (
+    bad,
     check_event,
     check_sequence,
     field_float,
@@ -153,10 +154,7 @@ def _meta_from(
         hang_timeout_s=field_float(data, "hang_timeout_s", file, min=0, default=None),
         hung=bool(field_of(data, "hung", file, bool, default=False)),
         hang_start_up=bool(field_of(hang, "start_up", file, bool, default=False, label=at)),
-        main_threads={
-            str(k): str(v)
-            for k, v in field_of(hang, "main_threads", file, dict, default={}).items()
-        },
+        main_threads=_main_threads(hang, file),
         waits=tuple(w for w in field_of(data, "waits", file, list, default=[]) if _wait(w)),
         notes=tuple(str(n) for n in field_of(data, "notes", file, list, default=[])) + formed_note,
     )
@@ -181,6 +179,18 @@ def _formed_world(
     return max([planned, *sizes, 1]), ()
 
 
+def _main_threads(hang: dict[str, Any], file: object) -> dict[str, str]:
+    """``hang.main_threads``: each rank's number to what its main thread did, in words (the
+    hang card's headline says them as they are)."""
+    label = "hang.main_threads"
+    threads = field_of(hang, "main_threads", file, dict, default={}, label=label)
+    for rank, said in threads.items():
+        if not rank.isdigit() or not isinstance(said, str):
+            shown = repr(said) if len(repr(said)) <= 40 else repr(said)[:37] + "..."
+            bad(file, label, f"must map rank numbers to words, not {rank[:20]!r} to {shown}")
+    return dict(threads)
+
+
 def _wait(entry: object) -> bool:
     """A well-formed entry of meta.json's ``waits`` (others are left out, not fatal)."""
     if not isinstance(entry, dict):
@@ -189,9 +199,10 @@ def _wait(entry: object) -> bool:
     seconds = entry.get("seconds")
     return (
         isinstance(entry.get("rank"), int)
+        and entry["rank"] >= 0
         and isinstance(ranks, list)
         and bool(ranks)
-        and all(isinstance(r, int) for r in ranks)
+        and all(isinstance(r, int) and r >= 0 for r in ranks)
         and isinstance(seconds, (int, float))
         and math.isfinite(seconds)
         and isinstance(entry.get("waiting", ""), str)

@@ -58,7 +58,6 @@ BROKEN = {
     "grad-reset-mid-window": "gradients are lost mid-window",
     "collective-mismatch": "ranks issue different collectives",
 }
-MAX_LIST_ITEMS = 24
 OPEN_CARDS = 3  # later findings start folded: a page with 40 findings stays readable
 MAX_TEXT = 600
 
@@ -430,14 +429,6 @@ def _value(key: str, value: object) -> str:
         return "<br>".join(esc(line) for line in hta_lines(value))
     if isinstance(value, dict):
         return _mapping({str(k): v for k, v in value.items()})
-    if isinstance(value, list | tuple | set | frozenset):
-        items = list(value)
-        ints = [v for v in items if isinstance(v, int) and not isinstance(v, bool)]
-        if items and len(ints) == len(items) and any(w in key for w in ("rank", "window", "micro")):
-            return esc(compress_ranks(ints))
-        shown = ", ".join(human_value(key, v) for v in items[:MAX_LIST_ITEMS])
-        more = f" … ({len(items) - MAX_LIST_ITEMS} more)" if len(items) > MAX_LIST_ITEMS else ""
-        return esc(shown + more)
     text = human_value(key, value)
     return esc(text if len(text) <= MAX_TEXT else text[:MAX_TEXT] + " …")
 

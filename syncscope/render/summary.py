@@ -13,7 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from syncscope.model import Finding, Run, Verdict, Window, figures, verdict_of
+from syncscope.model import Finding, Run, Verdict, Window, compress_ranks, figures, verdict_of
 from syncscope.model.figures import Projection, mean
 from syncscope.text import escape_html, human_bytes, human_ns
 
@@ -359,10 +359,24 @@ def unit_of(key: str) -> str:
     return "count"
 
 
+MAX_LIST_ITEMS = 24  # items of a list value shown, then how many more
+
+
 def human_value(key: str, value: object) -> str:
-    """Format a cost or evidence value by its unit (LABELS, else what its key says)."""
+    """Format a cost or evidence value by its unit (LABELS, else what its key says): ranks,
+    windows and micro-batches as ranges (``0-2``), other lists item by item, a mapping as
+    ``label value`` pairs; never Python's own rendering of a list or a dict."""
     if value is None:
         return "unknown"
+    if isinstance(value, dict):
+        return "; ".join(f"{label_of(str(k))} {human_value(str(k), v)}" for k, v in value.items())
+    if isinstance(value, list | tuple | set | frozenset):
+        items = list(value)
+        ints = [v for v in items if isinstance(v, int) and not isinstance(v, bool)]
+        if items and len(ints) == len(items) and any(w in key for w in ("rank", "window", "micro")):
+            return compress_ranks(ints)
+        more = f" … ({len(items) - MAX_LIST_ITEMS} more)" if len(items) > MAX_LIST_ITEMS else ""
+        return ", ".join(human_value(key, v) for v in items[:MAX_LIST_ITEMS]) + more
     number = _number(value)
     if number is None:
         return str(value)

@@ -187,12 +187,6 @@ def figures_line(run: Run, findings: Sequence[Finding]) -> Text:
     return line
 
 
-def _shown(key: str, value: object) -> str:
-    if isinstance(value, list | tuple):
-        return "[" + ", ".join(human_value(key, v) for v in value) + "]"
-    return human_value(key, value)
-
-
 def _num(value: object) -> float:
     return float(value) if isinstance(value, (int, float)) else 0.0
 
@@ -285,7 +279,7 @@ def finding_panel(f: Finding) -> Panel:
         body.append(
             VisibleText(
                 "evidence: "
-                + ", ".join(f"{label_of(k)} {_shown(k, v)}" for k, v in evidence.items())
+                + ", ".join(f"{label_of(k)} {human_value(k, v)}" for k, v in evidence.items())
             )
         )
     for key, value in f.evidence.items():
@@ -295,7 +289,7 @@ def finding_panel(f: Finding) -> Panel:
         elif isinstance(value, dict):
             body.append(VisibleText(f"{key}:"))
             for k, v in list(value.items())[:8]:
-                body.append(VisibleText(f"  {k}: {v}"))
+                body.append(VisibleText(f"  {k}: {human_value(str(k), v)}"))
     cost = _cost_line(f)
     if cost:
         body.append(VisibleText("cost: " + cost, style="bold"))

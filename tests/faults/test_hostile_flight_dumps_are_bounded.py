@@ -110,6 +110,14 @@ ONE_LINE = {
         {"fr_1": d.dump([*d.good()["entries"], d.entry(10**7)])},
         "fr_1: group 0: collective_seq_id steps from 3 to 10000000 (at most 1000000 apart",
     ),
+    "a group naming a rank twice (hid a member with no dump: clean)": (
+        {"fr_1": d.good(ranks="[0, 0, 1]")},
+        "fr_1: pg_config: group 0: rank 0 appears twice in its ranks",
+    ),
+    "pg_config a list (no member known: clean)": (
+        {"fr_1": {**d.good(), "pg_config": [0, 0, 0]}},
+        "fr_1: pg_config is a list, not a mapping of groups",
+    ),
 }  # fmt: skip
 
 

@@ -150,9 +150,10 @@ def test_the_recorder_writes_only_rare_events_at_once(tmp_path: Path) -> None:
 @pytest.mark.usefixtures("process_group")
 def test_only_blocking_collectives_flush_held_events(tmp_path: Path) -> None:
     """A collective that may hang in its call (``dist.all_reduce`` as written, a barrier)
-    puts held events on disk first, and its own record once its call returns (a backend may
-    abort the process while it is waited for); an asynchronous one does neither, DDP's bucket all-reduce
-    included (its reducer leaves ``async_op`` out, which defaults to true)."""
+    puts held events on disk first, its own record with them, before the call (``call``: a
+    backend may abort the process inside the call), in one flush; an asynchronous one does
+    neither, DDP's bucket all-reduce included (its reducer leaves ``async_op`` out, which
+    defaults to true)."""
     import torch
     import torch.distributed as dist
 
@@ -185,9 +186,15 @@ def test_only_blocking_collectives_flush_held_events(tmp_path: Path) -> None:
     finally:
         undo()
         writer.close()
-    ops = [(e["op"], e["phase"]) for e in read_events(path) if e["type"] == "coll"]
+    events = list(read_events(path))
+    ops = [(e["op"], e["phase"]) for e in events if e["type"] == "coll"]
     assert ops.count(("all_reduce", "backward")) == 2  # DDP's buckets were seen
-    assert (after_ddp, after_async, after_sync, after_barrier) == (0, 0, 2, 4)
+    assert (after_ddp, after_async, after_sync, after_barrier) == (0, 0, 1, 2)
+    # the blocking ones, and only they, were told before their call, then when it returned
+    calls = {e["seq"]: e["op"] for e in events if e["type"] == "call"}
+    assert sorted(calls.values()) == ["all_reduce", "barrier"], calls
+    returned = [e for e in events if e["type"] == "coll" and e["seq"] in calls]
+    assert [e["op"] for e in returned] == ["all_reduce", "barrier"]
 
 
 def test_a_writer_that_cannot_write_or_is_closed_holds_nothing(

@@ -174,24 +174,36 @@ def _kernel(name: str, op: Any, key: str = "Autograd") -> Callable[..., Any]:
         if not recorders:
             with below_autograd():
                 return redispatch(keyset & below, *args, **kwargs)
-        # Held events go to disk before a collective that might hang in its call. One that
-        # is asynchronous (DDP's bucket all-reduces, which leave ``async_op`` to its default;
-        # torch.distributed's Python calls pass it) returns at once: its record is held with
-        # the others, and the writer's flusher puts them on disk (it runs while the rank
-        # waits for the collective, Python's lock released).
+        # A blocking collective's record goes to disk before its call, with every event held
+        # before it (``call``; its ``coll`` record, with the call's times, follows when the
+        # call returns): a rank that hangs in the call, or that its backend aborts there
+        # (gloo on a size mismatch: SIGABRT within microseconds), has told everything up to
+        # it. One that is asynchronous (DDP's bucket all-reduces, which leave ``async_op`` to
+        # its default; torch.distributed's Python calls pass it) returns at once: its record
+        # is held with the others, and the writer's flusher puts them on disk (it runs while
+        # the rank waits for the collective, Python's lock released).
         if async_at is None:
             blocking = True
         elif len(args) > async_at:
             blocking = args[async_at] is not True
         else:
             blocking = kwargs.get("async_op", async_default) is not True
+        called: list[Any] = []
         for rec in recorders:
-            if blocking:
-                rec.flush()
             try:  # noqa: SIM105 (contextlib.suppress: an object made per collective)
                 rec.before_collective(name, args)  # the input is still the rank's own
             except Exception:
                 pass
+            if blocking and rec.calls_on_disk:
+                try:
+                    at = rec.now()
+                    group = _unbox(args, None)[0]
+                    called.append(rec.on_collective(name, args, group, None, at, at, kind="call"))
+                except Exception:
+                    called.append(None)
+                rec.flush()
+            else:
+                called.append(None)
         start = _perf_ns()  # every recorder's clock: this counter plus its offset
         with below_autograd():
             out = redispatch(keyset & below, *args, **kwargs)
@@ -200,16 +212,17 @@ def _kernel(name: str, op: Any, key: str = "Autograd") -> Callable[..., Any]:
         except Exception:
             pg = work = None
         end = _perf_ns()
-        for rec in recorders:
+        for rec, call in zip(recorders, called, strict=True):
             offset = rec._clock_offset
             try:
-                rec.on_collective(name, args, pg, work, start + offset, end + offset)
+                if call is not None:
+                    rec.collective_returned(call, work, start + offset, end + offset)
+                else:
+                    rec.on_collective(name, args, pg, work, start + offset, end + offset)
             except Exception as exc:  # a record must never break the user's job
                 rec.emit(
                     {"type": "warning", "t": end + offset, "message": f"{name} not recorded: {exc}"}
                 )
-            if blocking:  # its own record on disk too: a backend that aborts the process on
-                rec.flush()  # a mismatch (gloo: SIGABRT within milliseconds) keeps it
         return out
 
     return opaque(kernel)  # never traced by Dynamo

@@ -164,6 +164,9 @@ class Recorder(WrapperRegistry, GradientIndex, ModelIndex, PendingWork, StepHook
         max_windows: int | None = None,
     ) -> None:
         self.sink = sink
+        # a blocking collective's record goes to disk before its call (``call``): a backend
+        # that aborts the process inside the call (gloo on a size mismatch) cannot take it
+        self.calls_on_disk = not isinstance(sink, MemorySink)
         self.rank = rank
         self.world_size = world_size
         self.local_rank = local_rank
@@ -447,9 +450,11 @@ class Recorder(WrapperRegistry, GradientIndex, ModelIndex, PendingWork, StepHook
         t0: int,
         t1: int,
         tensors: list[torch.Tensor] | None = None,
-    ) -> None:
+        kind: str = "coll",
+    ) -> Record:
         """``tensors``: the payload, where it is not found in ``args`` by the c10d layout
-        (the functional collectives take their input first)."""
+        (the functional collectives take their input first). ``kind`` "call": the record of
+        a blocking collective about to be called (``collective_returned`` follows it)."""
         if not self.dist_info:
             self._note_dist()
         if self._works:
@@ -488,34 +493,42 @@ class Recorder(WrapperRegistry, GradientIndex, ModelIndex, PendingWork, StepHook
             model = self.fsdp_model_of_reduction(1)  # several models: whose gradients
             if model:
                 extra = {**(extra or {}), "model": model}
-        self.hold(
-            (
-                "coll",
-                seq,
-                t0,
-                t1,
-                op,
-                opname,
-                nbytes,
-                dtype,
-                group_name,
-                phase,
-                issuer,
-                detail,
-                bucket,
-                grad_storage,
-                grad_content,
-                grad_numel,
-                site,
-                extra,
-            )
+        record = (
+            kind,
+            seq,
+            t0,
+            t1,
+            op,
+            opname,
+            nbytes,
+            dtype,
+            group_name,
+            phase,
+            issuer,
+            detail,
+            bucket,
+            grad_storage,
+            grad_content,
+            grad_numel,
+            site,
+            extra,
         )
+        self.hold(record)
         if self.trace is not None and reduces_gradients(
             op, issuer, phase, floating, grad_storage, grad_content
         ):
             self.trace.grad_sync(op, nbytes)
         if work is not None:
             self._watch(work, seq)
+        return record
+
+    def collective_returned(self, called: Record, work: Any, t0: int, t1: int) -> None:
+        """A blocking collective's call returned: its ``coll`` record, the ``call`` record
+        written before it with the call's own times (``t0`` when it was entered, ``t1`` when
+        it returned)."""
+        self.hold(("coll", called[1], t0, t1, *called[4:]))
+        if work is not None:
+            self._watch(work, called[1])
 
 
 _LIVE: weakref.WeakSet[Recorder] = weakref.WeakSet()  # every recorder not yet collected

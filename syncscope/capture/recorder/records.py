@@ -69,6 +69,8 @@ FIELDS: dict[str, tuple[str, ...]] = {
     ),
     "done": ("type", "seq", "t"),
 }
+# a blocking collective's record written before its call: the ``coll`` record's fields
+FIELDS["call"] = FIELDS["coll"]
 
 
 def _maker(names: tuple[str, ...]) -> Any:
