@@ -62,6 +62,14 @@ CONFIGS = {
     "plain compiled": (Launch("torchrun"), True),
     "profile compiled": (Launch("profile"), True),
 }
+MODES = ("eager", "compiled")
+
+
+def kernel_in_use() -> str:
+    """Which collective kernel the profiled runs use (``SYNCSCOPE_NATIVE`` in this
+    environment, which the launches inherit)."""
+    word = os.environ.get("SYNCSCOPE_NATIVE", "").strip().lower()
+    return "python" if word in ("0", "false", "no", "off") else "compiled where built"
 
 
 def measure(
@@ -71,16 +79,20 @@ def measure(
     work: Path,
     shapes: tuple[str, ...] = tuple(SHAPES),
     together: bool = False,
+    modes: tuple[str, ...] = MODES,
 ) -> dict[str, Any]:
     """Every shape's figures (``windows``: timed windows per run, None: each shape's own;
-    ``together``: plain and profiled jobs side by side, else one after another)."""
+    ``together``: plain and profiled jobs side by side, else one after another; ``modes``:
+    eager, compiled or both)."""
     results = {
-        shape: _measure_shape(shape, reps, windows, backend, work, together) for shape in shapes
+        shape: _measure_shape(shape, reps, windows, backend, work, together, modes)
+        for shape in shapes
     }
     return {
         "method": "side by side" if together else "one after another",
         "backend": backend,
         "limit": LIMIT,
+        "kernel": kernel_in_use(),
         "shapes": results,
         "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "load": [round(x, 2) for x in os.getloadavg()],
@@ -88,7 +100,13 @@ def measure(
 
 
 def _measure_shape(
-    shape: str, reps: int, windows: int | None, backend: str, work: Path, together: bool
+    shape: str,
+    reps: int,
+    windows: int | None,
+    backend: str,
+    work: Path,
+    together: bool,
+    modes: tuple[str, ...] = MODES,
 ) -> dict[str, Any]:
     workload, timed, warmup = SHAPES[shape]
     script = WORKLOADS / workload
@@ -117,31 +135,34 @@ def _measure_shape(
             flush=True,
         )
 
+    configs = [n for n in CONFIGS if n.split()[1] in modes]
     for rep in range(reps):
         if not together:
-            for name in rotated(list(CONFIGS), rep):
+            for name in rotated(configs, rep):
                 note(rep, name, CONFIGS[name][0].run(script, args_of(name), work))
             continue
-        for mode in rotated(["eager", "compiled"], rep):
+        for mode in rotated(list(modes), rep):
             pair = rotated([f"plain {mode}", f"profile {mode}"], rep)  # who starts first
             records = side_by_side([(CONFIGS[n][0], script, args_of(n)) for n in pair], work)
             for name, record in zip(pair, records, strict=True):
                 note(rep, name, record)
-    return summarize(runs, workload)
+    return summarize(runs, workload, modes)
 
 
-def summarize(runs: list[dict[str, Any]], workload: str) -> dict[str, Any]:
+def summarize(
+    runs: list[dict[str, Any]], workload: str, modes: tuple[str, ...] = MODES
+) -> dict[str, Any]:
     def of(config: str, key: str) -> list[float]:
         return [r[key] for r in runs if r["config"] == config]
 
     result: dict[str, Any] = {"workload": workload, "runs": runs, "configs": {}}
-    for name in CONFIGS:
+    for name in (n for n in CONFIGS if n.split()[1] in modes):
         result["configs"][name] = {
             "window": Spread.of(of(name, "window_s")).__dict__,
             "cpu": Spread.of(of(name, "cpu_s")).__dict__,
             "thread": Spread.of(of(name, "thread_s")).__dict__,
         }
-    for mode in ("eager", "compiled"):
+    for mode in modes:
         plain = {r["rep"]: r for r in runs if r["config"] == f"plain {mode}"}
         prof = [r for r in runs if r["config"] == f"profile {mode}"]
         paired = [r["window_s"] / plain[r["rep"]]["window_s"] for r in prof]
@@ -160,7 +181,10 @@ def summarize(runs: list[dict[str, Any]], workload: str) -> dict[str, Any]:
 
 
 def report(result: dict[str, Any]) -> str:
-    lines: list[str] = [f"method: {result.get('method', 'one after another')}"]
+    lines: list[str] = [
+        f"method: {result.get('method', 'one after another')}; kernel: "
+        f"{result.get('kernel', 'compiled where built')}; load {result.get('load')}"
+    ]
     for shape, figures in result["shapes"].items():
         lines += _report_shape(shape, figures, result["backend"], result["limit"])
     return "\n".join(lines)
@@ -175,7 +199,7 @@ def _report_shape(shape: str, result: dict[str, Any], backend: str, limit: float
             f"(range {w['low'] * 1e3:.2f}-{w['high'] * 1e3:.2f}, n={w['n']}), "
             f"CPU {c['median'] * 1e3:6.2f} ms, training thread {t['median'] * 1e3:6.2f} ms"
         )
-    for mode in ("eager", "compiled"):
+    for mode in (m for m in MODES if m in result):
         r = result[mode]
         p, pc, pt = r["paired"], r["paired_cpu"], r["paired_thread"]
         lines.append(
@@ -203,15 +227,21 @@ def main(argv: list[str] | None = None) -> int:
         help="run each plain job and its profiled twin at once, timed over the same seconds "
         "(see the module's docstring), instead of one after another",
     )
+    parser.add_argument(
+        "--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}"
+    )
     parser.add_argument("--json", type=Path, help="write every run here")
     opts = parser.parse_args(argv)
+    modes = tuple(m.strip() for m in opts.modes.split(",") if m.strip())
+    if not modes or any(m not in MODES for m in modes):
+        parser.error(f"--modes: of {', '.join(MODES)}")
     shapes = tuple(s.strip() for s in opts.shapes.split(",") if s.strip())
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown or not shapes:
         parser.error(f"--shapes: unknown {', '.join(unknown) or 'none given'}")
     with tempfile.TemporaryDirectory(prefix="syncscope-small-") as tmp:
         result = measure(
-            opts.reps, opts.windows, opts.backend, Path(tmp), shapes, opts.side_by_side
+            opts.reps, opts.windows, opts.backend, Path(tmp), shapes, opts.side_by_side, modes
         )
     print(report(result))
     if opts.json:
