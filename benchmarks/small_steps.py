@@ -9,7 +9,12 @@ thread each, 4 micro-batches under ``no_sync()``):
 - ``transformer``: ``workloads/small_transformer.py`` (nanoGPT-shaped, 2 blocks, 64 wide;
   steps of about 15-25 ms on a quiet 2-core machine), 40 timed windows after 5 warm-up ones;
 - ``mlp``: ``workloads/small_mlp.py`` (4 x Linear(512, 512) + ReLU, batch 16; steps of
-  about 14-20 ms, two bucket all-reduces each), 112 timed windows after 8 warm-up ones.
+  about 14-20 ms, two bucket all-reduces each), 112 timed windows after 8 warm-up ones;
+- ``large`` (only when named in ``--shapes``): run_all.py's capture-cost shape,
+  examples/ddp_no_sync.py with 6 x Linear(1024), batch 32, 8 timed windows after 2.
+
+``SYNCSCOPE_NATIVE=0`` in the environment makes every profiled run use the Python collective
+kernel (the report says which kernel ran).
 
 Per shape, four configurations, plain ``torchrun`` and ``syncscope profile`` (counting
 mode), each eager and compiled (``--backend``, default ``aot_eager``), run in a rotated
@@ -48,14 +53,17 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import WORKLOADS, Launch, Spread, rotated, side_by_side
+from _harness import Launch, Spread, rotated, side_by_side, workload
 
 LIMIT = 1.03
 # shape -> (workload, timed windows, warm-up windows)
-SHAPES = {
-    "transformer": ("small_transformer.py", 40, 5),
-    "mlp": ("small_mlp.py", 112, 8),
+SHAPES: dict[str, tuple[str, int, int, tuple[str, ...]]] = {
+    "transformer": ("small_transformer.py", 40, 5, ()),
+    "mlp": ("small_mlp.py", 112, 8, ()),
+    # run_all.py's capture-cost shape (examples/ddp_no_sync.py, 6 x Linear(1024), batch 32)
+    "large": ("no_sync", 8, 2, ("--layers", "6", "--hidden", "1024", "--batch", "32")),
 }
+DEFAULT_SHAPES = ("transformer", "mlp")
 CONFIGS = {
     "plain eager": (Launch("torchrun"), False),
     "profile eager": (Launch("profile"), False),
@@ -77,7 +85,7 @@ def measure(
     windows: int | None,
     backend: str,
     work: Path,
-    shapes: tuple[str, ...] = tuple(SHAPES),
+    shapes: tuple[str, ...] = DEFAULT_SHAPES,
     together: bool = False,
     modes: tuple[str, ...] = MODES,
 ) -> dict[str, Any]:
@@ -108,12 +116,12 @@ def _measure_shape(
     together: bool,
     modes: tuple[str, ...] = MODES,
 ) -> dict[str, Any]:
-    workload, timed, warmup = SHAPES[shape]
-    script = WORKLOADS / workload
+    name_of, timed, warmup, shape_args = SHAPES[shape]
+    script = workload(name_of)
     runs: list[dict[str, Any]] = []
 
     def args_of(name: str) -> list[str]:
-        args = ["--windows", str(windows or timed), "--warmup", str(warmup)]
+        args = [*shape_args, "--windows", str(windows or timed), "--warmup", str(warmup)]
         if CONFIGS[name][1]:
             args += ["--compile", "--backend", backend]
         return args
@@ -146,7 +154,7 @@ def _measure_shape(
             records = side_by_side([(CONFIGS[n][0], script, args_of(n)) for n in pair], work)
             for name, record in zip(pair, records, strict=True):
                 note(rep, name, record)
-    return summarize(runs, workload, modes)
+    return summarize(runs, script.name, modes)
 
 
 def summarize(
@@ -218,7 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         "--windows", type=int, help="timed windows per run (default: each shape's own)"
     )
     parser.add_argument(
-        "--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}"
+        "--shapes",
+        default=",".join(DEFAULT_SHAPES),
+        help=f"comma-separated, of {', '.join(SHAPES)}",
     )
     parser.add_argument("--backend", default="aot_eager", help="torch.compile backend")
     parser.add_argument(
