@@ -13,9 +13,12 @@ writes it):
   ``--hta-mb`` (default 8 x 256; HTA holds every event in pandas, ~16x the file size).
 
 Each measurement is the whole CLI in a fresh process (start-up and report writing included),
-sampled every 20 ms: wall seconds and the peak of the process tree's summed RSS (workers
-included). The machine's load average at the start is printed beside each figure: on a
-shared machine they are upper bounds.
+sampled every 20 ms: wall seconds, the CPU seconds of every process of the tree (``wait4``:
+the workers included) and the peak of the tree's summed RSS; *MB/CPU-s* is the bytes parsed
+(a gzip file's uncompressed size) over that CPU time, the figure a shared machine's load
+does not inflate. ``--real DIR ...`` measures directories of real traces as they are;
+``--hta`` runs HTA's load of the same files after each syncscope run (``--reps``: in turn),
+on sets up to ``--hta-max-mb``. The machine's load average is printed beside each figure.
 
     python benchmarks/bench_scale.py --dir /tmp/scale [--ranks 1024,4096,16384] [--no-big]
 """
@@ -186,7 +189,7 @@ def write_doc(path: Path, argv: list[str]) -> None:
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     lines = [
         "<!-- written by benchmarks/bench_scale.py --doc; benchmarks/_report.py puts it in -->",
-        "### Scale and parse speed: many ranks, big files, real traces",
+        "### Parse speed: MB per CPU-second, many ranks, big files, real traces",
         "",
         f"`python benchmarks/bench_scale.py {' '.join(argv)}` on {when}, {os.cpu_count()} "
         "cores: the whole `syncscope analyze` CLI in a fresh process (reports written), wall "
