@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -120,23 +120,26 @@ def _intervals(kernels: Sequence[int], indices: array[int]) -> list[Interval]:
     return merge((kernels[3 * k], kernels[3 * k + 1]) for k in indices)
 
 
-def _kernels_by_window(kernels: Sequence[int], spans: Sequence[Interval]) -> list[list[Interval]]:
-    """Per window span, the merged intervals of the kernels (start, end, correlation
-    triples) that start in it (from its start to the next span's; the last to its end).
-    Kernels in start order, as traces list them, are one slice per window, merged in one
-    pass; others are sorted first (``_by_window``)."""
+def _kernels_by_window(
+    kernels: Sequence[int], spans: Sequence[Interval]
+) -> Iterator[list[Interval]]:
+    """Per window span, in turn, the merged intervals of the kernels (start, end,
+    correlation triples) that start in it (from its start to the next span's; the last to
+    its end): one window's at a time, as each is measured and let go. Kernels in start
+    order, as traces list them, are one slice per window, merged in one pass; others are
+    sorted first (``_by_window``)."""
     starts, ends = kernels[0::3], kernels[1::3]
     in_order = all(a <= b for a, b in pairwise(starts))
     if not in_order or not all(a[0] <= b[0] for a, b in pairwise(spans)):
-        return [_intervals(kernels, k) for k in _by_window(kernels, spans)]
+        for indices in _by_window(kernels, spans):
+            yield _intervals(kernels, indices)
+        return
     cuts = [bisect_left(starts, lo) for lo, _ in spans[1:]]
     cuts.append(bisect_right(starts, spans[-1][1]))
-    out: list[list[Interval]] = []
     first = bisect_left(starts, spans[0][0])
     for last in cuts:
-        out.append(merge_pairs_of(starts, ends, first, last))
+        yield merge_pairs_of(starts, ends, first, last)
         first = last
-    return out
 
 
 def merge_pairs_of(starts: Sequence[int], ends: Sequence[int], i: int, j: int) -> list[Interval]:
