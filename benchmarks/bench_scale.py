@@ -183,6 +183,14 @@ def _both(name: str, traces: Path, out: Path, hta: bool, reps: int = 1) -> None:
             _line(name, traces, *measure([sys.executable, "-c", HTA_LOAD, str(traces)]), "HTA load")
 
 
+def _shown(arg: str, work: Path) -> str:
+    """A command-line argument as the page shows it: the work directory as DIR, paths in
+    the checkout relative to it, those beside it as ../."""
+    if arg == str(work):
+        return "DIR"
+    return arg.replace(f"{ROOT}/", "").replace(f"{ROOT.parent}/", "../")
+
+
 def write_doc(path: Path, argv: list[str]) -> None:
     """The figures as docs/benchmarks.md's scale section (benchmarks/_report.py puts the
     file in the page as written)."""
@@ -263,7 +271,7 @@ def main() -> int:
         name = f"{args.big_files} x {args.big_mb} MB"
         _both(name, traces, out, hta_on(traces), args.reps)
     if args.doc is not None:
-        argv = [a for a in sys.argv[1:] if not a.startswith(str(args.dir))]
+        argv = [_shown(a, args.dir) for a in sys.argv[1:]]
         write_doc(args.doc, argv)
     return 0
 
