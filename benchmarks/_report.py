@@ -210,6 +210,7 @@ _SHAPE_TEXT = {
     "transformer": "a nanoGPT-shaped DDP loop (`workloads/small_transformer.py`: 2 blocks, "
     "64 wide)",
     "mlp": "a DDP MLP (`workloads/small_mlp.py`: 4 x Linear(512, 512) + ReLU, batch 16, AdamW)",
+    "large": "the capture-cost loop above (examples/ddp_no_sync.py: 6 x Linear(1024), batch 32)",
 }
 
 
@@ -221,11 +222,15 @@ def _small_steps(results: dict[str, Any]) -> list[str]:
         return []
     runs = small if isinstance(small, list) else [small]
     first = runs[0]
-    shapes_seen = [s for s in (first.get("shapes") or {"transformer": first}) if s in _SHAPE_TEXT]
+    shapes_seen = list(
+        dict.fromkeys(s for run in runs for s in (run.get("shapes") or {"transformer": run}))
+    )
+    shapes_seen = [s for s in shapes_seen if s in _SHAPE_TEXT]
     lines = [
         "### Small steps",
         "",
-        "`benchmarks/small_steps.py`: two shapes of small optimizer step, each with 4 "
+        "`benchmarks/small_steps.py`: small optimizer steps (and the large shape where named), "
+        "each with 4 "
         "micro-batches under `no_sync()` on 2 gloo ranks of one thread, eager and "
         f"`torch.compile`d (backend {first['backend']}), plain torchrun against `syncscope "
         "profile`: "
@@ -239,23 +244,29 @@ def _small_steps(results: dict[str, Any]) -> list[str]:
         "noise does not blur.",
         "",
     ]
-    methods = [run.get("method", "one after another") for run in runs]
-    for run, method in zip(runs, methods, strict=True):
-        lines += _small_steps_run(run, len(runs) > 1, methods.count(method) > 1)
+    for run in runs:
+        lines += _small_steps_run(run, len(runs) > 1)
     return lines
 
 
-def _small_steps_run(small: dict[str, Any], titled: bool, dated: bool = False) -> list[str]:
+def _small_steps_run(small: dict[str, Any], titled: bool) -> list[str]:
     # results written before the MLP shape was added hold the transformer's figures alone
     shapes = small.get("shapes") or {"transformer": small}
     method = small.get("method", "one after another")
-    # several runs of one method are told apart by when they ran (a title per section)
-    when = f", {small['measured']}" if dated and small.get("measured") else ""
-    lines = [f"#### {method.capitalize()}{when}", ""] if titled else []
+    # several runs are told apart by their shapes, kernel and when they ran (a title each)
+    told = [", ".join(shapes)]
+    if small.get("kernel"):
+        told.append(f"{str(small['kernel']).split()[0]} kernel")
     if small.get("measured"):
+        told.append(str(small["measured"]))
+    lines = [f"#### {method.capitalize()}: {'; '.join(told)}", ""] if titled else []
+    if small.get("measured"):
+        kernel = small.get("kernel")
         lines += [
-            f"Measured {small['measured']}, {method} (load average at the end "
-            f"{', '.join(str(x) for x in small['load'])}), apart from the other sections.",
+            f"`benchmarks/small_steps.py`, measured {small['measured']}, {method}"
+            + (f", collective kernel: {kernel}" if kernel else "")
+            + f" (load average at the end {', '.join(str(x) for x in small['load'])}), "
+            "apart from the other sections.",
             "",
         ]
     lines += [
@@ -272,7 +283,7 @@ def _small_steps_run(small: dict[str, Any], titled: bool, dated: bool = False) -
             )
     lines.append("")
     for shape, figures in shapes.items():
-        for mode in ("eager", "compiled"):
+        for mode in (m for m in ("eager", "compiled") if m in figures):
             r, p = figures[mode], figures[mode]["paired"]
             pc, pt = r.get("paired_cpu"), r.get("paired_thread")
             lines.append(
@@ -464,15 +475,19 @@ def _method_note() -> list[str]:
 
 
 def _scale_notes() -> list[str]:
-    """benchmarks/bench_scale.py's figures (docs/benchmarks/scale.md, written by its
-    ``--doc``: the 16k-rank sets take longer than a run_all.py run), as written."""
-    notes = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / "scale.md"
-    if not notes.is_file():
-        return []
-    text = notes.read_text()
-    if text.startswith("<!--"):
-        text = text[text.index("-->") + 3 :].lstrip("\n")
-    return [*text.rstrip("\n").split("\n"), ""]
+    """benchmarks/bench_scale.py's figures (docs/benchmarks/scale.md and parse-speed.md,
+    each written by its ``--doc``: the large sets take longer than a run_all.py run), as
+    written."""
+    lines: list[str] = []
+    for name in ("scale.md", "parse-speed.md"):
+        notes = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / name
+        if not notes.is_file():
+            continue
+        text = notes.read_text()
+        if text.startswith("<!--"):
+            text = text[text.index("-->") + 3 :].lstrip("\n")
+        lines += [*text.rstrip("\n").split("\n"), ""]
+    return lines
 
 
 def render(results: dict[str, Any], out_dir: Path) -> Path:

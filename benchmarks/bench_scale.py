@@ -13,9 +13,12 @@ writes it):
   ``--hta-mb`` (default 8 x 256; HTA holds every event in pandas, ~16x the file size).
 
 Each measurement is the whole CLI in a fresh process (start-up and report writing included),
-sampled every 20 ms: wall seconds and the peak of the process tree's summed RSS (workers
-included). The machine's load average at the start is printed beside each figure: on a
-shared machine they are upper bounds.
+sampled every 20 ms: wall seconds, the CPU seconds of every process of the tree (``wait4``:
+the workers included) and the peak of the tree's summed RSS; *MB/CPU-s* is the bytes parsed
+(a gzip file's uncompressed size) over that CPU time, the figure a shared machine's load
+does not inflate. ``--real DIR ...`` measures directories of real traces as they are;
+``--hta`` runs HTA's load of the same files after each syncscope run (``--reps``: in turn),
+on sets up to ``--hta-max-mb``. The machine's load average is printed beside each figure.
 
     python benchmarks/bench_scale.py --dir /tmp/scale [--ranks 1024,4096,16384] [--no-big]
 """
@@ -36,12 +39,13 @@ sys.path.insert(0, str(ROOT / "benchmarks"))
 
 from bench_analyze import HTA_LOAD, _tree_kib  # noqa: E402
 
+from syncscope.load.trace.read import is_trace_file  # noqa: E402
 from tests.helpers.synth_traces import write_job, write_rank  # noqa: E402
 
 RANK_BYTES = 500_000  # 3 windows of the default shape: ~604 KiB a file
 
 
-def write_ranks(out: Path, ranks: int) -> Path:
+def write_ranks(out: Path, ranks: int, rank_bytes: int = RANK_BYTES) -> Path:
     """``ranks`` files: rank 0's written by the generator, the others its copies."""
     done = out / ".complete"
     if done.exists():
@@ -49,7 +53,7 @@ def write_ranks(out: Path, ranks: int) -> Path:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     first = out / "rank-0.json"
-    write_rank(first, 0, ranks, RANK_BYTES)
+    write_rank(first, 0, ranks, rank_bytes)
     data = first.read_bytes()
     head = b'"rank": 0,'
     at = data.index(head)
@@ -106,43 +110,85 @@ def write_big(out: Path, files: int, mb: int) -> Path:
     return out
 
 
-def measure(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float]:
-    """(wall s, peak tree RSS MiB) of ``cmd`` in a fresh process."""
+def measure(cmd: list[str], env: dict[str, str] | None = None) -> tuple[float, float, float]:
+    """(wall s, peak tree RSS MiB, CPU s of the whole tree) of ``cmd`` in a fresh process.
+
+    The CPU time is the command's user + system time with every process it waited for
+    (its workers) included, as ``wait4`` reports it."""
     start = time.monotonic()
     proc = subprocess.Popen(cmd, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     peak = 0
-    while proc.poll() is None:
+    while True:
+        pid, status, usage = os.wait4(proc.pid, os.WNOHANG)
+        if pid:
+            break
         peak = max(peak, _tree_kib(proc.pid)[0])
         time.sleep(0.02)
     wall = time.monotonic() - start
+    proc.returncode = os.waitstatus_to_exitcode(status)
     if proc.returncode not in (0, 1):
         err = proc.stderr.read().decode() if proc.stderr else ""
         raise SystemExit(f"{' '.join(cmd)} failed ({proc.returncode}): {err[-2000:]}")
-    return wall, peak / 1024
+    if proc.stderr:
+        proc.stderr.close()
+    return wall, peak / 1024, usage.ru_utime + usage.ru_stime
 
 
-def analyze(traces: Path, out: Path, extra: tuple[str, ...] = ()) -> tuple[float, float]:
+def analyze(traces: Path, out: Path, extra: tuple[str, ...] = ()) -> tuple[float, float, float]:
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     cmd = [sys.executable, "-m", "syncscope", "analyze", "-q", str(traces), "-o", str(out)]
     return measure([*cmd, "--fail-on", "never", *extra], env)
 
 
 def _size_gb(path: Path) -> float:
-    return sum(p.stat().st_size for p in path.glob("rank-*")) / 1e9
+    """The files' bytes as parsed (a gzip file's uncompressed size, from its trailer)."""
+    return sum(_parsed_bytes(p) for p in path.iterdir() if _is_data(p)) / 1e9
 
 
-ROWS: list[tuple[str, float, str, float, float, float]] = []  # what --doc writes
+def _parsed_bytes(path: Path) -> int:
+    if not path.name.endswith(".gz"):
+        return path.stat().st_size
+    with path.open("rb") as f:  # ISIZE: the uncompressed size modulo 2**32
+        f.seek(-4, os.SEEK_END)
+        return int.from_bytes(f.read(4), "little")
 
 
-def _line(name: str, traces: Path, wall: float, rss: float, tool: str = "syncscope") -> None:
+def _is_data(p: Path) -> bool:
+    return p.is_file() and (is_trace_file(p) or p.name.endswith(".jsonl"))
+
+
+ROWS: list[tuple[str, float, str, float, float, float, float]] = []  # what --doc writes
+
+
+def _line(
+    name: str, traces: Path, wall: float, rss: float, cpu: float, tool: str = "syncscope"
+) -> None:
     load = os.getloadavg()[0]
     size = _size_gb(traces)
-    ROWS.append((name, size, tool, wall, rss, load))
+    ROWS.append((name, size, tool, wall, rss, cpu, load))
     print(
-        f"{name:<28} {size:7.2f} GB | {tool:<9} {wall:8.1f} s {rss:8.0f} MiB "
+        f"{name:<28} {size * 1e3:8.1f} MB parsed | {tool:<9} {wall:8.2f} s wall {cpu:8.2f} CPU-s "
+        f"{size * 1e3 / max(cpu, 1e-9):7.1f} MB/CPU-s {rss:8.0f} MiB "
         f"| load {load:.1f} on {os.cpu_count()} cores",
         flush=True,
     )
+
+
+def _both(name: str, traces: Path, out: Path, hta: bool, reps: int = 1) -> None:
+    """syncscope analyze, then HTA's load of the same files (``hta``), ``reps`` times in
+    turn (ABAB: each tool meets the same machine load); every run printed."""
+    for _ in range(reps):
+        _line(name, traces, *analyze(traces, out))
+        if hta:
+            _line(name, traces, *measure([sys.executable, "-c", HTA_LOAD, str(traces)]), "HTA load")
+
+
+def _shown(arg: str, work: Path) -> str:
+    """A command-line argument as the page shows it: the work directory as DIR, paths in
+    the checkout relative to it, those beside it as ../."""
+    if arg == str(work):
+        return "DIR"
+    return arg.replace(f"{ROOT}/", "").replace(f"{ROOT.parent}/", "../")
 
 
 def write_doc(path: Path, argv: list[str]) -> None:
@@ -151,21 +197,27 @@ def write_doc(path: Path, argv: list[str]) -> None:
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     lines = [
         "<!-- written by benchmarks/bench_scale.py --doc; benchmarks/_report.py puts it in -->",
-        "### Scale: 16k ranks and 1 GB files",
+        "### Parse speed: MB per CPU-second, many ranks, big files, real traces",
         "",
         f"`python benchmarks/bench_scale.py {' '.join(argv)}` on {when}, {os.cpu_count()} "
         "cores: the whole `syncscope analyze` CLI in a fresh process (reports written), wall "
-        "time and the peak of the process tree's summed RSS (workers included); *load* is "
+        "time, CPU time of every process of the tree (workers included) and the peak of "
+        "the tree's summed RSS; *MB*: the bytes parsed (gzip files: uncompressed); *MB/CPU-s*: "
+        "those over that CPU time (start-up included: about 0.2 CPU-s); *load* is "
         "the 1-minute load average when the row ended (above the core count: other jobs "
-        "were running, so the times are upper bounds). Synthetic DDP traces from "
-        "`tests.helpers.synth_traces` (3 windows, 604 KB a rank; big files of that shape); run "
+        "were running, so wall times are upper bounds). HTA's `TraceAnalysis` load of the "
+        "same files beside it where asked. Synthetic DDP traces from "
+        "`tests.helpers.synth_traces` (3 windows a rank; big files of that shape); run "
         "directories copy a real 2-rank capture to N ranks, every group of all N.",
         "",
-        "| set | GB | tool | wall s | peak RSS MiB | load |",
-        "|---|---:|---|---:|---:|---:|",
+        "| set | MB | tool | wall s | CPU s | MB/CPU-s | peak RSS MiB | load |",
+        "|---|---:|---|---:|---:|---:|---:|---:|",
     ]
-    for name, size, tool, wall, rss, load in ROWS:
-        lines.append(f"| {name} | {size:.2f} | {tool} | {wall:.1f} | {rss:.0f} | {load:.1f} |")
+    for name, size, tool, wall, rss, cpu, load in ROWS:
+        lines.append(
+            f"| {name} | {size * 1e3:.1f} | {tool} | {wall:.2f} | {cpu:.2f} | "
+            f"{size * 1e3 / max(cpu, 1e-9):.1f} | {rss:.0f} | {load:.1f} |"
+        )
     path.write_text("\n".join(lines) + "\n")
 
 
@@ -173,12 +225,19 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, required=True, help="where the sets are written")
     parser.add_argument("--ranks", default="1024,4096,16384")
+    parser.add_argument("--rank-kb", type=int, default=RANK_BYTES // 1000,
+                        help="size of each many-rank file's events, KB")  # fmt: skip
     parser.add_argument("--no-big", action="store_true")
     parser.add_argument("--big-files", type=int, default=8)
     parser.add_argument("--big-mb", type=int, default=1024)
-    parser.add_argument("--hta", action="store_true", help="HTA's load beside it")
-    parser.add_argument("--hta-files", type=int, default=8)
-    parser.add_argument("--hta-mb", type=int, default=256)
+    parser.add_argument("--real", type=Path, nargs="*", default=[],
+                        help="directories of real traces, measured as they are")  # fmt: skip
+    parser.add_argument("--hta", action="store_true",
+                        help="HTA's load beside syncscope on every set up to --hta-max-mb")  # fmt: skip
+    parser.add_argument("--hta-max-mb", type=float, default=600.0,
+                        help="HTA holds every event in pandas (~16x the files): larger sets "
+                        "are left to syncscope alone")  # fmt: skip
+    parser.add_argument("--reps", type=int, default=1, help="runs of each tool, in turn")
     parser.add_argument("--scheduler", help="also analyze on this Dask scheduler")
     parser.add_argument("--run-dir-ranks", default="", help="run directories of N ranks")
     parser.add_argument("--v1-ranks", default="", help="the same, as format 1 wrote them")
@@ -186,33 +245,33 @@ def main() -> int:
     parser.add_argument("--doc", type=Path, help="write the figures here as markdown")
     args = parser.parse_args()
     out = args.dir / "out"
+
+    def hta_on(traces: Path) -> bool:
+        return bool(args.hta) and _size_gb(traces) * 1e3 <= args.hta_max_mb
+
+    for real in args.real:
+        _both(f"{real.name} (real)", real, out, hta_on(real), args.reps)
     for n in (int(x) for x in args.ranks.split(",") if x):
-        traces = write_ranks(args.dir / f"ranks-{n}", n)
-        _line(f"{n} ranks x 604 KB", traces, *analyze(traces, out))
+        traces = write_ranks(args.dir / f"ranks-{n}x{args.rank_kb}", n, args.rank_kb * 1000)
+        size_kb = _size_gb(traces) * 1e6 / n
+        _both(f"{n} ranks x {size_kb:.0f} KB", traces, out, hta_on(traces), args.reps)
         if args.scheduler:
-            wall, rss = analyze(traces, out, ("--scheduler", args.scheduler))
-            _line(f"{n} ranks x 604 KB", traces, wall, rss, "dask")
+            got = analyze(traces, out, ("--scheduler", args.scheduler))
+            _line(f"{n} ranks x {size_kb:.0f} KB", traces, *got, "dask")
     for fmt, counts in (("v2", args.run_dir_ranks), ("v1", args.v1_ranks)):
         for n in (int(x) for x in counts.split(",") if x):
             if args.capture is None:
                 raise SystemExit("--run-dir-ranks/--v1-ranks need --capture RUN_DIR")
             run = write_run_dir(args.dir / f"run-{fmt}-{n}", args.capture, n, fmt == "v2")
-            wall, rss = analyze(run, out)
-            _line(f"run dir {fmt}, {n} ranks", run / "ranks", wall, rss)
+            _line(f"run dir {fmt}, {n} ranks", run / "ranks", *analyze(run, out))
     if not args.no_big:
         traces = write_big(
             args.dir / f"big-{args.big_files}x{args.big_mb}", args.big_files, args.big_mb
         )
-        _line(f"{args.big_files} x {args.big_mb} MB", traces, *analyze(traces, out))
-    if args.hta:
-        traces = write_big(
-            args.dir / f"hta-{args.hta_files}x{args.hta_mb}", args.hta_files, args.hta_mb
-        )
-        _line(f"{args.hta_files} x {args.hta_mb} MB", traces, *analyze(traces, out))
-        wall, rss = measure([sys.executable, "-c", HTA_LOAD, str(traces)])
-        _line(f"{args.hta_files} x {args.hta_mb} MB", traces, wall, rss, "HTA load")
+        name = f"{args.big_files} x {args.big_mb} MB"
+        _both(name, traces, out, hta_on(traces), args.reps)
     if args.doc is not None:
-        argv = [a for a in sys.argv[1:] if not a.startswith(str(args.dir))]
+        argv = [_shown(a, args.dir) for a in sys.argv[1:]]
         write_doc(args.doc, argv)
     return 0
 

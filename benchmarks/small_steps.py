@@ -9,7 +9,12 @@ thread each, 4 micro-batches under ``no_sync()``):
 - ``transformer``: ``workloads/small_transformer.py`` (nanoGPT-shaped, 2 blocks, 64 wide;
   steps of about 15-25 ms on a quiet 2-core machine), 40 timed windows after 5 warm-up ones;
 - ``mlp``: ``workloads/small_mlp.py`` (4 x Linear(512, 512) + ReLU, batch 16; steps of
-  about 14-20 ms, two bucket all-reduces each), 112 timed windows after 8 warm-up ones.
+  about 14-20 ms, two bucket all-reduces each), 112 timed windows after 8 warm-up ones;
+- ``large`` (only when named in ``--shapes``): run_all.py's capture-cost shape,
+  examples/ddp_no_sync.py with 6 x Linear(1024), batch 32, 8 timed windows after 2.
+
+``SYNCSCOPE_NATIVE=0`` in the environment makes every profiled run use the Python collective
+kernel (the report says which kernel ran).
 
 Per shape, four configurations, plain ``torchrun`` and ``syncscope profile`` (counting
 mode), each eager and compiled (``--backend``, default ``aot_eager``), run in a rotated
@@ -48,20 +53,31 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import WORKLOADS, Launch, Spread, rotated, side_by_side
+from _harness import Launch, Spread, rotated, side_by_side, workload
 
 LIMIT = 1.03
 # shape -> (workload, timed windows, warm-up windows)
-SHAPES = {
-    "transformer": ("small_transformer.py", 40, 5),
-    "mlp": ("small_mlp.py", 112, 8),
+SHAPES: dict[str, tuple[str, int, int, tuple[str, ...]]] = {
+    "transformer": ("small_transformer.py", 40, 5, ()),
+    "mlp": ("small_mlp.py", 112, 8, ()),
+    # run_all.py's capture-cost shape (examples/ddp_no_sync.py, 6 x Linear(1024), batch 32)
+    "large": ("no_sync", 8, 2, ("--layers", "6", "--hidden", "1024", "--batch", "32")),
 }
+DEFAULT_SHAPES = ("transformer", "mlp")
 CONFIGS = {
     "plain eager": (Launch("torchrun"), False),
     "profile eager": (Launch("profile"), False),
     "plain compiled": (Launch("torchrun"), True),
     "profile compiled": (Launch("profile"), True),
 }
+MODES = ("eager", "compiled")
+
+
+def kernel_in_use() -> str:
+    """Which collective kernel the profiled runs use (``SYNCSCOPE_NATIVE`` in this
+    environment, which the launches inherit)."""
+    word = os.environ.get("SYNCSCOPE_NATIVE", "").strip().lower()
+    return "python" if word in ("0", "false", "no", "off") else "compiled where built"
 
 
 def measure(
@@ -69,18 +85,22 @@ def measure(
     windows: int | None,
     backend: str,
     work: Path,
-    shapes: tuple[str, ...] = tuple(SHAPES),
+    shapes: tuple[str, ...] = DEFAULT_SHAPES,
     together: bool = False,
+    modes: tuple[str, ...] = MODES,
 ) -> dict[str, Any]:
     """Every shape's figures (``windows``: timed windows per run, None: each shape's own;
-    ``together``: plain and profiled jobs side by side, else one after another)."""
+    ``together``: plain and profiled jobs side by side, else one after another; ``modes``:
+    eager, compiled or both)."""
     results = {
-        shape: _measure_shape(shape, reps, windows, backend, work, together) for shape in shapes
+        shape: _measure_shape(shape, reps, windows, backend, work, together, modes)
+        for shape in shapes
     }
     return {
         "method": "side by side" if together else "one after another",
         "backend": backend,
         "limit": LIMIT,
+        "kernel": kernel_in_use(),
         "shapes": results,
         "measured": time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime()),
         "load": [round(x, 2) for x in os.getloadavg()],
@@ -88,14 +108,20 @@ def measure(
 
 
 def _measure_shape(
-    shape: str, reps: int, windows: int | None, backend: str, work: Path, together: bool
+    shape: str,
+    reps: int,
+    windows: int | None,
+    backend: str,
+    work: Path,
+    together: bool,
+    modes: tuple[str, ...] = MODES,
 ) -> dict[str, Any]:
-    workload, timed, warmup = SHAPES[shape]
-    script = WORKLOADS / workload
+    name_of, timed, warmup, shape_args = SHAPES[shape]
+    script = workload(name_of)
     runs: list[dict[str, Any]] = []
 
     def args_of(name: str) -> list[str]:
-        args = ["--windows", str(windows or timed), "--warmup", str(warmup)]
+        args = [*shape_args, "--windows", str(windows or timed), "--warmup", str(warmup)]
         if CONFIGS[name][1]:
             args += ["--compile", "--backend", backend]
         return args
@@ -117,31 +143,34 @@ def _measure_shape(
             flush=True,
         )
 
+    configs = [n for n in CONFIGS if n.split()[1] in modes]
     for rep in range(reps):
         if not together:
-            for name in rotated(list(CONFIGS), rep):
+            for name in rotated(configs, rep):
                 note(rep, name, CONFIGS[name][0].run(script, args_of(name), work))
             continue
-        for mode in rotated(["eager", "compiled"], rep):
+        for mode in rotated(list(modes), rep):
             pair = rotated([f"plain {mode}", f"profile {mode}"], rep)  # who starts first
             records = side_by_side([(CONFIGS[n][0], script, args_of(n)) for n in pair], work)
             for name, record in zip(pair, records, strict=True):
                 note(rep, name, record)
-    return summarize(runs, workload)
+    return summarize(runs, script.name, modes)
 
 
-def summarize(runs: list[dict[str, Any]], workload: str) -> dict[str, Any]:
+def summarize(
+    runs: list[dict[str, Any]], workload: str, modes: tuple[str, ...] = MODES
+) -> dict[str, Any]:
     def of(config: str, key: str) -> list[float]:
         return [r[key] for r in runs if r["config"] == config]
 
     result: dict[str, Any] = {"workload": workload, "runs": runs, "configs": {}}
-    for name in CONFIGS:
+    for name in (n for n in CONFIGS if n.split()[1] in modes):
         result["configs"][name] = {
             "window": Spread.of(of(name, "window_s")).__dict__,
             "cpu": Spread.of(of(name, "cpu_s")).__dict__,
             "thread": Spread.of(of(name, "thread_s")).__dict__,
         }
-    for mode in ("eager", "compiled"):
+    for mode in modes:
         plain = {r["rep"]: r for r in runs if r["config"] == f"plain {mode}"}
         prof = [r for r in runs if r["config"] == f"profile {mode}"]
         paired = [r["window_s"] / plain[r["rep"]]["window_s"] for r in prof]
@@ -160,7 +189,10 @@ def summarize(runs: list[dict[str, Any]], workload: str) -> dict[str, Any]:
 
 
 def report(result: dict[str, Any]) -> str:
-    lines: list[str] = [f"method: {result.get('method', 'one after another')}"]
+    lines: list[str] = [
+        f"method: {result.get('method', 'one after another')}; kernel: "
+        f"{result.get('kernel', 'compiled where built')}; load {result.get('load')}"
+    ]
     for shape, figures in result["shapes"].items():
         lines += _report_shape(shape, figures, result["backend"], result["limit"])
     return "\n".join(lines)
@@ -175,7 +207,7 @@ def _report_shape(shape: str, result: dict[str, Any], backend: str, limit: float
             f"(range {w['low'] * 1e3:.2f}-{w['high'] * 1e3:.2f}, n={w['n']}), "
             f"CPU {c['median'] * 1e3:6.2f} ms, training thread {t['median'] * 1e3:6.2f} ms"
         )
-    for mode in ("eager", "compiled"):
+    for mode in (m for m in MODES if m in result):
         r = result[mode]
         p, pc, pt = r["paired"], r["paired_cpu"], r["paired_thread"]
         lines.append(
@@ -194,7 +226,9 @@ def main(argv: list[str] | None = None) -> int:
         "--windows", type=int, help="timed windows per run (default: each shape's own)"
     )
     parser.add_argument(
-        "--shapes", default=",".join(SHAPES), help=f"comma-separated, of {', '.join(SHAPES)}"
+        "--shapes",
+        default=",".join(DEFAULT_SHAPES),
+        help=f"comma-separated, of {', '.join(SHAPES)}",
     )
     parser.add_argument("--backend", default="aot_eager", help="torch.compile backend")
     parser.add_argument(
@@ -203,15 +237,21 @@ def main(argv: list[str] | None = None) -> int:
         help="run each plain job and its profiled twin at once, timed over the same seconds "
         "(see the module's docstring), instead of one after another",
     )
+    parser.add_argument(
+        "--modes", default=",".join(MODES), help=f"comma-separated, of {', '.join(MODES)}"
+    )
     parser.add_argument("--json", type=Path, help="write every run here")
     opts = parser.parse_args(argv)
+    modes = tuple(m.strip() for m in opts.modes.split(",") if m.strip())
+    if not modes or any(m not in MODES for m in modes):
+        parser.error(f"--modes: of {', '.join(MODES)}")
     shapes = tuple(s.strip() for s in opts.shapes.split(",") if s.strip())
     unknown = [s for s in shapes if s not in SHAPES]
     if unknown or not shapes:
         parser.error(f"--shapes: unknown {', '.join(unknown) or 'none given'}")
     with tempfile.TemporaryDirectory(prefix="syncscope-small-") as tmp:
         result = measure(
-            opts.reps, opts.windows, opts.backend, Path(tmp), shapes, opts.side_by_side
+            opts.reps, opts.windows, opts.backend, Path(tmp), shapes, opts.side_by_side, modes
         )
     print(report(result))
     if opts.json:

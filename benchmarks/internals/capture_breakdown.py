@@ -113,9 +113,28 @@ def _idle_families(names: list[str]) -> Installer:
     return install
 
 
+def _python_kernel(rec: Recorder) -> Callable[[], None]:
+    """Every hook, with the Python kernel for every collective even where the compiled
+    one is built (``syncscope.capture.native``; its kernel is registered per install)."""
+    from syncscope.capture import native
+
+    saved = list(native._loaded)
+    native._loaded.clear()
+    native._why_not[:] = ["capture_breakdown: the Python kernel"]
+    undo = instrument.install(rec)
+
+    def uninstall() -> None:
+        undo()
+        native._loaded[:] = saved
+        native._why_not.clear()
+
+    return uninstall
+
+
 VARIANTS: dict[str, Installer | None] = {
     "plain": None,
     "all hooks": instrument.install,
+    "all hooks (Python kernel)": _python_kernel,
     "wrapping only": _idle,
     "wrapping: c10d kernels": _idle_families(["collectives"]),
     "wrapping: backward": _idle_families(["backward"]),

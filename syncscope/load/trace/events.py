@@ -46,6 +46,8 @@ _DTYPE_BYTES = {
     "c10::float8_e4m3fn": 1, "c10::float8_e5m2": 1, "float8_e4m3fn": 1, "float8_e5m2": 1,
 }  # fmt: skip
 _COMM_NAMES = ("c10d::", "record_param_comms", "gloo:", "nccl:", "syncscope.grad_sync#")
+_LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
+_NO_ARGS: dict[str, Any] = {}  # an event without args (never written to)
 _MAX_NS = 1 << 62  # a timestamp beyond this (ns; year 2116) is corrupt, not a time
 
 
@@ -176,26 +178,27 @@ class RankEvents:
                     name = e.get("name")
                     if not isinstance(name, str):
                         self.unnamed.append(int(e["ts"] * 1000.0))
-                        continue
-                    if name.startswith(_BACKWARD):
-                        start = int(e["ts"] * 1000.0)
-                        backward((start, start + int(e.get("dur", 0) * 1000.0)))
-                    elif not name.startswith(_NOT_COMPUTE):
+                    elif not name.startswith(_NOT_COMPUTE):  # (backward ops start with one)
                         start = int(e["ts"] * 1000.0)
                         cpu_compute((start, start + int(e.get("dur", 0) * 1000.0)))
+                    elif name.startswith(_BACKWARD):
+                        start = int(e["ts"] * 1000.0)
+                        backward((start, start + int(e.get("dur", 0) * 1000.0)))
                     else:
                         self._cpu(e)
                 elif cat == "kernel":
                     start = int(e["ts"] * 1000.0)
                     end = start + int(e.get("dur", 0) * 1000.0)
                     name = str(e.get("name", ""))
-                    corr = int(e.get("args", {}).get("correlation", -1))
-                    if name.startswith("nccl") or "ncclKernel" in name or "ncclDevKernel" in name:
+                    corr = int(e.get("args", _NO_ARGS).get("correlation", -1))
+                    if "nccl" in name and (
+                        name.startswith("nccl") or "ncclKernel" in name or "ncclDevKernel" in name
+                    ):
                         comm_kernels((start, end, corr))
                     elif not name.startswith(("Memcpy", "Memset")):
                         compute_kernels((start, end, corr))
-                elif cat == "cuda_runtime" or cat == "cuda_driver":
-                    corr = e.get("args", {}).get("correlation")
+                elif cat in _LAUNCH_CATEGORIES:
+                    corr = e.get("args", _NO_ARGS).get("correlation")
                     if corr is not None:
                         launches((int(corr), int(e["ts"] * 1000.0)))
                 elif cat == "user_annotation":

@@ -11,8 +11,8 @@ clipped to the window's span. ``hta_overlap`` runs HTA itself (opt-in, ``--hta``
 from __future__ import annotations
 
 from array import array
-from bisect import bisect_right
-from collections.abc import Iterable, Sequence
+from bisect import bisect_left, bisect_right
+from collections.abc import Iterable, Iterator, Sequence
 from itertools import pairwise
 from pathlib import Path
 from typing import Any
@@ -120,16 +120,55 @@ def _intervals(kernels: Sequence[int], indices: array[int]) -> list[Interval]:
     return merge((kernels[3 * k], kernels[3 * k + 1]) for k in indices)
 
 
+def _kernels_by_window(
+    kernels: Sequence[int], spans: Sequence[Interval]
+) -> Iterator[list[Interval]]:
+    """Per window span, in turn, the merged intervals of the kernels (start, end,
+    correlation triples) that start in it (from its start to the next span's; the last to
+    its end): one window's at a time, as each is measured and let go. Kernels in start
+    order, as traces list them, are one slice per window, merged in one pass; others are
+    sorted first (``_by_window``)."""
+    starts, ends = kernels[0::3], kernels[1::3]
+    in_order = all(a <= b for a, b in pairwise(starts))
+    if not in_order or not all(a[0] <= b[0] for a, b in pairwise(spans)):
+        for indices in _by_window(kernels, spans):
+            yield _intervals(kernels, indices)
+        return
+    cuts = [bisect_left(starts, lo) for lo, _ in spans[1:]]
+    cuts.append(bisect_right(starts, spans[-1][1]))
+    first = bisect_left(starts, spans[0][0])
+    for last in cuts:
+        yield merge_pairs_of(starts, ends, first, last)
+        first = last
+
+
+def merge_pairs_of(starts: Sequence[int], ends: Sequence[int], i: int, j: int) -> list[Interval]:
+    """``merge`` of the intervals ``i`` to ``j`` (exclusive), their starts in order."""
+    out: list[Interval] = []
+    for k in range(i, j):
+        start, end = starts[k], ends[k]
+        if end <= start:
+            continue
+        if out and start <= out[-1][1]:
+            if end > out[-1][1]:
+                out[-1] = (out[-1][0], end)
+        else:
+            out.append((start, end))
+    return out
+
+
 def measure_windows(ev: RankEvents, spans: Sequence[Interval]) -> list[Measure] | None:
     """One Measure per window span (trace clock, ns); None when nothing can be measured."""
     if not spans:
         return []
     if ev.comm_kernels or ev.compute_kernels:
-        comm = _by_window(ev.comm_kernels, spans)
-        comp = _by_window(ev.compute_kernels, spans)
         return [
-            Measure(_intervals(ev.comm_kernels, c), _intervals(ev.compute_kernels, k))
-            for c, k in zip(comm, comp, strict=True)
+            Measure(c, k)
+            for c, k in zip(
+                _kernels_by_window(ev.comm_kernels, spans),
+                _kernels_by_window(ev.compute_kernels, spans),
+                strict=True,
+            )
         ]
     comm_src = [(c.start, c.end) for c in ev.backend_comms] or [
         (c.start, c.end) for c in ev.collectives

@@ -128,20 +128,22 @@ def _split(buf: bytes, since: int = 0) -> tuple[EventBatch | None, int]:
     ``since``: boundaries before this offset were tried already (a prefix that did not
     parse never will), so a long event costs linear time, not quadratic.
     """
-    tail = buf[-(1 << 16) :]
-    base = len(buf) - len(tail)
-    matches = list(_BOUNDARY.finditer(tail))
-    if not matches and since < base:
-        base = max(0, since)
+    # the last three boundaries, looked for in the last 4 KiB first (a 32 KiB chunk holds
+    # a few hundred: finding them all costs more than parsing), then in the last 64 KiB
+    base = max(0, len(buf) - (1 << 12))
+    matches = list(_BOUNDARY.finditer(buf, base))
+    if len(matches) < 3:
+        base = max(0, len(buf) - (1 << 16))
         matches = list(_BOUNDARY.finditer(buf, base))
-        base = 0
+    if not matches and since < base:
+        matches = list(_BOUNDARY.finditer(buf, max(0, since)))
     for m in reversed(matches[-3:]):
-        end = base + m.start() + 1
+        end = m.start() + 1
         try:
             events = orjson.loads(b"[" + buf[:end] + b"]")
         except orjson.JSONDecodeError:
             continue
-        return events, base + m.end() - 1  # keep the '{' that opens the next event
+        return events, m.end() - 1  # keep the '{' that opens the next event
     return None, 0
 
 

@@ -32,6 +32,7 @@ def test_the_page_carries_the_scale_figures_as_written() -> None:
     report = _report()
     lines = report._scale_notes()
     assert lines and lines[0].startswith("### Scale")
+    assert any(line.startswith("### Parse speed") for line in lines)
     notes = "\n".join(lines).rstrip("\n")
     page = (ROOT / "docs" / "benchmarks.md").read_text()
     assert notes in page  # bench_scale.py --doc's figures, as run_all.py would put them
@@ -44,19 +45,37 @@ def test_the_page_shows_small_steps_on_both_shapes_as_generated() -> None:
 
     report = _report()
     results = json.loads((ROOT / "docs" / "benchmarks" / "results.json").read_text())
-    # THEN both shapes were measured, eager and compiled, with the training thread's CPU time
+    # THEN the small shapes were measured, each mode with the training thread's CPU time
     small = results["small_steps"]
-    for run in small if isinstance(small, list) else [small]:
-        shapes = run["shapes"]
-        assert set(shapes) == {"transformer", "mlp"}
-        for figures in shapes.values():
-            for mode in ("eager", "compiled"):
+    runs = small if isinstance(small, list) else [small]
+    assert {"transformer", "mlp"} <= {shape for run in runs for shape in run["shapes"]}
+    for run in runs:
+        for figures in run["shapes"].values():
+            modes = [m for m in ("eager", "compiled") if m in figures]
+            assert modes
+            for mode in modes:
                 assert {"paired", "paired_cpu", "paired_thread"} <= set(figures[mode])
     # AND the page's small-step section is the generator's rendering of them
     section = "\n".join(report._small_steps(results)).rstrip("\n")
     page = (ROOT / "docs" / "benchmarks.md").read_text()
     assert section.startswith("### Small steps") and section in page
-    assert "| mlp | profile compiled |" in section and "- mlp, compiled:" in section
+    assert "| mlp | profile eager |" in section and "- mlp, eager:" in section
+
+
+def test_small_steps_measured_eager_only_name_their_kernel() -> None:
+    report = _report()
+    spread = {"median": 0.02, "low": 0.01, "high": 0.03, "n": 3}
+    ratio = {"median": 1.01, "low": 1.0, "high": 1.02, "n": 3}
+    mode = {"ratio": 1.01, "cpu_ratio": 1.0, "paired": ratio, "paired_cpu": ratio,
+            "paired_thread": ratio}  # fmt: skip
+    figures = {"configs": {"plain eager": {"window": spread, "cpu": spread, "thread": spread}},
+               "eager": mode}  # fmt: skip
+    run = {"method": "side by side", "backend": "aot_eager", "measured": "2026-11-27 18:00 UTC",
+           "load": [1.0], "kernel": "python", "shapes": {"large": figures}}  # fmt: skip
+    lines = report._small_steps({"small_steps": run})
+    assert any("collective kernel: python" in line for line in lines)
+    assert any(line.startswith("- large, eager: wall x1.010") for line in lines)
+    assert not any("compiled:" in line for line in lines)
 
 
 def test_small_steps_of_an_earlier_run_render_as_the_transformer_alone() -> None:
@@ -94,7 +113,8 @@ def test_small_steps_of_two_methods_render_a_table_each() -> None:
     lines = report._small_steps({"small_steps": small})
     # THEN each method has its own heading, its own measurement note and its own figures
     assert lines[0] == "### Small steps"
-    one, two = lines.index("#### One after another"), lines.index("#### Side by side")
+    one = lines.index("#### One after another: mlp; 2026-11-25 11:00 UTC")
+    two = lines.index("#### Side by side: mlp; 2026-11-25 11:00 UTC")
     assert one < two
     assert any("x1.050" in line for line in lines[one:two])
     assert any("x1.020" in line for line in lines[two:])

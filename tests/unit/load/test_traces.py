@@ -15,7 +15,8 @@ import pytest
 from syncscope.analysis.crossrank import collective_mismatch
 from syncscope.analysis.exposed import exposed_communication
 from syncscope.errors import BadTrace
-from syncscope.load.trace.overlap import merge, merge_pairs, subtract, total
+from syncscope.load.trace.events import RankEvents
+from syncscope.load.trace.overlap import measure_windows, merge, merge_pairs, subtract, total
 from syncscope.load.traces import load_traces
 from syncscope.model import figures
 from tests.helpers.synth_traces import Shape, write_job
@@ -102,6 +103,41 @@ def test_merging_flat_pairs_equals_merging_tuples() -> None:
         flat = array("q", [v for pair in pairs for v in pair])
         assert merge_pairs(flat) == merge(pairs)
     assert merge_pairs(array("q")) == []
+
+
+def test_kernels_in_start_order_are_measured_as_in_any_order() -> None:
+    """A window's kernels are those that start from its start to the next window's (the
+    last: to its end); kernels in start order are cut into slices, others sorted first:
+    the same figures either way."""
+    rng = random.Random(11)
+    for _ in range(100):
+        spans = sorted((lo, lo + rng.randint(0, 60)) for lo in rng.sample(range(400), 4))
+        kernels = sorted(
+            (s, s + rng.randint(-2, 30), c)
+            for c, s in enumerate(rng.randint(-20, 480) for _ in range(40))
+        )
+        shuffled = kernels[:]
+        rng.shuffle(shuffled)
+
+        def measures(
+            order: list[tuple[int, int, int]], comm_first: bool, spans: list[tuple[int, int]]
+        ) -> list[tuple[int, ...]]:
+            ev = RankEvents()
+            flat = array("q", [v for k in order for v in k])
+            half = array("q", [v for k in order if k[2] % 2 for v in k])
+            ev.comm_kernels, ev.compute_kernels = (flat, half) if comm_first else (half, flat)
+            got = measure_windows(ev, spans)
+            assert got is not None
+            return [(m.comm, m.compute, m.exposed) for m in got]
+
+        for comm_first in (True, False):
+            expected = measures(shuffled, comm_first, spans)
+            assert measures(kernels, comm_first, spans) == expected
+            if comm_first:  # by hand: the comm figure is the union of the window's kernels
+                bounds = [lo for lo, _ in spans[1:]] + [spans[-1][1] + 1]
+                for (lo, _), hi, figures_of in zip(spans, bounds, expected, strict=True):
+                    mine = [(s, e) for s, e, _ in kernels if lo <= s < hi]
+                    assert figures_of[0] == total(merge(mine))
 
 
 def test_synthetic_job_mismatch_and_exposure(tmp_path: Path) -> None:
