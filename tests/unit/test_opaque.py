@@ -76,6 +76,10 @@ def test_eager_calls_skip_the_disable_wrapper(monkeypatch: pytest.MonkeyPatch) -
 
     hook = opaque(body)
     assert hook(1, y=2) == 3
+    if opaque_module._torch_release() < opaque_module._CALLBACK_SAFE_FROM:
+        # torch 2.6 and 2.7: always the supported wrapper (the check would free Dynamo's callback)
+        assert calls == ["disabled"] and callers == ["disabled"]
+        return
     assert calls == [] and callers == ["hook"]
     assert hook.__name__ == "body" and hook.__wrapped__ is body  # type: ignore[attr-defined]
 
@@ -91,3 +95,24 @@ def test_without_the_callback_check_the_supported_wrapper_is_used(
     hook = opaque(body)
     assert hook() == 1
     assert hook is not body and getattr(hook, "_torchdynamo_disable", False)
+
+
+@pytest.mark.parametrize(
+    ("release", "checked"),
+    [("2.6.0+cu124", False), ("2.7.1+cu126", False), ("2.8.0", True), ("2.15.0+cu132", True)],
+)
+def test_the_callback_check_is_left_out_where_it_frees_dynamos_callback(
+    monkeypatch: pytest.MonkeyPatch, release: str, checked: bool
+) -> None:
+    # GIVEN: torch 2.6 or 2.7, whose get_eval_frame_callback gives away a reference of the
+    # callback at each call (a compiled job reaching a hook then crashes), or a later release
+    monkeypatch.setattr(torch, "__version__", release)
+
+    def body() -> int:
+        return 1
+
+    # WHEN: a hook is made opaque
+    hook = opaque(body)
+    # THEN: before 2.8 it is torch's supported wrapper (no check called), from 2.8 the checked hook
+    assert hook() == 1
+    assert getattr(hook, "_torchdynamo_disable", False) is not checked

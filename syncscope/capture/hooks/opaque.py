@@ -12,7 +12,9 @@ call: while it traces (``torch.compiler.is_dynamo_compiling()``, which Dynamo re
 eager code as false, checked first so that a traced call never reaches the C check) or
 while its callback is set (code running eagerly under a compiled frame: a graph break's
 callee, a kernel the dispatcher calls from a compiled graph). Otherwise, which is every
-call of an eager job, ``fn`` is called directly. The wrapper's own code is marked so that
+call of an eager job, ``fn`` is called directly. On torch 2.6 and 2.7 the check itself is
+unsafe (each call frees a reference of Dynamo's callback: a compiled job crashes), and there
+``opaque(fn)`` is always the supported wrapper. The wrapper's own code is marked so that
 Dynamo never compiles a frame of it (``skip_code``); where it inlines a call to it, it
 reaches the disabled function and breaks the graph there as it would at the disabled
 function itself (same graph breaks, same graphs: tests/unit/test_opaque.py).
@@ -21,6 +23,7 @@ function itself (same graph breaks, same graphs: tests/unit/test_opaque.py).
 from __future__ import annotations
 
 import functools
+import re
 from collections.abc import Callable
 from typing import Any
 
@@ -36,7 +39,22 @@ def no_frame(fn: Callable[..., Any]) -> None:
     skip_code(fn.__code__)
 
 
+# the first release whose get_eval_frame_callback returns a new reference: on 2.6 and 2.7 each
+# call gives away one reference of Dynamo's callback without taking one (measured: the
+# refcount falls by one a call), so a compiled job that reaches a hook under the callback
+# frees it, and a later compile crashes with a segmentation fault
+_CALLBACK_SAFE_FROM = (2, 8)
+
+
+def _torch_release() -> tuple[int, int]:
+    """The installed torch's (major, minor): ``2.7.1+cu126`` is (2, 7); (0, 0) if unreadable."""
+    found = re.match(r"(\d+)\.(\d+)", str(torch.__version__))
+    return (int(found[1]), int(found[2])) if found else (0, 0)
+
+
 def _callback_getter() -> Callable[[], Any] | None:
+    if _torch_release() < _CALLBACK_SAFE_FROM:
+        return None
     try:
         from torch._C._dynamo.eval_frame import get_eval_frame_callback
     except ImportError:
@@ -49,7 +67,7 @@ def opaque(fn: Callable[..., Any]) -> Callable[..., Any]:
     callees, and called directly otherwise (see the module's docstring)."""
     disabled: Callable[..., Any] = torch.compiler.disable(fn)
     callback = _callback_getter()
-    if callback is None:  # a torch without the check: always the supported wrapper
+    if callback is None:  # a torch without a safe check (before 2.8): the supported wrapper
         return disabled
     # True only where Dynamo traces (a constant it folds): is_compiling(), also true under
     # non-strict export, runs two Python calls per hook, and either branch runs ``fn`` there
