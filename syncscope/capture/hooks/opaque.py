@@ -23,11 +23,12 @@ function itself (same graph breaks, same graphs: tests/unit/test_opaque.py).
 from __future__ import annotations
 
 import functools
-import re
 from collections.abc import Callable
 from typing import Any
 
 import torch
+
+from syncscope.capture.release import torch_release
 
 
 def no_frame(fn: Callable[..., Any]) -> None:
@@ -46,14 +47,8 @@ def no_frame(fn: Callable[..., Any]) -> None:
 _CALLBACK_SAFE_FROM = (2, 8)
 
 
-def _torch_release() -> tuple[int, int]:
-    """The installed torch's (major, minor): ``2.7.1+cu126`` is (2, 7); (0, 0) if unreadable."""
-    found = re.match(r"(\d+)\.(\d+)", str(torch.__version__))
-    return (int(found[1]), int(found[2])) if found else (0, 0)
-
-
 def _callback_getter() -> Callable[[], Any] | None:
-    if _torch_release() < _CALLBACK_SAFE_FROM:
+    if torch_release() < _CALLBACK_SAFE_FROM:
         return None
     try:
         from torch._C._dynamo.eval_frame import get_eval_frame_callback
