@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -116,3 +117,29 @@ def test_the_callback_check_is_left_out_where_it_frees_dynamos_callback(
     # THEN: before 2.8 it is torch's supported wrapper (no check called), from 2.8 the checked hook
     assert hook() == 1
     assert getattr(hook, "_torchdynamo_disable", False) is not checked
+
+
+@pytest.mark.parametrize("release", ["2.7.1+cu126", torch.__version__])
+def test_a_hook_over_a_disabled_hook_runs_itself(
+    monkeypatch: pytest.MonkeyPatch, release: str
+) -> None:
+    # GIVEN: a hook that functools.wraps an earlier session's disabled hook (overlapping
+    # track() blocks), which copies its _torchdynamo_orig_callable
+    monkeypatch.setattr(torch, "__version__", release)
+    calls: list[str] = []
+
+    def lower() -> None:
+        calls.append("lower")
+
+    below = torch.compiler.disable(lower)
+
+    @functools.wraps(below)
+    def upper() -> None:
+        calls.append("upper")
+        below()
+
+    # WHEN: it is made opaque and called, eagerly and as Dynamo would (the disabled wrapper)
+    hook = opaque(upper)
+    hook()
+    # THEN: it runs itself, then the hook beneath, not the one beneath alone
+    assert calls == ["upper", "lower"]

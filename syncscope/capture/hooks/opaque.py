@@ -57,10 +57,24 @@ def _callback_getter() -> Callable[[], Any] | None:
     return get_eval_frame_callback  # type: ignore[no-any-return]
 
 
+def _own(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, or a function calling it where ``fn`` carries ``_torchdynamo_orig_callable``:
+    a hook that ``functools.wraps`` a disabled one (a later session's patch over an earlier
+    one's) copies it, and ``torch.compiler.disable`` (2.6 to 2.8 at least) unwraps to that
+    callable, which would run the hook beneath instead of this one."""
+    if "_torchdynamo_orig_callable" not in getattr(fn, "__dict__", {}):
+        return fn
+
+    def own(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return own
+
+
 def opaque(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn``, run as ``torch.compiler.disable(fn)`` wherever Dynamo could trace it or its
     callees, and called directly otherwise (see the module's docstring)."""
-    disabled: Callable[..., Any] = torch.compiler.disable(fn)
+    disabled: Callable[..., Any] = torch.compiler.disable(_own(fn))
     callback = _callback_getter()
     if callback is None:  # a torch without a safe check (before 2.8): the supported wrapper
         return disabled
