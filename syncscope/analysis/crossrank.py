@@ -365,6 +365,22 @@ def _left_early(run: Run, first: RankRun) -> list[int]:
     ]
 
 
+# torch's own errors where a release cannot run a feature on CPU ranks (gloo): the job failed
+# in torch; the run-failed message says so (docs/torch-versions.md)
+RELEASE_LIMITS = (
+    (
+        "'Stream' object has no attribute 'record_event'",
+        "torch 2.6 cannot run FSDP2 (fully_shard) on CPU ranks (its CPU stream has no "
+        "record_event): use torch 2.7 or newer, or CUDA ranks",
+    ),
+    (
+        "Cannot use ReduceOp.AVG with Gloo",
+        "gloo has no ReduceOp.AVG before torch 2.8 (HSDP's replicate all-reduce uses it, as "
+        "may a hand all-reduce): use torch 2.8 or newer, or ReduceOp.SUM then a division",
+    ),
+)
+
+
 def run_failed(run: Run) -> list[Finding]:
     """The script did not end normally on some rank: the run failed, whatever was measured.
 
@@ -418,6 +434,7 @@ def run_failed(run: Run) -> list[Finding]:
             "; DDP(static_graph=True) failed on a backward under no_sync(): its first "
             "backward must sync"
         )
+    message += "".join(f"; {why}" for error, why in RELEASE_LIMITS if error in first.exit_reason)
     return [
         Finding(
             kind="run-failed",

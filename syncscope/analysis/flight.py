@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
+import re
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -280,6 +281,13 @@ def _summary(
     )
 
 
+def _nccl_only(dump: FlightDump) -> bool:
+    """A dump in a format older than 2.9 (torch 2.6 and 2.7 write 2.4): its recorder
+    recorded NCCL collectives only (gloo's from torch 2.8, format 2.9)."""
+    found = re.match(r"(\d+)\.(\d+)", dump.version)
+    return found is not None and (int(found[1]), int(found[2])) < (2, 9)
+
+
 def _notes(
     dumps: Sequence[FlightDump], members: dict[str, tuple[int, ...]], unreadable: Sequence[int]
 ) -> tuple[str, ...]:
@@ -295,7 +303,12 @@ def _notes(
             "Flight Recorder: no Python stacks in these dumps (the JSON variant, or stacks "
             "turned off): sites and gradient-sync rounds cannot be read"
         )
-    if not any(d.entries for d in dumps):
+    if not any(d.entries for d in dumps) and dumps and all(_nccl_only(d) for d in dumps):
+        notes.append(
+            "Flight Recorder: the dumps hold no entries, and their format is torch 2.7's or "
+            "older, whose recorder records NCCL collectives only: a gloo job's are never in it"
+        )
+    elif not any(d.entries for d in dumps):
         notes.append(
             "Flight Recorder: the dumps hold no entries: the recorder was off "
             "(TORCH_FR_BUFFER_SIZE unset or 0 in the ranks) or no collective ran"

@@ -28,7 +28,8 @@ def dump_to(folder: Path, rank: int) -> bool:
     try:
         import torch._C._distributed_c10d as c10d
 
-        dump = getattr(c10d, "_dump_fr_trace", None)  # torch >= 2.8 (absent from 2.6)
+        # torch 2.8 on; 2.6 and 2.7 record NCCL collectives only, dumped by the older name
+        dump = getattr(c10d, "_dump_fr_trace", None) or getattr(c10d, "_dump_nccl_trace", None)
         data = dump(True, True, False) if dump is not None else None
     except (ImportError, RuntimeError):
         return False

@@ -24,11 +24,20 @@ FR_ENV = ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")
 WAIT_S = 15.0  # a rank blocked in a collective may take seconds to get the GIL
 
 
-def enable(environ: MutableMapping[str, str] | None = None) -> bool:
-    """Turn the recorder on for the ranks unless the user chose; True when it is on."""
+def enable(
+    environ: MutableMapping[str, str] | None = None, release: tuple[int, int] | None = None
+) -> bool:
+    """Turn the recorder on for the ranks unless the user chose; True when it is on.
+    ``release``: torch's (major, minor), the installed one's unless given."""
     env = os.environ if environ is None else environ
+    if release is None:
+        from syncscope.capture.release import torch_release
+
+        release = torch_release()
     if not any(env.get(k, "").strip() for k in FR_ENV):
         env["TORCH_FR_BUFFER_SIZE"] = BUFFER_SIZE
+        if release < (2, 8):  # torch 2.6 and 2.7 read the older name only (NCCL only)
+            env["TORCH_NCCL_TRACE_BUFFER_SIZE"] = BUFFER_SIZE
     size = next((env[k].strip() for k in FR_ENV if env.get(k, "").strip()), "0")
     on = size.isdigit() and int(size) > 0
     if on:

@@ -110,7 +110,14 @@ def test_fsdp_toggle_before_forward_only_still_syncs_every_micro_batch(profiled)
 
 
 def test_fsdp_sync_never_re_enabled(profiled) -> None:  # type: ignore[no-untyped-def]
+    import torch
+
     run = loop(profiled, "fsdp2-never-reenabled")
+    if tuple(int(x) for x in torch.__version__.split(".")[:2]) < (2, 7):
+        # torch 2.6 cannot run FSDP2 on CPU ranks: the job fails in torch, and the run says why
+        failed = run.finding("run-failed")
+        assert "torch 2.6 cannot run FSDP2 (fully_shard) on CPU ranks" in failed["message"]
+        return
     assert all(w["collectives"]["reduce_scatter"] == 0 for w in run.complete_windows(0))
     assert ("missing-sync", "fsdp-sync-never-re-enabled") in run.kinds()
 

@@ -30,6 +30,22 @@ def test_the_recorder_is_turned_on_unless_the_user_chose() -> None:
     assert not enable(env) and env == {"TORCH_FR_BUFFER_SIZE": "0"}  # off: no dumps asked
 
 
+@pytest.mark.parametrize(("release", "names"), [((2, 7), 2), ((2, 8), 1), ((2, 15), 1)])
+def test_the_recorder_is_turned_on_by_the_name_the_release_reads(
+    release: tuple[int, int], names: int
+) -> None:
+    # GIVEN: torch 2.6 or 2.7, whose recorder (NCCL only) reads TORCH_NCCL_TRACE_BUFFER_SIZE
+    # alone, or 2.8 on (TORCH_FR_BUFFER_SIZE, the older name a fallback)
+    env: dict[str, str] = {}
+    # WHEN: profile turns the recorder on
+    assert enable(env, release=release)
+    # THEN: by the name that release reads, and the newer name only from 2.8
+    sizes = {k: v for k, v in env.items() if k.endswith("BUFFER_SIZE")}
+    assert sizes == dict.fromkeys(
+        ("TORCH_FR_BUFFER_SIZE", "TORCH_NCCL_TRACE_BUFFER_SIZE")[:names], "2000"
+    )
+
+
 @pytest.mark.slow
 def test_a_hang_is_dumped_into_the_run_and_its_finding_names_the_culprit(profiled) -> None:  # type: ignore[no-untyped-def]
     run = profiled(LOOPS, "mismatch-hang", options=("--hang-timeout", "3"))

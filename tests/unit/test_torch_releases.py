@@ -1,7 +1,8 @@
 """What changes between the torch releases syncscope supports (docs/torch-versions.md), read
 without running them: FSDP2's parameter groups, which moved from one ``_fsdp_param_group``
-(torch 2.6 and 2.8 checked) to a list ``_fsdp_param_groups`` (2.13, 2.15); and which commands run where
-torch is not installed at all (the pre-commit hook's and CI check's environment).
+(torch 2.6, 2.7 and 2.8 checked) to a list ``_fsdp_param_groups`` (2.13, 2.15); which
+commands run where torch is not installed at all (the pre-commit hook's and CI check's
+environment); and the floor, named alike by pyproject, the README and the releases' table.
 
 The releases themselves run the suite in their own environments: .ci/run.
 """
@@ -29,7 +30,7 @@ def _group(reduce_grads: bool) -> SimpleNamespace:
 
 
 def _state_before_2_13(group: SimpleNamespace | None) -> SimpleNamespace:
-    """An FSDPState as torch 2.6 and 2.8 build it: one group, or None for a module holding no
+    """An FSDPState as torch 2.6, 2.7 and 2.8 build it: one group, or None for a module holding no
     parameters of its own (torch/distributed/fsdp/_fully_shard/_fsdp_state.py)."""
     return SimpleNamespace(_fsdp_param_group=group)
 
@@ -129,3 +130,17 @@ def test_installing_syncscope_leaves_this_environments_torch_as_it_is() -> None:
     report = json.loads(done.stdout)
     installs = [item["metadata"]["name"].lower() for item in report["install"]]
     assert installs == ["syncscope"], f"torch {torch.__version__}: pip would install {installs}"
+
+
+def test_the_floor_is_named_alike_everywhere() -> None:
+    import re
+
+    # GIVEN: the floor pyproject's torch extra sets (.ci/run tests it)
+    (floor,) = re.findall(r'"torch>=([\d.]+)"', (ROOT / "pyproject.toml").read_text())
+    # WHEN / THEN: the README, docs/gpu.md and the releases' table name no other
+    for page in ("README.md", "docs/torch-versions.md", "docs/gpu.md"):
+        named = set(re.findall(r"torch>=([\d.]+)", (ROOT / page).read_text()))
+        assert named == {floor}, (page, named)
+    table = (ROOT / "docs" / "torch-versions.md").read_text()
+    (row,) = [line for line in table.splitlines() if ", the floor |" in line]
+    assert row.startswith(f"| {floor}."), row

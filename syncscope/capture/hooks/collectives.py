@@ -156,7 +156,9 @@ def _kernel(name: str, op: Any, key: str = "Autograd") -> Callable[..., Any]:
     compiled kernel, see ``syncscope.capture.native``)."""
     redispatch = op.redispatch
     async_at = _argument_at(op, "async_op")
-    # True for the c10d ops: a caller that leaves it out (DDP's reducer) is asynchronous
+    # True for the c10d ops: a caller that leaves it out (DDP's reducer) is asynchronous.
+    # torch 2.6 and 2.7's ops have no async_op (Python waits on the Work after): each one is
+    # taken as blocking, its held records flushed before it
     async_default = async_at is not None and op._schema.arguments[async_at].default_value is True
     pg_at = _typed_at(op._schema.arguments, "c10d.ProcessGroup")
     returns = op._schema.returns

@@ -12,7 +12,9 @@ call: while it traces (``torch.compiler.is_dynamo_compiling()``, which Dynamo re
 eager code as false, checked first so that a traced call never reaches the C check) or
 while its callback is set (code running eagerly under a compiled frame: a graph break's
 callee, a kernel the dispatcher calls from a compiled graph). Otherwise, which is every
-call of an eager job, ``fn`` is called directly. The wrapper's own code is marked so that
+call of an eager job, ``fn`` is called directly. On torch 2.6 and 2.7 the check itself is
+unsafe (each call frees a reference of Dynamo's callback: a compiled job crashes), and there
+``opaque(fn)`` is always the supported wrapper. The wrapper's own code is marked so that
 Dynamo never compiles a frame of it (``skip_code``); where it inlines a call to it, it
 reaches the disabled function and breaks the graph there as it would at the disabled
 function itself (same graph breaks, same graphs: tests/unit/capture/hooks/test_opaque.py).
@@ -26,6 +28,8 @@ from typing import Any
 
 import torch
 
+from syncscope.capture.release import torch_release
+
 
 def no_frame(fn: Callable[..., Any]) -> None:
     """Dynamo may inline ``fn`` into a graph it traces, but never starts a frame in it."""
@@ -36,7 +40,16 @@ def no_frame(fn: Callable[..., Any]) -> None:
     skip_code(fn.__code__)
 
 
+# the first release whose get_eval_frame_callback returns a new reference: on 2.6 and 2.7 each
+# call gives away one reference of Dynamo's callback without taking one (measured: the
+# refcount falls by one a call), so a compiled job that reaches a hook under the callback
+# frees it, and a later compile crashes with a segmentation fault
+_CALLBACK_SAFE_FROM = (2, 8)
+
+
 def _callback_getter() -> Callable[[], Any] | None:
+    if torch_release() < _CALLBACK_SAFE_FROM:
+        return None
     try:
         from torch._C._dynamo.eval_frame import get_eval_frame_callback
     except ImportError:
@@ -44,12 +57,26 @@ def _callback_getter() -> Callable[[], Any] | None:
     return get_eval_frame_callback  # type: ignore[no-any-return]
 
 
+def _own(fn: Callable[..., Any]) -> Callable[..., Any]:
+    """``fn``, or a function calling it where ``fn`` carries ``_torchdynamo_orig_callable``:
+    a hook that ``functools.wraps`` a disabled one (a later session's patch over an earlier
+    one's) copies it, and ``torch.compiler.disable`` (2.6 to 2.8 at least) unwraps to that
+    callable, which would run the hook beneath instead of this one."""
+    if "_torchdynamo_orig_callable" not in getattr(fn, "__dict__", {}):
+        return fn
+
+    def own(*args: Any, **kwargs: Any) -> Any:
+        return fn(*args, **kwargs)
+
+    return own
+
+
 def opaque(fn: Callable[..., Any]) -> Callable[..., Any]:
     """``fn``, run as ``torch.compiler.disable(fn)`` wherever Dynamo could trace it or its
     callees, and called directly otherwise (see the module's docstring)."""
-    disabled: Callable[..., Any] = torch.compiler.disable(fn)
+    disabled: Callable[..., Any] = torch.compiler.disable(_own(fn))
     callback = _callback_getter()
-    if callback is None:  # a torch without the check: always the supported wrapper
+    if callback is None:  # a torch without a safe check (before 2.8): the supported wrapper
         return disabled
     # True only where Dynamo traces (a constant it folds): is_compiling(), also true under
     # non-strict export, runs two Python calls per hook, and either branch runs ``fn`` there

@@ -10,7 +10,8 @@ all-reduce has already averaged them over the world.
 
 Expert-data-parallel groups: consecutive pairs of ranks, made on every rank with
 ``dist.new_group``: [0, 1] on 2 ranks (the world), [0, 1] and [2, 3] on 4; the hand
-all-reduce is ``ReduceOp.AVG`` (gloo has it on torch 2.13). Accumulation is correct for
+all-reduce is ``ReduceOp.AVG`` (gloo has it from torch 2.8; on 2.6 and 2.7 the same mean
+as a sum, then divided by the group's size). Accumulation is correct for
 DDP (forward and backward under ``no_sync()`` on micro-batches 0-2).
 
 Expected truth: 2 rounds per window, both on micro-batch 3 (DDP's buckets in the backward,
@@ -54,6 +55,8 @@ def main(truth: Truth) -> None:
         if rank in ranks:
             ep_dp_group = group
     ep_dp_size = dist.get_world_size(ep_dp_group)
+    gloo_averages = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 8)
+    average = dist.ReduceOp.AVG if gloo_averages else dist.ReduceOp.SUM
     torch.manual_seed(0)
     net = MoE()
     model = DDP(net)
@@ -72,7 +75,9 @@ def main(truth: Truth) -> None:
                 with truth.phase("backward"):
                     loss.backward()
         for p in expert_params:  # the experts' gradients averaged by hand, again
-            dist.all_reduce(p.grad, op=dist.ReduceOp.AVG, group=ep_dp_group)
+            dist.all_reduce(p.grad, op=average, group=ep_dp_group)
+            if not gloo_averages:
+                p.grad /= ep_dp_size
         optimizer.step()
         truth.compare_replicas(dict(net.named_parameters()))
         optimizer.zero_grad()

@@ -164,3 +164,29 @@ def test_assert_syncs_on_a_failed_run_fails_naming_the_failure() -> None:
     message = str(info.value)
     assert message.startswith("syncscope: the run failed")
     assert "rank 0 stopped (exit status 1: RuntimeError: boom)" in message
+
+
+@pytest.mark.parametrize(
+    ("reason", "said"),
+    [
+        (
+            "AttributeError: 'Stream' object has no attribute 'record_event'",
+            "torch 2.6 cannot run FSDP2 (fully_shard) on CPU ranks (its CPU stream has no "
+            "record_event): use torch 2.7 or newer, or CUDA ranks",
+        ),
+        (
+            "RuntimeError: Cannot use ReduceOp.AVG with Gloo",
+            "gloo has no ReduceOp.AVG before torch 2.8 (HSDP's replicate all-reduce uses it, as "
+            "may a hand all-reduce): use torch 2.8 or newer, or ReduceOp.SUM then a division",
+        ),
+    ],
+)
+def test_a_feature_the_release_cannot_run_on_cpu_is_named(reason: str, said: str) -> None:
+    # GIVEN: ranks that failed with torch's own error where its release cannot run a feature
+    # on CPU ranks (measured on torch 2.6: FSDP2; on 2.7: HSDP and op=AVG over gloo)
+    run = run_of(crashed(0, reason=reason), crashed(1, reason=reason))
+    # WHEN: the run is diagnosed
+    (failed,) = [f for f in diagnose(run) if f.kind == "run-failed"]
+    # THEN: the one-line message says what the release lacks, after torch's own line
+    assert failed.message.endswith(f"; {said}") and "\n" not in failed.message
+    assert reason in failed.message

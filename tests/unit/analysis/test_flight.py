@@ -274,6 +274,24 @@ def test_dumps_without_entries_say_the_recorder_was_off(tmp_path: Path) -> None:
     assert [f.kind for f in result.findings] == ["flight-recorder"]
 
 
+def test_dumps_of_torch_2_7_after_gloo_collectives_say_gloo_is_never_recorded(
+    tmp_path: Path,
+) -> None:
+    # GIVEN: what torch 2.7.1's _dump_nccl_trace returns after a gloo all-reduce (measured:
+    # its recorder records NCCL collectives only; gloo's from torch 2.8, format 2.9)
+    torch_2_7 = {"version": "2.4", "pg_config": {}, "pg_status": {}, "entries": []}
+    directory = write(tmp_path / "d", {0: torch_2_7, 1: torch_2_7})
+    # WHEN: the dumps are read
+    result = analyze_dumps(read_dumps(find_dumps([directory])))
+    # THEN: one note says why they are empty (not "the recorder was off")
+    (note,) = [n for n in result.notes if "no entries" in n]
+    assert note == (
+        "Flight Recorder: the dumps hold no entries, and their format is torch 2.7's or "
+        "older, whose recorder records NCCL collectives only: a gloo job's are never in it"
+    )
+    assert [f.kind for f in result.findings] == ["flight-recorder"]
+
+
 def test_gloo_subgroups_without_membership_take_the_ranks_that_used_them(tmp_path: Path) -> None:
     """gloo (torch 2.13) writes ``pg_config`` as ``{"": {"ranks": "[]"}}``, subgroups absent
     (seen on a 3-rank job with ``new_group([0, 1])`` and ``new_group([1, 2])``)."""

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import sys
 from collections.abc import Callable
 from typing import Any
@@ -76,6 +77,10 @@ def test_eager_calls_skip_the_disable_wrapper(monkeypatch: pytest.MonkeyPatch) -
 
     hook = opaque(body)
     assert hook(1, y=2) == 3
+    if opaque_module.torch_release() < opaque_module._CALLBACK_SAFE_FROM:
+        # torch 2.6 and 2.7: always the supported wrapper (the check would free Dynamo's callback)
+        assert calls == ["disabled"] and callers == ["disabled"]
+        return
     assert calls == [] and callers == ["hook"]
     assert hook.__name__ == "body" and hook.__wrapped__ is body  # type: ignore[attr-defined]
 
@@ -91,3 +96,50 @@ def test_without_the_callback_check_the_supported_wrapper_is_used(
     hook = opaque(body)
     assert hook() == 1
     assert hook is not body and getattr(hook, "_torchdynamo_disable", False)
+
+
+@pytest.mark.parametrize(
+    ("release", "checked"),
+    [("2.6.0+cu124", False), ("2.7.1+cu126", False), ("2.8.0", True), ("2.15.0+cu132", True)],
+)
+def test_the_callback_check_is_left_out_where_it_frees_dynamos_callback(
+    monkeypatch: pytest.MonkeyPatch, release: str, checked: bool
+) -> None:
+    # GIVEN: torch 2.6 or 2.7, whose get_eval_frame_callback gives away a reference of the
+    # callback at each call (a compiled job reaching a hook then crashes), or a later release
+    monkeypatch.setattr(torch, "__version__", release)
+
+    def body() -> int:
+        return 1
+
+    # WHEN: a hook is made opaque
+    hook = opaque(body)
+    # THEN: before 2.8 it is torch's supported wrapper (no check called), from 2.8 the checked hook
+    assert hook() == 1
+    assert getattr(hook, "_torchdynamo_disable", False) is not checked
+
+
+@pytest.mark.parametrize("release", ["2.7.1+cu126", torch.__version__])
+def test_a_hook_over_a_disabled_hook_runs_itself(
+    monkeypatch: pytest.MonkeyPatch, release: str
+) -> None:
+    # GIVEN: a hook that functools.wraps an earlier session's disabled hook (overlapping
+    # track() blocks), which copies its _torchdynamo_orig_callable
+    monkeypatch.setattr(torch, "__version__", release)
+    calls: list[str] = []
+
+    def lower() -> None:
+        calls.append("lower")
+
+    below = torch.compiler.disable(lower)
+
+    @functools.wraps(below)
+    def upper() -> None:
+        calls.append("upper")
+        below()
+
+    # WHEN: it is made opaque and called, eagerly and as Dynamo would (the disabled wrapper)
+    hook = opaque(upper)
+    hook()
+    # THEN: it runs itself, then the hook beneath, not the one beneath alone
+    assert calls == ["upper", "lower"]
