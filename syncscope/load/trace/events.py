@@ -204,7 +204,17 @@ class RankEvents:
                 elif cat == "user_annotation":
                     self._cpu(e)
             except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
+                self._whole_records()
                 self._unplaced(e)  # an event without a usable ts/dur is not one we can place
+
+    def _whole_records(self) -> None:
+        """Drop what a failed ``extend`` left of a record (a time or correlation id too large
+        for 64 bits fails after the fields before it went in): every array keeps whole
+        records, so no later interval is shifted."""
+        for pairs in (self.cpu_compute, self.backward, self.launches):
+            del pairs[len(pairs) - len(pairs) % 2 :]
+        for triples in (self.comm_kernels, self.compute_kernels):
+            del triples[len(triples) - len(triples) % 3 :]
 
     def comm_launches(self) -> dict[int, int]:
         """Launch time (ns) of each communication kernel, by correlation id."""
