@@ -250,6 +250,7 @@ class _EndlessFS(_FileSystem):  # type: ignore[misc]
         return io.BufferedReader(_Endless())
 
 
+@pytest.mark.slow  # seconds of CPU: in the slow loop (.ci/run)
 def test_an_endless_url_object_is_refused_at_the_local_readers_bound(
     tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:

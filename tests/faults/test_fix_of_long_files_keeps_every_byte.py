@@ -208,6 +208,7 @@ def test_a_long_file_goes_through_libcst_as_a_short_one(monkeypatch: pytest.Monk
     assert result.fixed.count("value_") == 60_000
 
 
+@pytest.mark.slow  # seconds of CPU: in the slow loop (.ci/run)
 def test_a_placeholder_lost_by_a_rewrite_falls_back_to_the_whole_file(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:
@@ -457,6 +458,7 @@ def _fix_in_function(name: str, monkeypatch: pytest.MonkeyPatch) -> None:
     assert elided.problems == whole.problems
 
 
+@pytest.mark.slow  # seconds of CPU: in the slow loop (.ci/run)
 def test_eliding_inside_a_function_changes_nothing_of_the_fix(
     monkeypatch: pytest.MonkeyPatch,
 ) -> None:

@@ -192,6 +192,7 @@ def read_dump_from(entries: list[dict[str, Any]], _unused: Path) -> Any:
         return read_dump(path)
 
 
+@pytest.mark.slow  # seconds of CPU: in the slow loop (.ci/run)
 def test_a_thousand_ranks_read_in_seconds_with_merged_evidence(tmp_path: Path) -> None:
     world = 1024
     ranks = str(list(range(world)))
