@@ -161,20 +161,18 @@ def _grouped(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str,
 
 
 READING = [
-    "How to read it. *default*: the examples' own sizes, windows of tens of milliseconds, 2 "
-    "steady windows. On the DDP examples the fixed script's window 1 carries DDP's one-time "
-    "bucket rebuild (two broadcasts: its first synced backward now ends window 0, where the "
-    "original's came on its second micro-batch), and `fix --verify` counts window 1 among the "
-    "2 it compares, so the measured gain mostly falls below the range: a bias of the "
-    "measurement at 3 steps, not of the projection; at these window times the load of the "
-    "shared machine also moves the measurement both ways. *readme*: `--hidden 1024 --layers 8 "
-    "--steps 6`, the README's demo: on the DDP examples the measurement falls inside the "
-    "widened range except where the load moved between the two runs (a fixed script whose "
-    "sync-free micro-batches ran twice as slow as the original's: slower than the original "
-    "overall), which no figure of the original run can bracket; where the windows vary more "
-    "than the predicted gain, the report says so and claims none. FSDP2 on CPU: removing the "
-    "early reduce-scatters also made the all-gathers that stay faster, which no figure of the "
-    "buggy run measures; the report says to read its range as a floor.",
+    "How to read it. *default*: the examples' own sizes (6 steps, windows of a few "
+    "milliseconds): where the measurement falls outside the range it falls above it, the fix "
+    "gaining more than projected: at these window times each sync's fixed cost of a call "
+    "(gloo's and the capture's, per collective) weighs as much as its wait, and no figure of "
+    "the original run measures it; the load of a shared machine also moves the measurement "
+    "both ways. *readme*: `--hidden 1024 --layers 8 --steps 6`, the README's demo. `fix "
+    "--verify` measures the report's window time (steady windows on every rank, warm-up "
+    "windows apart: the fixed DDP loop's one-time bucket rebuild lands in its window 1). "
+    "Where the windows vary more than the predicted gain, the report says so and claims "
+    "none. FSDP2 on CPU: removing the early reduce-scatters also made the all-gathers that "
+    "stay faster, which no figure of the buggy run measures; where a range is shown the "
+    "report says to read it as a floor.",
 ]
 
 
