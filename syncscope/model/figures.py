@@ -43,7 +43,9 @@ read them from here (docs/concepts.md, "Figures", says the same in prose).
   ranks), with that reason (``Projection.widened``); the median stays the exposed-wait figure.
   Under FSDP on CPU the range is said to be a floor: removing a reduce-scatter there also sped
   up the all-gathers that stay (docs/benchmarks/prediction-examples.md), which no figure of
-  the buggy run measures.
+  the buggy run measures. So is it on CPU where the steady windows' median is under
+  ``SHORT_WINDOW_NS``: there each sync's fixed cost of a call weighs as much as its wait, and
+  the measured gain came out above the range.
 """
 
 from __future__ import annotations
@@ -313,6 +315,12 @@ CPU_CONTENTION = (
     "they overlap, so removing a sync also removes that contention: the range reaches up to "
     "the syncs' whole time in flight"
 )
+SHORT_WINDOW_NS = 20_000_000  # on CPU, windows shorter than this: the range is a floor
+SHORT_WINDOWS = (
+    "at windows of {ms:.1f} ms on CPU, each sync's fixed cost of a call (gloo's and the "
+    "capture's, per collective), which no figure of this run measures, weighs as much as its "
+    "wait: read the range as a floor"
+)
 FSDP_ON_CPU = (
     "under FSDP on CPU, removing a reduce-scatter also speeds up the all-gathers that stay, "
     "which no figure of this run measures: read the range as a floor"
@@ -396,6 +404,8 @@ def projection(
     reasons = [CPU_CONTENTION] if on_cpu and top >= max(ratios) + 0.005 else []
     if on_cpu and any(w.kind == "fsdp" for r in run.ranks for w in r.wrappers):
         reasons.append(FSDP_ON_CPU)
+    if on_cpu and median(durations) < SHORT_WINDOW_NS:
+        reasons.append(SHORT_WINDOWS.format(ms=median(durations) / 1e6))
     widened = "; ".join(reasons)
     omitted = ""
     if len(steady.windows) < MIN_STEADY:

@@ -37,6 +37,21 @@ def _with_windows(run: Run, change) -> Run:  # type: ignore[no-untyped-def]
     return dataclasses.replace(run, ranks=ranks)
 
 
+def _stretched(run: Run, factor: float) -> Run:
+    """``run`` with every window lasting ``factor`` times as long (its collectives as they are)."""
+    ranks = tuple(
+        dataclasses.replace(
+            r,
+            windows=tuple(
+                dataclasses.replace(w, end_ns=w.start_ns + int(w.duration_ns * factor))
+                for w in r.windows
+            ),
+        )
+        for r in run.ranks
+    )
+    return dataclasses.replace(run, ranks=ranks)
+
+
 def _stretch(index: int, factor: float):  # type: ignore[no-untyped-def]
     def change(w: Window) -> Window:
         if w.index != index:
@@ -407,7 +422,20 @@ def test_syncs_waited_on_whole_are_not_widened() -> None:
     # one bucket per micro-batch: its whole flight is waited on, nothing overlaps to contend
     run = runs.make_run(sync_at=runs.every, buckets=1)
     p = figures.projection(run)
-    assert p.shown and p.widened == ""
+    assert p.shown and "range widened" not in p.widened
+
+
+def test_short_windows_on_cpu_say_the_range_is_a_floor() -> None:
+    # GIVEN CPU ranks whose steady windows last a few milliseconds (each sync's fixed cost of
+    # a call weighs as much as its wait there, and no figure measures it)
+    run = runs.make_run(sync_at=runs.every, buckets=1)
+    p = figures.projection(run)
+    # THEN the range is read as a floor, with the window time in the reason
+    assert p.shown and "at windows of 4.2 ms on CPU" in p.text()
+    assert "read the range as a floor" in p.text()
+    # AND not on a GPU, nor on CPU windows of 20 ms and more
+    assert "at windows of" not in figures.projection(_on("cuda", run)).widened
+    assert "at windows of" not in figures.projection(_stretched(run, 6.0)).widened
 
 
 def test_fsdp_on_cpu_says_the_range_is_a_floor() -> None:
