@@ -40,23 +40,12 @@ def torchrun(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
     return proc
 
 
-def _torch_before(release: tuple[int, int]) -> bool:
-    import importlib.metadata
-
-    try:
-        version = importlib.metadata.version("torch")
-    except importlib.metadata.PackageNotFoundError:
-        return False
-    return tuple(int(x) for x in version.split("+")[0].split(".")[:2]) < release
-
-
-_TORCH_BEFORE_2_8 = _torch_before((2, 8))
-
-
 @pytest.fixture
 def process_group(tmp_path: Path) -> Iterator[None]:
     """A one-rank gloo process group for the test (the in-process tracking tests)."""
     import torch.distributed as dist  # torch only for the tests that use it
+
+    from syncscope.capture.release import torch_release
 
     store = dist.FileStore(str(tmp_path / "store"), 1)  # type: ignore[attr-defined]
     dist.init_process_group("gloo", store=store, rank=0, world_size=1)
@@ -66,7 +55,7 @@ def process_group(tmp_path: Path) -> Iterator[None]:
         # the test's garbage first (a DDP model in a reference cycle holds the group): torch
         # 2.6 and 2.7's gloo aborts the process when it is collected after the group ended
         # (a full collection takes about 0.4 s with torch loaded: only where it is needed)
-        if _TORCH_BEFORE_2_8:
+        if torch_release() < (2, 8):
             gc.collect()
         dist.destroy_process_group()
 
