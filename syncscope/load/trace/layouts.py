@@ -66,6 +66,8 @@ def split_by_layout(
     another layout (DDP's first buckets, before their rebuild) is left whole."""
     labels = {layout: model_label(layout) for layout in layouts}
     everyone = tuple(labels.values())
+    if len(set(everyone)) < len(everyone):  # two layouts of one total size: no name apart
+        return list(windows), ()
     out: list[Window] = []
     for window in windows:
         ran = _by_micro_batch(window)

@@ -257,7 +257,8 @@ def rank_from_trace(ev: RankEvents, meta: dict[str, Any], rank: int, notes: Rank
     models: tuple[WrapperInfo, ...] = ()
     if layouts is not None and wrapper in ("ddp", "fsdp"):
         windows, models = split_by_layout(windows, layouts, wrapper)
-        notes.extra.append(several_models_note(layouts))
+        if models:  # (none where two layouts reduce the same total: they read as one job)
+            notes.extra.append(several_models_note(layouts))
     return RankRun(
         rank=rank,
         windows=tuple(windows),
