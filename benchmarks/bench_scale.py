@@ -1,7 +1,9 @@
 """Benchmark: ``syncscope analyze`` on many ranks and on big files.
 
-Sets (synthetic DDP jobs from ``tests.helpers.synth_traces``, the header spaced as torch.profiler
-writes it):
+Sets (synthetic DDP jobs from ``tests.helpers.synth_traces``, in each of ``--layouts``:
+``torch``, every event laid out as torch.profiler writes it on a GPU, about 220 bytes an event
+as in the real GPU traces; ``compact``, the same events minimal and unspaced, about 145 bytes
+an event, the most events a megabyte holds):
 
 - ``ranks``: N ranks x ~600 KB (3 windows of the default shape; rank 0's file written once,
   the others copies with their rank put in the header), N from ``--ranks`` (1024,4096,16384);
@@ -20,12 +22,18 @@ does not inflate. ``--real DIR ...`` measures directories of real traces as they
 ``--hta`` runs HTA's load of the same files after each syncscope run (``--reps``: in turn),
 on sets up to ``--hta-max-mb``. The machine's load average is printed beside each figure.
 
+Start-up is measured once (the same command on a one-window trace) and shown beside each
+figure: *MB/CPU-s past start-up* is the bytes over the CPU time less that. *events/CPU-s*
+counts the trace's events (``"ph"`` keys), a figure that does not depend on the layout.
+Modules are compiled to bytecode first (``compileall``), as an installed package is.
+
     python benchmarks/bench_scale.py --dir /tmp/scale [--ranks 1024,4096,16384] [--no-big]
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
 import os
 import shutil
 import subprocess
@@ -42,10 +50,10 @@ from bench_analyze import HTA_LOAD, _tree_kib  # noqa: E402
 from syncscope.load.trace.read import is_trace_file  # noqa: E402
 from tests.helpers.synth_traces import write_job, write_rank  # noqa: E402
 
-RANK_BYTES = 500_000  # 3 windows of the default shape: ~604 KiB a file
+RANK_WINDOWS = 3  # a many-rank file: ~600 KB compact, ~1 MB in torch's layout
 
 
-def write_ranks(out: Path, ranks: int, rank_bytes: int = RANK_BYTES) -> Path:
+def write_ranks(out: Path, ranks: int, windows: int = RANK_WINDOWS, layout: str = "torch") -> Path:
     """``ranks`` files: rank 0's written by the generator, the others its copies."""
     done = out / ".complete"
     if done.exists():
@@ -53,7 +61,7 @@ def write_ranks(out: Path, ranks: int, rank_bytes: int = RANK_BYTES) -> Path:
     shutil.rmtree(out, ignore_errors=True)
     out.mkdir(parents=True)
     first = out / "rank-0.json"
-    write_rank(first, 0, ranks, rank_bytes)
+    write_rank(first, 0, ranks, 0, layout=layout, windows=windows)
     data = first.read_bytes()
     head = b'"rank": 0,'
     at = data.index(head)
@@ -101,11 +109,11 @@ def write_run_dir(out: Path, source: Path, ranks: int, groups_once: bool = True)
     return out
 
 
-def write_big(out: Path, files: int, mb: int) -> Path:
+def write_big(out: Path, files: int, mb: int, layout: str = "torch") -> Path:
     done = out / ".complete"
     if not done.exists():
         shutil.rmtree(out, ignore_errors=True)
-        write_job(out, files, mb << 20)
+        write_job(out, files, mb << 20, layout=layout)
         done.touch()
     return out
 
@@ -157,7 +165,50 @@ def _is_data(p: Path) -> bool:
     return p.is_file() and (is_trace_file(p) or p.name.endswith(".jsonl"))
 
 
-ROWS: list[tuple[str, float, str, float, float, float, float]] = []  # what --doc writes
+def _events(path: Path) -> int:
+    """Trace events in the set: ``"ph"`` keys (a run directory's lines: 0, not counted);
+    remembered in the set's ``.events`` where the set is ours to write."""
+    memo = path / ".events"
+    if memo.exists():
+        return int(memo.read_text())
+    count = 0
+    for p in sorted(path.iterdir()):
+        if p.is_file() and is_trace_file(p):
+            with gzip.open(p) if p.name.endswith(".gz") else p.open("rb") as f:
+                tail = b""
+                while chunk := f.read(1 << 24):
+                    count += (tail + chunk).count(b'"ph"')
+                    tail = chunk[-3:]
+    if (path / ".complete").exists():
+        memo.write_text(str(count))
+    return count
+
+
+STARTUP = [0.0]  # CPU s of the command on a one-window trace (``measure_startup``)
+
+
+def measure_startup(work: Path, reps: int = 3) -> float:
+    """CPU seconds of ``analyze`` on a one-window, one-rank trace: the command's fixed cost
+    (interpreter, imports, reports), the median of ``reps``."""
+    tiny = work / "startup"
+    if not (tiny / ".complete").exists():
+        tiny.mkdir(parents=True, exist_ok=True)
+        write_rank(tiny / "rank-0.json", 0, 1, 0, windows=1)
+        (tiny / ".complete").touch()
+    runs = sorted(analyze(tiny, work / "out")[2] for _ in range(reps))
+    STARTUP[0] = runs[len(runs) // 2]
+    print(f"start-up: {STARTUP[0]:.3f} CPU-s (analyze on one window of one rank)", flush=True)
+    return STARTUP[0]
+
+
+def compile_package() -> None:
+    """Bytecode for the package, as an install writes it (this process may run with
+    PYTHONDONTWRITEBYTECODE; a checkout then compiles every module on every start)."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "syncscope")], check=True)
+
+
+Row = tuple[str, float, str, float, float, float, float, int]
+ROWS: list[Row] = []  # what --doc writes
 
 
 def _line(
@@ -165,13 +216,24 @@ def _line(
 ) -> None:
     load = os.getloadavg()[0]
     size = _size_gb(traces)
-    ROWS.append((name, size, tool, wall, rss, cpu, load))
+    events = _events(traces)
+    ROWS.append((name, size, tool, wall, rss, cpu, load, events))
+    past = (
+        f"{_rate(size * 1e3, cpu - STARTUP[0]):>7} MB/CPU-s past start-up "
+        if tool == "syncscope"
+        else ""
+    )
     print(
-        f"{name:<28} {size * 1e3:8.1f} MB parsed | {tool:<9} {wall:8.2f} s wall {cpu:8.2f} CPU-s "
-        f"{size * 1e3 / max(cpu, 1e-9):7.1f} MB/CPU-s {rss:8.0f} MiB "
+        f"{name:<40} {size * 1e3:8.1f} MB parsed | {tool:<9} {wall:8.2f} s wall {cpu:8.2f} CPU-s "
+        f"{size * 1e3 / max(cpu, 1e-9):7.1f} MB/CPU-s {past}"
+        f"{events / max(cpu, 1e-9) / 1e3:7.0f}k events/CPU-s {rss:8.0f} MiB "
         f"| load {load:.1f} on {os.cpu_count()} cores",
         flush=True,
     )
+
+
+def _rate(amount: float, cpu: float) -> str:
+    return f"{amount / cpu:.1f}" if cpu > 0.01 else "-"
 
 
 def _both(name: str, traces: Path, out: Path, hta: bool, reps: int = 1) -> None:
@@ -192,31 +254,43 @@ def _shown(arg: str, work: Path) -> str:
 
 
 def write_doc(path: Path, argv: list[str]) -> None:
-    """The figures as docs/benchmarks.md's scale section (benchmarks/_report.py puts the
-    file in the page as written)."""
+    """The figures as docs/benchmarks.md's parse-speed section (benchmarks/_report.py puts
+    the file in the page as written)."""
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
     lines = [
         "<!-- written by benchmarks/bench_scale.py --doc; benchmarks/_report.py puts it in -->",
         "### Parse speed: MB per CPU-second, many ranks, big files, real traces",
         "",
         f"`python benchmarks/bench_scale.py {' '.join(argv)}` on {when}, {os.cpu_count()} "
-        "cores: the whole `syncscope analyze` CLI in a fresh process (reports written), wall "
-        "time, CPU time of every process of the tree (workers included) and the peak of "
-        "the tree's summed RSS; *MB*: the bytes parsed (gzip files: uncompressed); *MB/CPU-s*: "
-        "those over that CPU time (start-up included: about 0.2 CPU-s); *load* is "
-        "the 1-minute load average when the row ended (above the core count: other jobs "
-        "were running, so wall times are upper bounds). HTA's `TraceAnalysis` load of the "
-        "same files beside it where asked. Synthetic DDP traces from "
-        "`tests.helpers.synth_traces` (3 windows a rank; big files of that shape); run "
-        "directories copy a real 2-rank capture to N ranks, every group of all N.",
+        "cores: the whole `syncscope analyze` CLI in a fresh process (reports written), its "
+        "modules compiled to bytecode as an install has them; wall time, CPU time of every "
+        "process of the tree (workers included) and the peak of the tree's summed RSS. "
+        "*MB*: the bytes parsed (gzip files: uncompressed). *MB/CPU-s*: those over that CPU "
+        f"time, start-up included; *past start-up*: over the CPU time less the command's "
+        f"fixed cost, {STARTUP[0]:.2f} CPU-s here (interpreter, imports and reports: the same "
+        "command on a one-window trace). *events/CPU-s*: the trace's events over the CPU "
+        "time, a figure the layout does not change. *load*: the 1-minute load average when "
+        "the row ended (above the core count, other jobs were running: wall times are then "
+        "upper bounds). HTA's `TraceAnalysis` load of the same files beside it where asked.",
         "",
-        "| set | MB | tool | wall s | CPU s | MB/CPU-s | peak RSS MiB | load |",
-        "|---|---:|---|---:|---:|---:|---:|---:|",
+        "Synthetic DDP traces come from `tests.helpers.synth_traces` in two layouts of the "
+        "same training steps: *torch*, as torch.profiler writes a GPU trace (indented, its "
+        "usual args, and the flow events it adds for each kernel launch; about 220 bytes an "
+        "event, as in the real GPU traces above), and *compact*, minimal and unspaced, "
+        "without flow events (about 145 bytes an event: the most work a megabyte can "
+        "describe, so the lowest MB/CPU-s of any layout). Many-rank sets are 3 windows a "
+        "rank; big files are filled to their size.",
+        "",
+        "| set | MB | tool | wall s | CPU s | MB/CPU-s | past start-up | events/CPU-s "
+        "| peak RSS MiB | load |",
+        "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, size, tool, wall, rss, cpu, load in ROWS:
+    for name, size, tool, wall, rss, cpu, load, events in ROWS:
+        past = _rate(size * 1e3, cpu - STARTUP[0]) if tool == "syncscope" else ""
         lines.append(
             f"| {name} | {size * 1e3:.1f} | {tool} | {wall:.2f} | {cpu:.2f} | "
-            f"{size * 1e3 / max(cpu, 1e-9):.1f} | {rss:.0f} | {load:.1f} |"
+            f"{size * 1e3 / max(cpu, 1e-9):.1f} | {past} | "
+            f"{events / max(cpu, 1e-9) / 1e3:.0f}k | {rss:.0f} | {load:.1f} |"
         )
     path.write_text("\n".join(lines) + "\n")
 
@@ -225,8 +299,10 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--dir", type=Path, required=True, help="where the sets are written")
     parser.add_argument("--ranks", default="1024,4096,16384")
-    parser.add_argument("--rank-kb", type=int, default=RANK_BYTES // 1000,
-                        help="size of each many-rank file's events, KB")  # fmt: skip
+    parser.add_argument("--rank-windows", type=int, default=RANK_WINDOWS,
+                        help="windows in each many-rank file")  # fmt: skip
+    parser.add_argument("--layouts", default="torch,compact",
+                        help="synthetic sets in these layouts (torch, compact)")  # fmt: skip
     parser.add_argument("--no-big", action="store_true")
     parser.add_argument("--big-files", type=int, default=8)
     parser.add_argument("--big-mb", type=int, default=1024)
@@ -249,15 +325,21 @@ def main() -> int:
     def hta_on(traces: Path) -> bool:
         return bool(args.hta) and _size_gb(traces) * 1e3 <= args.hta_max_mb
 
+    layouts = [x for x in args.layouts.split(",") if x]
+    compile_package()
+    measure_startup(args.dir)
     for real in args.real:
         _both(f"{real.name} (real)", real, out, hta_on(real), args.reps)
     for n in (int(x) for x in args.ranks.split(",") if x):
-        traces = write_ranks(args.dir / f"ranks-{n}x{args.rank_kb}", n, args.rank_kb * 1000)
-        size_kb = _size_gb(traces) * 1e6 / n
-        _both(f"{n} ranks x {size_kb:.0f} KB", traces, out, hta_on(traces), args.reps)
-        if args.scheduler:
-            got = analyze(traces, out, ("--scheduler", args.scheduler))
-            _line(f"{n} ranks x {size_kb:.0f} KB", traces, *got, "dask")
+        for layout in layouts:
+            where = args.dir / f"ranks-{n}x{args.rank_windows}w-{layout}"
+            traces = write_ranks(where, n, args.rank_windows, layout)
+            size_kb = _size_gb(traces) * 1e6 / n
+            name = f"{n} ranks x {size_kb:.0f} KB, {layout}"
+            _both(name, traces, out, hta_on(traces), args.reps)
+            if args.scheduler:
+                got = analyze(traces, out, ("--scheduler", args.scheduler))
+                _line(name, traces, *got, "dask")
     for fmt, counts in (("v2", args.run_dir_ranks), ("v1", args.v1_ranks)):
         for n in (int(x) for x in counts.split(",") if x):
             if args.capture is None:
@@ -265,11 +347,11 @@ def main() -> int:
             run = write_run_dir(args.dir / f"run-{fmt}-{n}", args.capture, n, fmt == "v2")
             _line(f"run dir {fmt}, {n} ranks", run / "ranks", *analyze(run, out))
     if not args.no_big:
-        traces = write_big(
-            args.dir / f"big-{args.big_files}x{args.big_mb}", args.big_files, args.big_mb
-        )
-        name = f"{args.big_files} x {args.big_mb} MB"
-        _both(name, traces, out, hta_on(traces), args.reps)
+        for layout in layouts:
+            where = args.dir / f"big-{args.big_files}x{args.big_mb}-{layout}"
+            traces = write_big(where, args.big_files, args.big_mb, layout)
+            name = f"{args.big_files} x {args.big_mb} MB, {layout}"
+            _both(name, traces, out, hta_on(traces), args.reps)
     if args.doc is not None:
         argv = [_shown(a, args.dir) for a in sys.argv[1:]]
         write_doc(args.doc, argv)

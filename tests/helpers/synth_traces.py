@@ -7,7 +7,12 @@ For benchmarks and tests: ``write_job(out_dir, ranks=8, target_bytes=50 << 20)``
 nested ``record_param_comms``, GPU kernels with their launches, and nested duplicate
 ``Optimizer.step#`` annotations. Windows are written until the file reaches its size.
 
-    python -m tests.helpers.synth_traces OUT_DIR --ranks 8 --mb 50
+Two layouts: ``torch`` writes each event as torch.profiler's Kineto writer does on a GPU
+(indented, its usual args, an ``ac2g`` flow pair per launch: about 220 bytes an event, as
+in real GPU traces); ``compact`` writes the same events minimal and unspaced, without the
+flow pairs (about 145 bytes an event: the most work a megabyte can describe).
+
+    python -m tests.helpers.synth_traces OUT_DIR --ranks 8 --mb 50 [--layout torch]
 """
 
 from __future__ import annotations
@@ -120,10 +125,58 @@ def _window(c: _Clock, shape: Shape, rank: int) -> Iterator[dict[str, Any]]:
     yield _x("Optimizer.zero_grad#SGD.zero_grad", "user_annotation", ts, dur, MAIN)
 
 
+LAYOUTS = ("torch", "compact")
+
+
+def _us(value: float) -> str:
+    return f"{value:.3f}"
+
+
+def _torch_event(e: dict[str, Any]) -> bytes:
+    """``e`` as Kineto's JSON writer lays it out, with the args it writes for its kind."""
+    cat, args = e["cat"], dict(e["args"])
+    if cat == "kernel":
+        args = {"External id": args["correlation"], "queued": 0, "device": 0, "context": 1,
+                "stream": args["stream"], "correlation": args["correlation"],
+                "registers per thread": 30, "shared memory": 0, "blocks per SM": 5.3,
+                "warps per SM": 21.2, "grid": [4, 106, 1], "block": [128, 1, 1],
+                "est. achieved occupancy %": 33}  # fmt: skip
+    elif cat == "cuda_runtime":
+        args = {"External id": args["correlation"], "cbid": 211, **args}
+    elif cat == "cpu_op":
+        args = {"External id": 1, "Record function id": 0, "Ev Idx": 0, **args}
+    arg_text = ", ".join(
+        f'"{k}": {json.dumps(v, separators=(", ", ": "))}' for k, v in args.items()
+    )
+    text = (
+        f'  {{\n    "ph": "X", "cat": "{cat}", "name": {json.dumps(e["name"])}, '
+        f'"pid": {e["pid"]}, "tid": {e["tid"]},\n    "ts": {_us(e["ts"])}, "dur": {_us(e["dur"])},\n'
+        f'    "args": {{\n      {arg_text}\n    }}\n  }}'
+    )
+    if cat in ("kernel", "cuda_runtime"):  # the flow arrow from a launch to its kernel
+        ph, bp = ("f", ', "bp": "e"') if cat == "kernel" else ("s", "")
+        text += (
+            f',\n  {{\n    "ph": "{ph}", "id": {args["correlation"]}, "pid": {e["pid"]}, '
+            f'"tid": {e["tid"]}, "ts": {_us(e["ts"])},\n    "cat": "ac2g", "name": "ac2g"{bp}\n  }}'
+        )
+    return text.encode()
+
+
 def write_rank(
-    path: Path, rank: int, world: int, target_bytes: int, shape: Shape | None = None
+    path: Path,
+    rank: int,
+    world: int,
+    target_bytes: int,
+    shape: Shape | None = None,
+    layout: str = "compact",
+    windows: int | None = None,
 ) -> int:
-    """Write one rank's trace of at least ``target_bytes``; returns the windows written."""
+    """Write one rank's trace of at least ``target_bytes`` (or of exactly ``windows``
+    windows); returns the windows written. ``layout``: ``torch`` or ``compact`` (the module
+    docstring)."""
+    if layout not in LAYOUTS:
+        raise ValueError(f"layout {layout!r}: one of {', '.join(LAYOUTS)}")
+    dump = _torch_event if layout == "torch" else orjson.dumps
     shape = shape or Shape()
     header = {
         "schemaVersion": 1,
@@ -131,30 +184,35 @@ def write_rank(
     }
     clock = _Clock()
     gz = path.suffix == ".gz"
-    written = windows = 0
+    written = done = 0
     with gzip.open(path, "wb", compresslevel=1) if gz else path.open("wb") as out:
         # spaced as torch.profiler writes it: HTA finds a file's rank with the regex
         # '"rank":\\s+(\\d+)', and on a compact '"rank":3' takes every file for rank 0
         head = json.dumps(header).encode()[:-1] + b', "traceEvents": [\n'
         out.write(head)
         first = True
-        while written < target_bytes or windows == 0:
-            chunk = b",\n".join(orjson.dumps(e) for e in _window(clock, shape, rank))
+        while (done < windows) if windows is not None else (written < target_bytes or not done):
+            chunk = b",\n".join(dump(e) for e in _window(clock, shape, rank))
             out.write(chunk if first else b",\n" + chunk)
             first = False
             written += len(chunk) + 2
-            windows += 1
+            done += 1
         out.write(b'\n], "traceName": "synthetic"}\n')
-    return windows
+    return done
 
 
 def write_job(
-    out_dir: Path, ranks: int, target_bytes: int, shape: Shape | None = None, gz: bool = False
+    out_dir: Path,
+    ranks: int,
+    target_bytes: int,
+    shape: Shape | None = None,
+    gz: bool = False,
+    layout: str = "compact",
 ) -> list[Path]:
     out_dir.mkdir(parents=True, exist_ok=True)
     paths = [out_dir / f"rank-{r}.json{'.gz' if gz else ''}" for r in range(ranks)]
     for r, path in enumerate(paths):
-        write_rank(path, r, ranks, target_bytes, shape)
+        write_rank(path, r, ranks, target_bytes, shape, layout)
     return paths
 
 
@@ -165,9 +223,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--mb", type=float, default=50.0, help="size of each rank file (MB)")
     parser.add_argument("--gz", action="store_true")
     parser.add_argument("--redundant", action="store_true", help="sync every micro-batch")
+    parser.add_argument("--layout", choices=LAYOUTS, default="compact")
     args = parser.parse_args(argv)
     shape = Shape(sync_every_micro_batch=args.redundant)
-    write_job(args.out, args.ranks, int(args.mb * (1 << 20)), shape, args.gz)
+    write_job(args.out, args.ranks, int(args.mb * (1 << 20)), shape, args.gz, args.layout)
     return 0
 
 

@@ -19,7 +19,7 @@ from syncscope.load.trace.events import RankEvents
 from syncscope.load.trace.overlap import measure_windows, merge, merge_pairs, subtract, total
 from syncscope.load.traces import load_traces
 from syncscope.model import figures
-from tests.helpers.synth_traces import Shape, write_job
+from tests.helpers.synth_traces import Shape, write_job, write_rank
 
 ROOT = Path(__file__).resolve().parents[3]
 SAMPLES = ROOT / "sample_traces"
@@ -170,6 +170,25 @@ def test_matching_ranks_have_no_mismatch(tmp_path: Path) -> None:
         ),
     )
     assert exposed_communication(unmeasured) == []
+
+
+def test_a_trace_laid_out_as_torch_writes_it_reads_as_the_compact_one(tmp_path: Path) -> None:
+    # GIVEN the same 2-rank job in torch's layout (indented, its args, flow events) and compact
+    shape = Shape(sync_every_micro_batch=True, ops_per_forward=6)
+    for layout in ("torch", "compact"):
+        (tmp_path / layout).mkdir()
+        for r in range(2):
+            write_rank(tmp_path / layout / f"rank-{r}.json", r, 2, 0, shape, layout, windows=3)
+    torch_run, compact_run = (load_traces([tmp_path / x]) for x in ("torch", "compact"))
+    # THEN they read as one run, window for window (the flow events carry nothing read)
+    assert [w.grad_syncs for r in torch_run.ranks for w in r.windows] == [4] * 6
+    assert torch_run.ranks == compact_run.ranks
+    # AND each layout holds what its name says: about 220 and 145 bytes an event
+    for layout, low, high in (("torch", 190, 260), ("compact", 120, 170)):
+        data = (tmp_path / layout / "rank-0.json").read_bytes()
+        events = orjson.loads(data)["traceEvents"]
+        assert low <= len(data) / len(events) <= high
+        assert (b'"ph":"X"' in data) == (layout == "compact")
 
 
 @pytest.mark.parametrize("name", ["syncscope-gloo-fsdp2", "syncscope-gloo-ddp-every"])
