@@ -236,11 +236,25 @@ def _rate(amount: float, cpu: float) -> str:
     return f"{amount / cpu:.1f}" if cpu > 0.01 else "-"
 
 
+# The JSON alone: every file's events parsed by orjson, in the pieces syncscope parses, and
+# dropped: what any reader that builds Python objects pays before it looks at an event.
+JSON_ALONE = (
+    "import sys; from pathlib import Path\n"
+    "from syncscope.load.trace.read import is_trace_file, read_trace\n"
+    "for p in sorted(Path(sys.argv[1]).iterdir()):\n"
+    "    if p.is_file() and is_trace_file(p): read_trace(p, lambda batch: None)\n"
+)
+
+
 def _both(name: str, traces: Path, out: Path, hta: bool, reps: int = 1) -> None:
-    """syncscope analyze, then HTA's load of the same files (``hta``), ``reps`` times in
-    turn (ABAB: each tool meets the same machine load); every run printed."""
+    """syncscope analyze, the JSON alone (``JSON_ALONE``), then HTA's load of the same files
+    (``hta``), ``reps`` times in turn (each meets the same machine load); every run printed."""
+    env = dict(os.environ, PYTHONPATH=str(ROOT))
     for _ in range(reps):
         _line(name, traces, *analyze(traces, out))
+        if traces.name != "ranks" and any(is_trace_file(p) for p in traces.iterdir()):
+            got = measure([sys.executable, "-c", JSON_ALONE, str(traces)], env)
+            _line(name, traces, *got, "JSON alone")
         if hta:
             _line(name, traces, *measure([sys.executable, "-c", HTA_LOAD, str(traces)]), "HTA load")
 
@@ -271,7 +285,10 @@ def write_doc(path: Path, argv: list[str]) -> None:
         "command on a one-window trace). *events/CPU-s*: the trace's events over the CPU "
         "time, a figure the layout does not change. *load*: the 1-minute load average when "
         "the row ended (above the core count, other jobs were running: wall times are then "
-        "upper bounds). HTA's `TraceAnalysis` load of the same files beside it where asked.",
+        "upper bounds). *JSON alone*: the same files' events parsed by orjson in the pieces "
+        "syncscope reads and dropped, in one fresh process (its start-up included): what "
+        "any reader that builds Python objects pays before it looks at an event. HTA's `TraceAnalysis` load of the same "
+        "files beside it where asked.",
         "",
         "Synthetic DDP traces come from `tests.helpers.synth_traces` in two layouts of the "
         "same training steps: *torch*, as torch.profiler writes a GPU trace (indented, its "
