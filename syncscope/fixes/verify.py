@@ -262,9 +262,9 @@ def render(result: Verification) -> list[str]:
 
 AGREEMENT = {
     "inside": "inside the projected range",
-    "within noise": "{side} the projected {what}, but within the measurement's noise",
-    "below": "BELOW the projected {what}, beyond the measurement's noise",
-    "above": "above the projected range, beyond the measurement's noise",
+    "within noise": "{side} the projected {what}, its noise range reaching it",
+    "below": "BELOW the projected {what}, its noise range too",
+    "above": "above the projected range, its noise range too",
 }
 
 

@@ -40,13 +40,13 @@ def test_a_speed_up_just_below_the_range_within_its_noise_is_no_miss() -> None:
     # GIVEN a measurement of 1.33x whose noise reaches past the projected low end, 1.35x
     line = _line(ORIGINAL, [225.0, 220.0, 230.0, 226.0, 222.0], Projected(PROJECTED))
     assert "measured 1.33x" in line
-    assert line.endswith("below the projected range, but within the measurement's noise")
+    assert line.endswith("below the projected range, its noise range reaching it")
 
 
 def test_a_speed_up_below_the_range_beyond_its_noise_is_a_miss() -> None:
     line = _line(ORIGINAL, [270.0, 268.0, 272.0, 269.0, 271.0], Projected(PROJECTED))
     assert "measured 1.11x" in line
-    assert line.endswith("BELOW the projected range, beyond the measurement's noise")
+    assert line.endswith("BELOW the projected range, its noise range too")
 
 
 def test_above_a_floor_is_what_a_floor_says_and_above_a_range_is_not() -> None:
@@ -56,7 +56,7 @@ def test_above_a_floor_is_what_a_floor_says_and_above_a_range_is_not() -> None:
         "projected 1.06-1.07x, read as a floor: at or above the projected floor"
     )
     above = _line(ORIGINAL, fast, Projected(PROJECTED))
-    assert above.endswith("above the projected range, beyond the measurement's noise")
+    assert above.endswith("above the projected range, its noise range too")
 
 
 def test_no_projection_is_said_with_the_reports_reason() -> None:
