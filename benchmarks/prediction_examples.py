@@ -186,18 +186,26 @@ def _grouped(runs: list[dict[str, Any]]) -> dict[tuple[str, str], list[dict[str,
 
 
 READING = [
-    "How to read it. *default*: the examples' own sizes (6 steps, windows of a few "
-    "milliseconds): the measured gain can come out above the exposed-wait range, since at "
-    "these window times each sync's fixed cost of a call (gloo's and the capture's, per "
-    "collective) weighs as much as its wait and no figure of the original run measures it, "
-    "so the report says to read its range as a floor there; the load of a shared machine "
-    "also moves the measurement both ways. *readme*: `--hidden 1024 --layers 8 --steps 6`, the README's demo. `fix "
-    "--verify` measures the report's window time (steady windows on every rank, warm-up "
-    "windows apart: the fixed DDP loop's one-time bucket rebuild lands in its window 1). "
-    "Where the windows vary more than the predicted gain, the report says so and claims "
-    "none. FSDP2 on CPU: removing the early reduce-scatters also made the all-gathers that "
-    "stay faster, which no figure of the buggy run measures; where a range is shown the "
-    "report says to read it as a floor.",
+    "How to read it. *projected*: the range the original's report prints, with its reasons "
+    "in short (*low end: noise*: lowered for the window time's own noise in that run). "
+    "*measured (noise)*: `fix --verify`'s speed-up, the original's window time over the "
+    "fixed run's (steady windows on every rank, warm-up windows apart), with its noise range "
+    "(each run off by a quartile of its windows, opposite ways). *measurement against "
+    "projection*: what `fix --verify` says (the same judge, as printed to 0.01x): inside the "
+    "range (at or above, for a floor), within noise (outside it, the measured noise range "
+    "reaching it), or below / above it (the noise range too).",
+    "",
+    "*default*: the examples' own sizes (6 steps, windows of a few milliseconds): their "
+    "window time varies by tens of percent from window to window on shared cores, so the low "
+    "end often falls under 1x; the report says to read the range as a floor (each sync's "
+    "fixed cost of a call, gloo's and the capture's, weighs as much as its wait there, and no "
+    "figure of the original run measures it), and where the windows vary more than the "
+    "predicted gain it claims none. *readme*: `--hidden 1024 --layers 8 --steps 6`, the "
+    "README's demo. A miss is a pair of runs whose load differed: another job on the same "
+    "cores during one of them, which no figure of the original run can see. FSDP2 on CPU: "
+    "removing the early reduce-scatters also made the all-gathers that stay faster, which no "
+    "figure of the buggy run measures; where a range is shown the report says to read it as "
+    "a floor.",
 ]
 
 
