@@ -148,19 +148,44 @@ def measure(work: Path, reps: int, windows: int, cases: list[dict[str, Any]]) ->
                 "window_ns": window.median if window else None,
                 "iqr_ns": _iqr(run),
                 "steady_windows": len(figures.steady_windows(run).windows),
+                "windows_ns": figures.window_durations(run),
             }
             if variant == "buggy":
-                p = figures.projection(run)
-                row["predicted_ns"] = p.projected.median if p.projected else None
+                row.update(_projected(run))
                 row["old_predicted_ns"] = _old_model(run)
-                row["top_ns"] = _top_model(run, _steady(run))
-                row["omitted"] = p.omitted
             row["run_dir"] = record["run_dir"]
             runs.append(row)
             log(f"rep {rep} {name} {variant}: window {row['window_ns'] / 1e6:.1f} ms")
     result = summarize(runs, cases)
     result.update(reps=reps, windows=windows)
     return result
+
+
+def _projected(run: Run) -> dict[str, Any]:
+    """The buggy run's projection, as its report shows it (speed-up range, floor)."""
+    p = figures.projection(run)
+    s = p.speedup if p.shown else None
+    return {
+        "predicted_ns": p.projected.median if p.projected else None,
+        "top_ns": _top_model(run, _steady(run)),
+        "omitted": p.omitted,
+        "speedup": [s.median, s.low, s.high, s.n] if s else None,
+        "floor": p.floor,
+    }
+
+
+def _agreements(buggy: list[dict[str, Any]], fixed: list[dict[str, Any]]) -> list[str]:
+    """Per repetition, the fixed run's measured speed-up against the buggy run's projected
+    range, judged as ``fix --verify`` judges it (``figures.judge``)."""
+    out = []
+    for b in buggy:
+        f = next((f for f in fixed if f["rep"] == b["rep"]), None)
+        if f is None or not b.get("speedup") or not b.get("windows_ns"):
+            continue
+        measured = figures.measured_speedup(b["windows_ns"], f.get("windows_ns") or [])
+        if measured is not None:
+            out.append(figures.judge(measured, figures.Stat(*b["speedup"]), b["floor"]))
+    return out
 
 
 def same_process(
@@ -194,6 +219,13 @@ def same_process(
                 "iqr_ns": _iqr_of([w.duration_ns for w in fixed]),
                 "run_dir": record["run_dir"],
             }
+            # the two ends bench_prediction has always shown: exposed wait and in flight
+            measured = figures.measured_speedup(
+                [w.duration_ns for w in buggy], [w.duration_ns for w in fixed]
+            )
+            ends = [row["buggy_ns"] / row["predicted_ns"], row["buggy_ns"] / row["top_ns"]]
+            projected = figures.Stat(ends[0], min(ends), max(ends), len(buggy))
+            row["agreement"] = figures.judge(measured, projected) if measured else None
             runs.append(row)
             log(
                 f"same-process rep {rep} {case['name']}: buggy {row['buggy_ns'] / 1e6:.1f} ms, "
@@ -215,6 +247,7 @@ def same_process(
             "noise_iqr": _med([r["iqr_ns"] for r in mine]) / measured,
             "noise_reps": (max(r["measured_ns"] for r in mine)
                            - min(r["measured_ns"] for r in mine)) / measured,
+            "agreements": [r["agreement"] for r in mine if r["agreement"]],
         })  # fmt: skip
     return {
         "runs": runs,
@@ -260,6 +293,7 @@ def summarize(runs: list[dict[str, Any]], cases: list[dict[str, Any]]) -> dict[s
             / measured,
             "claimed": sum(not r["omitted"] for r in buggy), "reps": len(buggy),
             "omitted": sorted({r["omitted"].split(" (")[0] for r in buggy if r["omitted"]}),
+            "agreements": _agreements(buggy, fixed),
         })  # fmt: skip
     return {
         "runs": runs,
@@ -272,7 +306,7 @@ def summarize(runs: list[dict[str, Any]], cases: list[dict[str, Any]]) -> dict[s
 def table(result: dict[str, Any]) -> str:
     head = (
         f"{'configuration':<52} {'buggy':>8} {'predicted':>9} {'measured':>9} {'error':>7} "
-        f"{'old err':>8} {'noise':>6} {'in-flight':>9} {'bracket':>7} {'claimed':>7}"
+        f"{'old err':>8} {'noise':>6} {'in-flight':>9} {'claimed':>7}  against projection"
     )
     lines = [head, "-" * len(head)]
     for r in result["rows"]:
@@ -280,7 +314,7 @@ def table(result: dict[str, Any]) -> str:
         lines.append(
             f"{r['label']:<52} {r['buggy_ns'] / 1e6:>6.1f}ms {r['predicted_ns'] / 1e6:>7.1f}ms "
             f"{r['measured_ns'] / 1e6:>7.1f}ms {r['error']:>+7.0%} {r['old_error']:>+8.0%} "
-            f"{r['noise_iqr']:>6.0%} {r['top_ns'] / 1e6:>7.1f}ms {_bracket(r):>7} {claimed}"
+            f"{r['noise_iqr']:>6.0%} {r['top_ns'] / 1e6:>7.1f}ms {claimed:>7}  {_bracket(r)}"
         )
     lines.append(
         f"median absolute error: {result['median_abs_error']:.0%} "
@@ -290,9 +324,9 @@ def table(result: dict[str, Any]) -> str:
 
 
 def _bracket(row: dict[str, Any]) -> str:
-    """Whether the measured window lies between the two ends of the projected range (CPU)."""
-    inside = row["top_ns"] <= row["measured_ns"] <= row["predicted_ns"]
-    return "inside" if inside else "outside"
+    """Per repetition, the measured speed-up against the projected range (``figures.judge``:
+    inside, within noise, below, above)."""
+    return ", ".join(row.get("agreements") or []) or "-"
 
 
 def reanalyze(saved: dict[str, Any], cases: list[dict[str, Any]]) -> dict[str, Any]:
@@ -302,12 +336,10 @@ def reanalyze(saved: dict[str, Any], cases: list[dict[str, Any]]) -> dict[str, A
     runs = []
     for row in saved["runs"]:
         row = dict(row)
+        run = _load(row, nodes[row["case"]])
+        row["windows_ns"] = figures.window_durations(run)
         if row["variant"] == "buggy":
-            run = _load(row, nodes[row["case"]])
-            p = figures.projection(run)
-            row["predicted_ns"] = p.projected.median if p.projected else None
-            row["top_ns"] = _top_model(run, _steady(run))
-            row["omitted"] = p.omitted
+            row.update(_projected(run))
         runs.append(row)
     result = summarize(runs, cases)
     result.update(reps=saved.get("reps", 2), windows=saved.get("windows", 4))

@@ -32,11 +32,21 @@ from syncscope.fixes.training import (
     compare,
     training_of,
 )
+from syncscope.model import figures
 from syncscope.model.figures import Stat, within_noise
 
 LOSS = re.compile(r"\bloss[\s=:]+([-+]?(?:\d+\.?\d*|\.\d+)(?:[eE][-+]?\d+)?|nan|inf)\b")
 CORRECTNESS_CODES = frozenset({"SYN104", "SYN105", "SYN106", "SYN107", "SYN108"})
 CORRECTNESS_KINDS = frozenset({"missing-sync", "grad-reset-mid-window", "rank-divergence"})
+
+
+@dataclass(frozen=True)
+class Projected:
+    """The speed-up a report projected for the fix (report.json ``figures.projection``)."""
+
+    speedup: Stat | None  # None: not projected (``omitted`` says why)
+    floor: bool = False  # the range is read as a floor
+    omitted: str = ""
 
 
 @dataclass(frozen=True)
@@ -47,6 +57,8 @@ class Profiled:
     kinds: frozenset[str]
     window_spread: Stat | None = None  # the same windows' median, low and high (ms)
     training: tuple[RankTraining, ...] = ()  # each rank's parameter fingerprints
+    windows_ns: tuple[float, ...] = ()  # the durations the window time is figured over
+    projected: Projected | None = None  # None: the report projected no speed-up
 
 
 @dataclass(frozen=True)
@@ -65,6 +77,11 @@ class Verification:
         same training (nothing to compare is no difference)."""
         differ = self.training is not None and self.training.status == "differ"
         return self.minimum and (self.correctness_fix or not differ)
+
+    @property
+    def speedup(self) -> Stat | None:
+        """The measured speed-up, with its noise range (``figures.measured_speedup``)."""
+        return figures.measured_speedup(self.original.windows_ns, self.fixed.windows_ns)
 
 
 def _summarize(report: dict[str, Any], stdout: str) -> Profiled:
@@ -87,7 +104,25 @@ def _summarize(report: dict[str, Any], stdout: str) -> Profiled:
         losses or None,
         frozenset(str(f.get("kind")) for f in report.get("findings") or []),
         spread,
+        projected=_projected(report),
     )
+
+
+def _projected(report: dict[str, Any]) -> Projected | None:
+    """report.json's ``figures.projection``: the speed-up range shown, or why none is."""
+    figure = (report.get("figures") or {}).get("projection")
+    if not isinstance(figure, dict):
+        return None
+    s = figure.get("speedup")
+    try:
+        speedup = (
+            Stat(float(s["median"]), float(s["low"]), float(s["high"]), int(s["n"]))
+            if isinstance(s, dict)
+            else None
+        )
+    except (KeyError, TypeError, ValueError):
+        speedup = None
+    return Projected(speedup, bool(figure.get("floor")), str(figure.get("omitted") or ""))
 
 
 def _window_time(report: dict[str, Any]) -> Stat | None:
@@ -146,10 +181,12 @@ def _profile(script: Path, out: Path, launcher: Sequence[str], args: Sequence[st
     report = json.loads(report_path.read_text(encoding="utf-8"))
     summary = _summarize(report, done.stdout)
     try:
-        training = training_of(load_run(out))
+        run = load_run(out)
+        training = training_of(run)
     except SyncscopeError:  # unreadable rank files: the parameters are not compared
-        training = ()
-    return dataclasses.replace(summary, training=training)
+        return summary
+    windows = tuple(figures.window_durations(run))
+    return dataclasses.replace(summary, training=training, windows_ns=windows)
 
 
 def verify(
@@ -218,8 +255,42 @@ def render(result: Verification) -> list[str]:
         else "minimum NOT reached: the fixed script still syncs more or less than once per window"
     )
     lines.append(window_change(o, f))
+    lines.append(speedup_line(result.speedup, o.projected))
     lines.append(training_line(result.training, result.correctness_fix))
     return lines
+
+
+AGREEMENT = {
+    "inside": "inside the projected range",
+    "within noise": "{side} the projected {what}, its noise range reaching it",
+    "below": "BELOW the projected {what}, its noise range too",
+    "above": "above the projected range, its noise range too",
+}
+
+
+def speedup_line(measured: Stat | None, projected: Projected | None) -> str:
+    """The measured speed-up with its noise range, against the original's projection
+    (``figures.judge``: inside, within noise, below or above; above a floor is inside)."""
+    if measured is None:
+        return "speed-up: not measured (a run without a complete window)"
+    said = (
+        f"speed-up: measured {measured.median:.2f}x (noise {measured.low:.2f}-"
+        f"{measured.high:.2f}x: each run's window-time quartiles)"
+    )
+    if projected is None:
+        return said
+    p = projected.speedup
+    if p is None:
+        return f"{said}; not projected: {projected.omitted or 'no steady window'}"
+    span = f"{p.low:.2f}-{p.high:.2f}x" if round(p.high, 2) > round(p.low, 2) else f"{p.low:.2f}x"
+    agreement = figures.judge(measured, p, projected.floor)
+    if projected.floor and agreement == "inside":
+        verdict = "at or above the projected floor"
+    else:
+        side = "below" if round(measured.median, 2) < round(p.low, 2) else "above"
+        what = "floor" if projected.floor else "range"
+        verdict = AGREEMENT[agreement].format(side=side, what=what)
+    return f"{said}; projected {span}{', read as a floor' if projected.floor else ''}: {verdict}"
 
 
 def training_line(training: TrainingComparison | None, correctness_fix: bool) -> str:

@@ -45,7 +45,13 @@ read them from here (docs/concepts.md, "Figures", says the same in prose).
   up the all-gathers that stay (docs/benchmarks/prediction-examples.md), which no figure of
   the buggy run measures. So is it on CPU where the steady windows' median is under
   ``SHORT_WINDOW_NS``: there each sync's fixed cost of a call weighs as much as its wait, and
-  the measured gain came out above the range.
+  the measured gain came out above the range. Where the window time of the run varies, the
+  low end is lowered by its own noise (times the steady windows' q25/q75, when that moves it
+  by 0.5% or more), with that reason: a measurement after the fix has the same noise.
+* **Measured speed-up** (``fix --verify``, benchmarks): the original's window time over the
+  fixed run's (medians), with its noise range from each run's steady windows (q25 over q75,
+  q75 over q25); ``judge`` says whether it lies inside the projected range (above a floor
+  counts), overlaps it within that noise, or misses it below or above.
 """
 
 from __future__ import annotations
@@ -53,6 +59,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 from syncscope.model import Run, Window
 
@@ -155,6 +162,12 @@ def within_noise(before: Stat, after: Stat) -> bool:
     """Whether two runs' figures differ by less than their own spread: either median lies
     inside the other run's range over its windows (``diff`` and ``fix --verify``)."""
     return before.low <= after.median <= before.high or after.low <= before.median <= after.high
+
+
+def window_durations(run: Run, steady: Steady | None = None) -> list[float]:
+    """The durations ``window_time`` is figured over (steady windows of every rank)."""
+    steady = steady if steady is not None else steady_windows(run)
+    return [float(w.duration_ns) for w in _windows(run, steady)]
 
 
 def window_time(run: Run, steady: Steady | None = None) -> Stat | None:
@@ -325,6 +338,11 @@ FSDP_ON_CPU = (
     "under FSDP on CPU, removing a reduce-scatter also speeds up the all-gathers that stay, "
     "which no figure of this run measures: read the range as a floor"
 )
+NOISE = (
+    "low end lowered {pct:.1f}% for the window time's own noise in this run (q25/q75 of its "
+    "steady windows), which a measurement after the fix shares"
+)
+MIN_NOISE = 0.005  # the low end is lowered for noise only when it moves it by this share
 
 
 @dataclass(frozen=True)
@@ -338,6 +356,7 @@ class Projection:
     basis: str
     omitted: str = ""  # why no gain is claimed ("" when it is)
     widened: str = ""  # why the range reaches past the exposed-wait figure, or is a floor
+    floor: bool = False  # the range is read as a floor: a measurement above it is no miss
 
     @property
     def shown(self) -> bool:
@@ -355,17 +374,33 @@ class Projection:
 
 
 def _speedup(
-    durations: list[float], projected: list[float], ratios: list[float], top: float = 0.0
+    durations: list[float],
+    projected: list[float],
+    ratios: list[float],
+    top: float = 0.0,
+    noise: float = 1.0,
 ) -> Stat | None:
-    """The range of the per-(rank, window) ratios (up to ``top`` where it is widened), and as
-    its middle figure the ratio of the two medians shown beside it (window -> projected
-    window), so that the figures a reader sees divide to the speed-up claimed (a median of
-    ratios does not: 13.9/9.2 ms vs 1.55x)."""
+    """The range of the per-(rank, window) ratios (up to ``top`` where it is widened, its
+    low end times ``noise`` where the window time's own noise lowers it), and as its middle
+    figure the ratio of the two medians shown beside it (window -> projected window), so that
+    the figures a reader sees divide to the speed-up claimed (a median of ratios does not:
+    13.9/9.2 ms vs 1.55x)."""
     if not ratios:
         return None
     low, high = min(ratios), max(ratios)
     at_medians = median(durations) / median(projected)
-    return Stat(min(max(at_medians, low), high), low, max(high, top), len(ratios))
+    return Stat(min(max(at_medians, low), high), low * noise, max(high, top), len(ratios))
+
+
+def _noise(durations: list[float]) -> float:
+    """q25/q75 of the windows' durations: how far the window time's own noise can move a
+    ratio of two runs' medians down (each run off by a quartile, opposite ways); 1.0 when
+    that is under ``MIN_NOISE``."""
+    if len(durations) < 2:
+        return 1.0
+    q75 = _quantile(durations, 0.75)
+    factor = _quantile(durations, 0.25) / q75 if q75 > 0 else 1.0
+    return factor if 1.0 - factor >= MIN_NOISE else 1.0
 
 
 def _on_cpu(run: Run) -> bool:
@@ -381,6 +416,23 @@ def _contention_top(run: Run, windows: list[Window], durations: list[float]) -> 
         (d / max(1.0, d - flight.get(w.index, 0)) for w, d in zip(windows, durations, strict=True)),
         default=0.0,
     )
+
+
+def _cpu_reasons(
+    run: Run, windows: list[Window], durations: list[float], ratios: list[float]
+) -> tuple[list[str], float, bool]:
+    """Where the ranks compute on CPU: why the range reaches past the exposed-wait figure or
+    is a floor, its top (0.0: not widened) and whether it is a floor."""
+    if not (_on_cpu(run) and ratios):
+        return [], 0.0, False
+    top = _contention_top(run, windows, durations)
+    reasons = [CPU_CONTENTION] if top >= max(ratios) + 0.005 else []
+    if any(w.kind == "fsdp" for r in run.ranks for w in r.wrappers):
+        reasons.append(FSDP_ON_CPU)
+    if median(durations) < SHORT_WINDOW_NS:
+        reasons.append(SHORT_WINDOWS.format(ms=median(durations) / 1e6))
+    floor = len(reasons) > (CPU_CONTENTION in reasons)  # a reason past contention: a floor
+    return reasons, top if reasons else 0.0, floor
 
 
 def projection(
@@ -399,13 +451,10 @@ def projection(
     durations = [float(w.duration_ns) for w in windows]
     projected = [float(max(1, w.duration_ns - saved.get(w.index, 0))) for w in windows]
     ratios = [d / p for d, p in zip(durations, projected, strict=True)]
-    on_cpu = _on_cpu(run) and bool(ratios)
-    top = _contention_top(run, windows, durations) if on_cpu else 0.0
-    reasons = [CPU_CONTENTION] if on_cpu and top >= max(ratios) + 0.005 else []
-    if on_cpu and any(w.kind == "fsdp" for r in run.ranks for w in r.wrappers):
-        reasons.append(FSDP_ON_CPU)
-    if on_cpu and median(durations) < SHORT_WINDOW_NS:
-        reasons.append(SHORT_WINDOWS.format(ms=median(durations) / 1e6))
+    reasons, top, floor = _cpu_reasons(run, windows, durations, ratios)
+    noise = _noise(durations)
+    if noise < 1.0:
+        reasons.append(NOISE.format(pct=(1.0 - noise) * 100))
     widened = "; ".join(reasons)
     omitted = ""
     if len(steady.windows) < MIN_STEADY:
@@ -429,9 +478,42 @@ def projection(
     return Projection(
         window=Stat.of(durations),
         projected=Stat.of(projected),
-        speedup=_speedup(durations, projected, ratios, top if widened else 0.0),
+        speedup=_speedup(durations, projected, ratios, top, noise),
         steady_windows=len(steady.windows),
         basis=BASIS,
         omitted=omitted,
         widened=widened,
+        floor=floor,
     )
+
+
+def measured_speedup(original: Sequence[float], fixed: Sequence[float]) -> Stat | None:
+    """The speed-up a fix measured: the original's median window time over the fixed run's,
+    with its noise range, each run off by a quartile of its windows the other way (low:
+    original q25 / fixed q75; high: q75 / q25). ``n``: the fewer windows of the two."""
+    if not original or not fixed or min(fixed) <= 0:
+        return None
+    q = _quantile
+    return Stat(
+        median(original) / median(fixed),
+        q(original, 0.25) / q(fixed, 0.75),
+        q(original, 0.75) / q(fixed, 0.25),
+        min(len(original), len(fixed)),
+    )
+
+
+Agreement = Literal["inside", "within noise", "below", "above"]
+
+
+def judge(measured: Stat, projected: Stat, floor: bool = False) -> Agreement:
+    """Where a measured speed-up lies against a projected range, compared as they are printed
+    (to 0.01x): ``inside`` it (at or above it for a ``floor``), ``within noise`` where it is
+    outside but its noise range overlaps it, else ``below`` or ``above``."""
+    low, high = round(projected.low, 2), round(projected.high, 2)
+    top = math.inf if floor else high
+    at = round(measured.median, 2)
+    if low <= at <= top:
+        return "inside"
+    if round(measured.low, 2) <= top and round(measured.high, 2) >= low:
+        return "within noise"
+    return "below" if at < low else "above"

@@ -158,6 +158,7 @@ def figures_dict(run: Run, findings: Sequence[Finding]) -> dict[str, Any]:
             "basis": p.basis,
             "omitted": p.omitted or None,
             "widened": p.widened or None if p.shown else None,
+            "floor": p.floor if p.shown else None,
         },
     }
 
