@@ -47,7 +47,8 @@ read them from here (docs/concepts.md, "Figures", says the same in prose).
   ``SHORT_WINDOW_NS``: there each sync's fixed cost of a call weighs as much as its wait, and
   the measured gain came out above the range. Where the window time of the run varies, the
   low end is lowered by its own noise (times the steady windows' q25/q75, when that moves it
-  by 0.5% or more), with that reason: a measurement after the fix has the same noise.
+  by 0.5% or more, never below 1.00x), with that reason: a measurement after the fix has the
+  same noise, and one below 1.00x is that noise (``fix --verify`` shows its range).
 * **Measured speed-up** (``fix --verify``, benchmarks): the original's window time over the
   fixed run's (medians), with its noise range from each run's steady windows (q25 over q75,
   q75 over q25); ``judge`` says whether it lies inside the projected range (above a floor
@@ -340,7 +341,7 @@ FSDP_ON_CPU = (
 )
 NOISE = (
     "low end lowered {pct:.1f}% for the window time's own noise in this run (q25/q75 of its "
-    "steady windows), which a measurement after the fix shares"
+    "steady windows, not below 1.00x), which a measurement after the fix shares"
 )
 MIN_NOISE = 0.005  # the low end is lowered for noise only when it moves it by this share
 
@@ -392,14 +393,17 @@ def _speedup(
     return Stat(min(max(at_medians, low), high), low * noise, max(high, top), len(ratios))
 
 
-def _noise(durations: list[float]) -> float:
+def _noise(durations: list[float], ratios: list[float]) -> float:
     """q25/q75 of the windows' durations: how far the window time's own noise can move a
-    ratio of two runs' medians down (each run off by a quartile, opposite ways); 1.0 when
-    that is under ``MIN_NOISE``."""
-    if len(durations) < 2:
+    ratio of two runs' medians down (each run off by a quartile, opposite ways), but never
+    below 1.00x (removing a sync does not slow a step: a slower measurement is its noise,
+    which ``fix --verify`` shows beside it); 1.0 when that moves the low end by under
+    ``MIN_NOISE``."""
+    if len(durations) < 2 or not ratios:
         return 1.0
     q75 = _quantile(durations, 0.75)
     factor = _quantile(durations, 0.25) / q75 if q75 > 0 else 1.0
+    factor = max(factor, min(1.0, 1.0 / min(ratios)))
     return factor if 1.0 - factor >= MIN_NOISE else 1.0
 
 
@@ -452,7 +456,7 @@ def projection(
     projected = [float(max(1, w.duration_ns - saved.get(w.index, 0))) for w in windows]
     ratios = [d / p for d, p in zip(durations, projected, strict=True)]
     reasons, top, floor = _cpu_reasons(run, windows, durations, ratios)
-    noise = _noise(durations)
+    noise = _noise(durations, ratios)
     if noise < 1.0:
         reasons.append(NOISE.format(pct=(1.0 - noise) * 100))
     widened = "; ".join(reasons)

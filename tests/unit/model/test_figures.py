@@ -492,6 +492,24 @@ def test_the_low_end_allows_for_the_window_times_own_noise() -> None:
     )
 
 
+def test_noise_never_lowers_the_low_end_below_no_gain() -> None:
+    # GIVEN windows that vary (a quartile spread under the saving, so a range is shown) and
+    # one twice as long, whose ratio, the least, is near 1x
+    quiet = _on("cuda", runs.make_run(windows=8, sync_at=runs.every))
+    noisy = _varied(quiet, {2: 1.2, 3: 1.25, 6: 2.0})
+    p = figures.projection(noisy)
+    assert p.shown and p.speedup
+    durations = figures.window_durations(noisy)
+    q25, q75 = statistics.quantiles(durations, n=4, method="inclusive")[::2]
+    least = min(d / (d - 3 * 420_000) for d in durations)
+    assert least * q25 / q75 < 1.0  # the noise alone would reach a slowdown
+    # THEN the low end stops at 1.00x (removing a sync does not slow a step), and the reason
+    # says how far it was lowered, not how far the noise reached
+    assert p.speedup.low == pytest.approx(1.0)
+    assert f"low end lowered {(1 - 1 / least) * 100:.1f}%" in p.widened
+    assert "not below 1.00x" in p.widened
+
+
 def test_noise_under_half_a_percent_of_the_low_end_is_not_worth_a_word() -> None:
     quiet = _on("cuda", runs.make_run(windows=6, sync_at=runs.every))
     p = figures.projection(_varied(quiet, {2: 1.004, 4: 1.003}))
