@@ -39,6 +39,8 @@ LOG = "syncscope-build.log"
 TORCH_LOCK = "lock"  # torch.utils.cpp_extension's FileBaton: a file that exists while it builds
 # a build that takes longer is stopped, and a torch lock file older than this is stale
 BUILD_LIMIT_S = 600.0
+# the background build runs on idle CPU only: on a busy machine it may take this long
+BACKGROUND_LIMIT_S = 3600.0
 # a torch lock this old with no process working in the build directory is stale too
 IDLE_LOCK_S = 30.0
 _KEEP = {LOCK, LOG, FAILED, TORCH_LOCK}  # kept when a build starts afresh
