@@ -55,8 +55,13 @@ def clone(into: Path) -> str:
     return commit
 
 
-def _session_of(sid: int) -> list[tuple[int, str, int]]:
-    """(pid, command, CPU ticks) of every process in session ``sid`` (the build's)."""
+POLICIES = {0: "normal", 3: "SCHED_BATCH", 5: "SCHED_IDLE"}
+
+
+def _session_of(sid: int) -> list[tuple[int, str, str, int]]:
+    """(pid, command, scheduling, CPU ticks) of every process in session ``sid`` (the
+    build's); scheduling: its policy and nice value, from /proc (``ps`` shows no nice
+    value under ``SCHED_IDLE``)."""
     found = []
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
@@ -67,8 +72,10 @@ def _session_of(sid: int) -> list[tuple[int, str, int]]:
             continue
         comm = stat[stat.index("(") + 1 : stat.rindex(")")]
         fields = stat[stat.rindex(")") + 2 :].split()
-        if len(fields) > 14 and fields[3] == str(sid):
-            found.append((int(entry.name), comm, int(fields[11]) + int(fields[12])))
+        if len(fields) > 38 and fields[3] == str(sid):
+            policy = POLICIES.get(int(fields[38]), f"policy {fields[38]}")
+            scheduling = f"{policy} nice {fields[16]}"
+            found.append((int(entry.name), comm, scheduling, int(fields[11]) + int(fields[12])))
     return found
 
 
@@ -87,6 +94,7 @@ def build_state(env: dict[str, str]) -> dict[str, object]:
     if isinstance(pid, int) and pid:
         members = _session_of(pid)
         state["cpu_s"] = sum(ticks for *_, ticks in members) / _TICKS
+        state["scheduling"] = [f"{comm}: {scheduling}" for _, comm, scheduling, _ in members]
         ps = subprocess.run(
             ["ps", "-o", "pid,cls,ni,comm", "-p", ",".join(str(m[0]) for m in members)],
             capture_output=True,
@@ -101,11 +109,10 @@ def describe(state: dict[str, object]) -> str:
     if not state["why"]:
         return "built"
     if state["pid"]:
-        classes = sorted({line.split()[1] + " ni " + line.split()[2]
-                          for line in str(state.get("ps", "")).splitlines()[1:]})  # fmt: skip
+        classes = sorted({str(x) for x in state.get("scheduling", [])})
         return (
             f"being built (pid {state['pid']}, {state.get('cpu_s', 0):.1f} CPU-s so far; "
-            f"{', '.join(classes) or 'no process seen'})"
+            f"{'; '.join(classes) or 'no process seen'})"
         )
     if state["failed"]:
         return f"build failed: {state['failed']}"
