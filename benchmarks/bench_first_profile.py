@@ -15,7 +15,9 @@ time the later runs leave. The load average is printed with each run: on a loade
 the idle-only build may not progress at all, and the runs' times are upper bounds.
 
 At the end the background build is stopped (its temp dir is removed) unless ``--wait-build``,
-which waits for it and prints how long it took.
+which waits for it and prints how long it took. ``--control`` then runs the same profiles
+with nothing built (``SYNCSCOPE_NATIVE=0``): how much later runs differ from the first on
+this machine when no build runs at all.
 """
 
 from __future__ import annotations
@@ -155,11 +157,73 @@ def load() -> str:
     return ", ".join(f"{x:.2f}" for x in os.getloadavg())
 
 
+def sequence(
+    args: list[str], env: dict[str, str], clone_dir: Path, work: Path, count: int
+) -> list[dict[str, object]]:
+    """``count`` profiles one after another, each with the build's state at its start."""
+    runs = []
+    for i in range(count):
+        state = build_state(env)
+        start_load = load()
+        run = profile_once(args, env, clone_dir, work / f"run-{i + 1}")
+        run.update(build=describe(state), ps=state.get("ps", ""), load_start=start_load,
+                   load_end=load())  # fmt: skip
+        runs.append(run)
+        print(f"run {i + 1}: {run['wall_s']:.1f} s wall (exit {run['status']}), "
+              f"kernel {run['kernel']}; build at its start: {run['build']}; "
+              f"load {start_load} -> {run['load_end']}", flush=True)  # fmt: skip
+        if run["ps"]:
+            print("  " + str(run["ps"]).replace("\n", "\n  "), flush=True)
+        if run["status"]:
+            print("  " + "\n  ".join(map(str, run["stderr_tail"])), flush=True)
+    return runs
+
+
+def end_build(env: dict[str, str], wait: bool) -> str:
+    """The build's state after the runs; waited for (``wait``) or stopped."""
+    final = build_state(env)
+    while wait and final["pid"]:
+        time.sleep(2)
+        final = build_state(env)
+    stamp = final.get("stamp")
+    built_in = f", built in {stamp['build_s']:.1f} s" if isinstance(stamp, dict) else ""
+    said = f"{describe(final)}{built_in}"
+    if final["pid"]:
+        os.kill(int(str(final["pid"])), signal.SIGTERM)  # it stops its whole build
+        said += "; stopped now"
+    return said
+
+
+def table(runs: list[dict[str, object]], control: list[dict[str, object]]) -> list[str]:
+    head = "| run | wall s | x run 1 | profile CPU s | kernel | build at the start | load |"
+    rule = "|---:|---:|---:|---:|---|---|---|"
+    if control:
+        head += " control wall s | control x run 1 |"
+        rule += "---:|---:|"
+    lines = [head, rule]
+    first = float(str(runs[0]["wall_s"]))
+    for i, run in enumerate(runs):
+        wall = float(str(run["wall_s"]))
+        line = (f"| {i + 1} | {wall:.1f} | {wall / first:.3f} | {float(str(run['cpu_s'])):.1f} | "
+                f"{run['kernel']} | {run['build']} | {run['load_start']} |")  # fmt: skip
+        if control and i < len(control):
+            other = float(str(control[i]["wall_s"]))
+            line += f" {other:.1f} | {other / float(str(control[0]['wall_s'])):.3f} |"
+        lines.append(line)
+    return lines
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="profiles one after another (3)")
     parser.add_argument(
         "--wait-build", action="store_true", help="at the end, wait for the background build"
+    )
+    parser.add_argument(
+        "--control",
+        action="store_true",
+        help="then the same runs with no build at all (SYNCSCOPE_NATIVE=0): how much later "
+        "runs differ from the first on this machine anyway",
     )
     parser.add_argument("--json", type=Path, help="write every figure here")
     opts = parser.parse_args(argv)
@@ -167,50 +231,25 @@ def main(argv: list[str] | None = None) -> int:
     with tempfile.TemporaryDirectory(prefix="syncscope-first-profile-") as tmp:
         work = Path(tmp)
         commit = clone(work / "clone")
-        env = dict(
-            os.environ, TORCH_EXTENSIONS_DIR=str(work / "ext"), PYTHONPATH=str(work / "clone")
-        )
+        env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(work / "ext"),
+                   PYTHONPATH=str(work / "clone"))  # fmt: skip
         env.pop("SYNCSCOPE_NATIVE", None)
         env.pop("SYNCSCOPE_NATIVE_PATH", None)
         print(f"fresh clone of {commit[:10]}; kernel cache {work / 'ext'} (empty); "
               f"syncscope profile {shlex.join(args)}; {os.cpu_count()} cores", flush=True)  # fmt: skip
-        runs = []
-        for i in range(opts.runs):
-            state = build_state(env)
-            start_load = load()
-            run = profile_once(args, env, work / "clone", work / f"run-{i + 1}")
-            run.update(build=describe(state), ps=state.get("ps", ""), load_start=start_load,
-                       load_end=load())  # fmt: skip
-            runs.append(run)
-            print(f"run {i + 1}: {run['wall_s']:.1f} s wall (exit {run['status']}), "
-                  f"kernel {run['kernel']}; build at its start: {run['build']}; "
-                  f"load {start_load} -> {run['load_end']}", flush=True)  # fmt: skip
-            if run["ps"]:
-                print("  " + str(run["ps"]).replace("\n", "\n  "), flush=True)
-            if run["status"]:
-                print("  " + "\n  ".join(map(str, run["stderr_tail"])), flush=True)
-        final = build_state(env)
-        if opts.wait_build and final["pid"]:
-            while final["pid"]:
-                time.sleep(2)
-                final = build_state(env)
-        stamp = final.get("stamp")
-        built_in = f", built in {stamp['build_s']:.1f} s" if isinstance(stamp, dict) else ""
-        print(f"\nafter the runs: {describe(final)}{built_in}")
-        if final["pid"]:
-            os.kill(int(str(final["pid"])), signal.SIGTERM)  # it stops its whole build
-            print(f"stopped the background build (pid {final['pid']})")
-        print(
-            "\n| run | wall s | profile CPU s | kernel | build at the start | load at the start |"
-        )
-        print("|---:|---:|---:|---|---|---|")
-        for i, run in enumerate(runs, 1):
-            print(f"| {i} | {run['wall_s']:.1f} | {run['cpu_s']:.1f} | {run['kernel']} | "
-                  f"{run['build']} | {run['load_start']} |")  # fmt: skip
+        runs = sequence(args, env, work / "clone", work / "fresh", opts.runs)
+        after = end_build(env, opts.wait_build)
+        print(f"\nafter the runs: {after}")
+        control: list[dict[str, object]] = []
+        if opts.control:
+            print("\ncontrol: the same runs, SYNCSCOPE_NATIVE=0 (nothing built)", flush=True)
+            control_env = dict(env, SYNCSCOPE_NATIVE="0", TORCH_EXTENSIONS_DIR=str(work / "ext0"))
+            control = sequence(args, control_env, work / "clone", work / "control", opts.runs)
+        print("\n" + "\n".join(table(runs, control)))
         if opts.json:
             opts.json.write_text(json.dumps({"commit": commit, "args": args, "runs": runs,
-                                             "after": describe(final)}, indent=1))  # fmt: skip
-    return 1 if any(run["status"] for run in runs) else 0
+                                             "control": control, "after": after}, indent=1))  # fmt: skip
+    return 1 if any(run["status"] for run in [*runs, *control]) else 0
 
 
 if __name__ == "__main__":
