@@ -15,9 +15,12 @@ time the later runs leave. The load average is printed with each run: on a loade
 the idle-only build may not progress at all, and the runs' times are upper bounds.
 
 At the end the background build is stopped (its temp dir is removed) unless ``--wait-build``,
-which waits for it and prints how long it took. ``--control`` then runs the same profiles
-with nothing built (``SYNCSCOPE_NATIVE=0``): how much later runs differ from the first on
-this machine when no build runs at all.
+which waits for it and prints how long it took. ``--control`` also runs the same profiles
+with nothing built (``SYNCSCOPE_NATIVE=0``), in turn with them: how much later runs differ
+from the first on this machine when no build runs at all. ``--reps N`` repeats both, each
+with an empty cache, the order alternating, and prints each later run over the first
+(median, min-max) with the build and without: on a shared machine whose load comes and goes,
+the difference of the two is the build's share.
 """
 
 from __future__ import annotations
@@ -28,11 +31,13 @@ import os
 import re
 import shlex
 import signal
+import statistics
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 MAIN_COMMAND = re.compile(r"syncscope profile (--nproc-per-node \d+ examples/[^`\n]*)")
@@ -213,6 +218,46 @@ def table(runs: list[dict[str, object]], control: list[dict[str, object]]) -> li
     return lines
 
 
+def summary(reps: list[dict[str, Any]]) -> list[str]:
+    """Each later run over the first of its sequence, median and min-max over repetitions,
+    with the build and (where run) without."""
+    lines = []
+    for kind in ("fresh", "control"):
+        seqs = [rep[kind] for rep in reps if rep.get(kind)]
+        if not seqs:
+            continue
+        for k in range(1, len(seqs[0])):
+            ratios = [seq[k]["wall_s"] / seq[0]["wall_s"] for seq in seqs]
+            what = "fresh cache, the build in the background" if kind == "fresh" else "control"
+            lines.append(
+                f"{what}: run {k + 1} / run 1 x{statistics.median(ratios):.3f} "
+                f"(min-max {min(ratios):.3f}-{max(ratios):.3f}, {len(ratios)} repetitions)"
+            )
+    return lines
+
+
+def one_rep(
+    opts: argparse.Namespace, args: list[str], env: dict[str, str], work: Path, rep: int
+) -> dict[str, Any]:
+    """A fresh kernel cache and its profiles (the build left running between them), and
+    with ``--control`` the same profiles with nothing built, in turn (order alternating)."""
+    kinds = ["fresh", "control"] if opts.control else ["fresh"]
+    found: dict[str, Any] = {}
+    for kind in kinds[rep % len(kinds) :] + kinds[: rep % len(kinds)]:
+        where = work / f"rep-{rep}-{kind}"
+        if kind == "fresh":
+            print(f"\nrepetition {rep + 1}: a fresh kernel cache", flush=True)
+            fresh = dict(env, TORCH_EXTENSIONS_DIR=str(where / "ext"))
+            found["fresh"] = sequence(args, fresh, work / "clone", where, opts.runs)
+            found["after"] = end_build(fresh, opts.wait_build)
+            print(f"after the runs: {found['after']}", flush=True)
+        else:
+            print(f"\nrepetition {rep + 1}: control, SYNCSCOPE_NATIVE=0 (nothing built)")
+            control = dict(env, SYNCSCOPE_NATIVE="0", TORCH_EXTENSIONS_DIR=str(where / "ext"))
+            found["control"] = sequence(args, control, work / "clone", where, opts.runs)
+    return found
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=3, help="profiles one after another (3)")
@@ -222,34 +267,37 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--control",
         action="store_true",
-        help="then the same runs with no build at all (SYNCSCOPE_NATIVE=0): how much later "
-        "runs differ from the first on this machine anyway",
+        help="also the same runs with no build at all (SYNCSCOPE_NATIVE=0), in turn: how much "
+        "later runs differ from the first on this machine anyway",
     )
+    parser.add_argument("--reps", type=int, default=1, help="repetitions of it all (1)")
     parser.add_argument("--json", type=Path, help="write every figure here")
     opts = parser.parse_args(argv)
     args = readme_command(ROOT / "README.md")
     with tempfile.TemporaryDirectory(prefix="syncscope-first-profile-") as tmp:
         work = Path(tmp)
         commit = clone(work / "clone")
-        env = dict(os.environ, TORCH_EXTENSIONS_DIR=str(work / "ext"),
-                   PYTHONPATH=str(work / "clone"))  # fmt: skip
+        env = dict(os.environ, PYTHONPATH=str(work / "clone"))
         env.pop("SYNCSCOPE_NATIVE", None)
         env.pop("SYNCSCOPE_NATIVE_PATH", None)
-        print(f"fresh clone of {commit[:10]}; kernel cache {work / 'ext'} (empty); "
-              f"syncscope profile {shlex.join(args)}; {os.cpu_count()} cores", flush=True)  # fmt: skip
-        runs = sequence(args, env, work / "clone", work / "fresh", opts.runs)
-        after = end_build(env, opts.wait_build)
-        print(f"\nafter the runs: {after}")
-        control: list[dict[str, object]] = []
-        if opts.control:
-            print("\ncontrol: the same runs, SYNCSCOPE_NATIVE=0 (nothing built)", flush=True)
-            control_env = dict(env, SYNCSCOPE_NATIVE="0", TORCH_EXTENSIONS_DIR=str(work / "ext0"))
-            control = sequence(args, control_env, work / "clone", work / "control", opts.runs)
-        print("\n" + "\n".join(table(runs, control)))
+        print(f"fresh clone of {commit[:10]}; an empty kernel cache (TORCH_EXTENSIONS_DIR) "
+              f"each repetition; syncscope profile {shlex.join(args)}; {os.cpu_count()} cores",
+              flush=True)  # fmt: skip
+        reps = [one_rep(opts, args, env, work, rep) for rep in range(opts.reps)]
+        for i, rep in enumerate(reps):
+            print(
+                f"\nrepetition {i + 1}:\n" + "\n".join(table(rep["fresh"], rep.get("control", [])))
+            )
+        print("\n" + "\n".join(summary(reps)))
         if opts.json:
-            opts.json.write_text(json.dumps({"commit": commit, "args": args, "runs": runs,
-                                             "control": control, "after": after}, indent=1))  # fmt: skip
-    return 1 if any(run["status"] for run in [*runs, *control]) else 0
+            opts.json.write_text(
+                json.dumps({"commit": commit, "args": args, "reps": reps}, indent=1)
+            )
+    return (
+        1
+        if any(r["status"] for rep in reps for r in [*rep["fresh"], *rep.get("control", [])])
+        else 0
+    )
 
 
 if __name__ == "__main__":
