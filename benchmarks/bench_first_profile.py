@@ -81,7 +81,8 @@ def _session_of(sid: int) -> list[tuple[int, str, str, int]]:
         fields = stat[stat.rindex(")") + 2 :].split()
         if len(fields) > 38 and fields[3] == str(sid):
             policy = POLICIES.get(int(fields[38]), f"policy {fields[38]}")
-            scheduling = f"{policy} nice {fields[16]}"
+            stopped = ", stopped" if fields[0] == "T" else ""
+            scheduling = f"{policy} nice {fields[16]}{stopped}"
             found.append((int(entry.name), comm, scheduling, int(fields[11]) + int(fields[12])))
     return found
 

@@ -186,6 +186,26 @@ def readiness() -> Readiness:
     )
 
 
+def hold_for_run() -> None:
+    """Tell a background build that a run is under way in this process, until it ends: the
+    build pauses its compiler meanwhile (``syncscope profile``, before its ranks start).
+    Nothing where the compiled kernel is off or its directory unusable."""
+    try:
+        if not setting()[1]:
+            return
+        where = cache.place()
+        if cache.prepare(where):
+            return
+    except Exception:  # a torch that cannot say where its extensions go: nothing to pause
+        return
+    fd = cache.hold_for_run(where)
+    if fd is not None:
+        _run_holds.append(fd)
+
+
+_run_holds: list[int] = []  # this process's runs lock, held until it exits
+
+
 def _builder_command(parent: bool) -> list[str]:
     command = [sys.executable, "-m", "syncscope.capture.native.builder"]
     return [*command, "--parent", str(os.getpid())] if parent else command
