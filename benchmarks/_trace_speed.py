@@ -60,9 +60,12 @@ def scale_args(quick: bool, capture: Path) -> list[str]:
     return [*sets, "--run-dir-ranks", "16384", "--v1-ranks", "2048", "--capture", str(capture)]
 
 
-def _bench_scale(work: Path, name: str, args: list[str]) -> dict[str, Any]:
+def _bench_scale(
+    work: Path, name: str, args: list[str], shown: dict[str, str] | None = None
+) -> dict[str, Any]:
     """bench_scale.py with ``args`` writing its sets under ``work/name`` (removed after:
-    they are gigabytes) and its table to ``work/name.md``; what it printed and wrote."""
+    they are gigabytes) and its table to ``work/name.md``; what it printed and wrote, the
+    paths in ``shown`` (and ``work``) named as the page names them."""
     sets, doc = work / name, work / f"{name}.md"
     cmd = [sys.executable, str(ROOT / "benchmarks" / "bench_scale.py"), "--dir", str(sets)]
     cmd += [*args, "--doc", str(doc)]
@@ -73,11 +76,12 @@ def _bench_scale(work: Path, name: str, args: list[str]) -> dict[str, Any]:
     table = doc.read_text() if doc.is_file() else ""
     if table.startswith("<!--"):  # bench_scale's note that a script puts the file in
         table = table[table.index("-->") + 3 :].lstrip("\n")
-    shown = f"python benchmarks/bench_scale.py --dir DIR {' '.join(args)} --doc FILE"
-    table = table.replace(str(doc), "FILE")
+    command = f"python benchmarks/bench_scale.py --dir DIR {' '.join(args)} --doc FILE"
+    for path, name_shown in {str(doc): "FILE", **(shown or {}), str(work): "<tmp>"}.items():
+        command, table = command.replace(path, name_shown), table.replace(path, name_shown)
     return {
-        "command": shown.replace(str(work), "<tmp>"),
-        "markdown": table.replace(str(work), "<tmp>"),
+        "command": command,
+        "markdown": table,
         "stdout": proc.stdout,
         "status": proc.returncode,
         "stderr_tail": proc.stderr.strip().splitlines()[-3:],
@@ -93,15 +97,12 @@ def scale(work: Path, quick: bool) -> dict[str, Any]:
     record = Launch("profile").run(
         workload("no_sync"), ["--layers", "2", "--hidden", "256", "--windows", "2"], work
     )
-    result = _bench_scale(work, "scale", scale_args(quick, Path(record["run_dir"])))
+    run = str(record["run_dir"])
+    shown = {run: "RUN (a 2-rank `syncscope profile` of examples/ddp_no_sync.py)"}
+    result = _bench_scale(work, "scale", scale_args(quick, Path(run)), shown)
     lines = result["markdown"].split("\n")
     heading = next((i for i, line in enumerate(lines) if line.startswith("### ")), None)
     if heading is not None:  # bench_scale.py titles every table it writes for parse speed
         lines[heading] = SCALE_TITLE
     result["markdown"] = "\n".join(lines)
-    result["command"] = result["command"].replace(
-        str(record["run_dir"]),
-        "RUN (a 2-rank syncscope profile of examples/ddp_no_sync.py made by run_all.py)",
-    )
-    result["markdown"] = result["markdown"].replace(str(record["run_dir"]), "RUN")
     return result

@@ -1,7 +1,8 @@
 """The one benchmark command: writes docs/benchmarks.md, its charts and raw results.
 
     python benchmarks/run_all.py            # full run, about 45 minutes on 2 quiet cores
-    python benchmarks/run_all.py --quick    # one repetition, small sets; to a temp dir
+    python benchmarks/run_all.py --quick    # one repetition, small sets, to a temp dir:
+                                            # every section in about 5-7 minutes
 
 Every section is measured here (each says on the page which script measured it, run by
 which command, and when):
@@ -93,6 +94,8 @@ PUBLISHED = {
             "accelerate_accumulate": 0.41},
 }  # fmt: skip
 COUNTING_LIMIT = 1.03
+# --quick's section 6: one DDP and one FSDP2 loop (every case's path is the same code)
+QUICK_CASES = ("ddp-every-1x2", "fsdp2-every-1x2")
 
 
 def log(message: str) -> None:
@@ -332,7 +335,7 @@ def small_steps_both_ways(work: Path, quick: bool, command: str) -> list[dict[st
     the large one is the capture-cost table above) and side by side (the large one too)."""
     runs = []
     for together, reps, shapes in ((False, 1 if quick else 6, ("transformer", "mlp")),
-                                   (True, 1 if quick else 5, ("transformer", "mlp", "large"))):  # fmt: skip
+                                   (True, 1 if quick else 4, ("transformer", "mlp", "large"))):  # fmt: skip
         result = measure_small_steps(reps, 10 if quick else None, "aot_eager", work, shapes,
                                      together, ("eager",))  # fmt: skip
         result["command"] = f"{command} (benchmarks/small_steps.py's measure)"
@@ -353,7 +356,7 @@ def measure_all(opts: argparse.Namespace, results: dict[str, Any], work: Path) -
     results["fix_diff"] = diff
     sections.run("accelerate", "section 1: the Accelerate table", "run_all.py's accelerate_table",
                  lambda: accelerate_table(work, fixed, reps, table_args))  # fmt: skip
-    capture_reps = opts.capture_reps or (1 if quick else 10)
+    capture_reps = opts.capture_reps or (1 if quick else 8)
     sections.run("capture", "section 2: capture cost", "run_all.py's capture_cost and "
                  "benchmarks/bench_flight.py's per-collective loop",
                  lambda: capture_cost(work, capture_reps, capture_args)
@@ -365,10 +368,11 @@ def measure_all(opts: argparse.Namespace, results: dict[str, Any], work: Path) -
     sections.run("bytes", "section 4: grad-sync bytes per window", "run_all.py's sync_bytes",
                  lambda: sync_bytes(work, fixed, [*table_args[:8], "--windows", "2"]))  # fmt: skip
     prediction_reps = opts.prediction_reps or (1 if quick else 2)
+    cases = [c for c in PREDICTION_CASES if c["name"] in QUICK_CASES] if quick else PREDICTION_CASES
     sections.run("prediction", "section 6: predicted vs measured (bench_prediction.py)",
                  "benchmarks/bench_prediction.py's run_modes",
                  lambda: measure_prediction(work / "prediction", prediction_reps,
-                                            2 if quick else 4, PREDICTION_CASES))  # fmt: skip
+                                            2 if quick else 4, cases))  # fmt: skip
     if not opts.skip_analyze:
         sections.run("analyze", "section 3: analysis speed (bench_analyze.py)",
                      "benchmarks/bench_analyze.py", lambda: analysis_speed(work, quick))  # fmt: skip
@@ -399,7 +403,7 @@ def main(argv: list[str] | None = None) -> int:
         "--prediction-reps", type=int, help="repetitions of section 6 (default 2; --quick: 1)"
     )
     parser.add_argument(
-        "--capture-reps", type=int, help="repetitions of section 2 (default 10; --quick: 1)"
+        "--capture-reps", type=int, help="repetitions of section 2 (default 8; --quick: 1)"
     )
     parser.add_argument(
         "--small-steps-from",

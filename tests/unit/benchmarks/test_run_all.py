@@ -198,3 +198,9 @@ def test_the_first_profile_benchmark_runs_the_readmes_main_command() -> None:
     args = first.readme_command(ROOT / "README.md")
     assert args[:2] == ["--nproc-per-node", "2"] and args[2].startswith("examples/")
     assert (ROOT / args[2]).is_file()
+
+
+def test_quick_predictions_name_cases_that_exist() -> None:
+    run_all = _module("run_all")
+    names = {case["name"] for case in run_all.PREDICTION_CASES}
+    assert set(run_all.QUICK_CASES) <= names and len(run_all.QUICK_CASES) < len(names)
