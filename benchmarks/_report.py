@@ -245,7 +245,11 @@ def _flight_recorder(cap: dict[str, Any]) -> list[str]:
             f"time x{ratio_text(share)}, CPU time x{ratio_text(share_cpu)}."
         )
     per = cap.get("fr_per_collective")
-    if per:
+    if per and per.get("error"):
+        lines.append(
+            f"Per collective (`benchmarks/bench_flight.py`'s loop): failed: {per['error']}"
+        )
+    elif per:
         on, off, extra = per["on_cpu_us"], per["off_cpu_us"], per["extra_cpu_us"]
         lines.append(
             f"Per collective (`benchmarks/bench_flight.py`'s loop: 1 gloo rank, {per['n']} "

@@ -75,7 +75,8 @@ for _ in range(500):
 wall, cpu = time.perf_counter(), time.process_time()
 for _ in range(N):
     dist.all_reduce(t)
-print((time.perf_counter() - wall) / N * 1e6, (time.process_time() - cpu) / N * 1e6)
+print((time.perf_counter() - wall) / N * 1e6, (time.process_time() - cpu) / N * 1e6, flush=True)
+dist.destroy_process_group()
 """
 
 
@@ -93,9 +94,13 @@ def per_collective(reps: int, n: int = 5000) -> dict[str, list[tuple[float, floa
         for size in rotated(list(found), rep):
             env = {**os.environ, "TORCH_FR_BUFFER_SIZE": size, "OMP_NUM_THREADS": "1"}
             code = f"N = {n}\n{PER_COLLECTIVE}"
-            out = subprocess.run(
-                [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
-            ).stdout.split()
+            proc = subprocess.run(
+                [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=False
+            )
+            out = proc.stdout.split()
+            if len(out) != 2:  # an abort in gloo's teardown after the line is no failure
+                tail = proc.stderr.strip().splitlines()[-1:]
+                raise RuntimeError(f"the per-collective loop exited {proc.returncode}: {tail}")
             found[size].append((float(out[0]), float(out[1])))
     print("\nper collective (1 gloo rank, 1-element all-reduce, us: wall / CPU, medians)")
     for size, values in found.items():

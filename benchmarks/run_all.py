@@ -190,7 +190,11 @@ def paired_ratio(runs: list[dict[str, Any]], mode: str, base: str, key: str) -> 
 def flight_recorder_per_collective(reps: int, n: int) -> dict[str, Any]:
     """bench_flight.py's one-rank loop: CPU microseconds per collective, the recorder off
     and on in turn, and the recorder's own (on minus off, paired by repetition)."""
-    found = per_collective(reps, n)
+    try:
+        found = per_collective(reps, n)
+    except (RuntimeError, OSError, ValueError) as exc:  # the other figures are kept
+        log(f"Flight Recorder per collective failed: {exc}")
+        return {"n": n, "error": str(exc)}
     on, off = [c for _, c in found["2000"]], [c for _, c in found["0"]]
     return {"n": n, "on_cpu_us": Spread.of(on), "off_cpu_us": Spread.of(off),
             "extra_cpu_us": Spread.of([b - a for a, b in zip(off, on, strict=True)])}  # fmt: skip
