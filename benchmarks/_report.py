@@ -361,6 +361,7 @@ def _method_note() -> list[str]:
 
 # what the scale table leaves out, and the command that measures it (benchmarks/_trace_speed.py)
 _SCALE_NOTE = (
+    "RUN: a 2-rank `syncscope profile` of examples/ddp_no_sync.py, made by the same run. "
     "HTA's load is not in this table: on 8 x 256 MB it takes about 15 minutes and 6 GB of "
     "memory on 2 cores; `{command}` measures it. The parse-speed table below has HTA's load beside "
     "syncscope on the sets that fit."

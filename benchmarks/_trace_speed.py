@@ -98,7 +98,7 @@ def scale(work: Path, quick: bool) -> dict[str, Any]:
         workload("no_sync"), ["--layers", "2", "--hidden", "256", "--windows", "2"], work
     )
     run = str(record["run_dir"])
-    shown = {run: "RUN (a 2-rank `syncscope profile` of examples/ddp_no_sync.py)"}
+    shown = {run: "RUN"}  # the page's note says what RUN is
     result = _bench_scale(work, "scale", scale_args(quick, Path(run)), shown)
     lines = result["markdown"].split("\n")
     heading = next((i for i, line in enumerate(lines) if line.startswith("### ")), None)
