@@ -14,6 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from _harness import Spread
+from _report_prediction import prediction_section
+from _report_small_steps import small_steps_section
+from _trace_speed import HTA_BIG
 
 BAR = "#3b6fd1"
 BASE = "#c9ced6"
@@ -60,6 +63,19 @@ def hbar_svg(title: str, rows: Sequence[tuple[str, Spread, str]], unit: str,
         f"{top_value:.3g} {html.escape(unit)}</text></svg>"
     )
     return "\n".join(parts) + "\n"
+
+
+def made_by(results: dict[str, Any], key: str) -> list[str]:
+    """The line saying which script measured section ``key``, with which command, and when
+    (run_all.py's ``made_by``); none for results written before it kept them."""
+    made = results.get("made_by", {}).get(key)
+    if not made:
+        return []
+    return [
+        f"*Measured by {made['how']} on {made['date']}, {made['from']}-{made['to']} UTC "
+        f"({made['seconds']:.0f} s).*",
+        "",
+    ]
 
 
 def ms(s: Spread, scale: float = 1e3, digits: int = 1) -> str:
@@ -130,6 +146,7 @@ def _accelerate(results: dict[str, Any]) -> list[str]:
     lines = [
         "## 1. The Accelerate table, reproduced",
         "",
+        *made_by(results, "accelerate"),
         "Seconds per micro-batch (ms) for the four ways of writing gradient accumulation in "
         "Accelerate's table, plus the baseline script after `syncscope fix --apply`; "
         "DDP over gloo, model 8 x Linear(1024,1024), batch 8, 4 micro-batches per step, "
@@ -179,11 +196,17 @@ def _capture(results: dict[str, Any]) -> list[str]:
     lines = [
         "## 2. Capture cost",
         "",
+        *made_by(results, "capture"),
         f"**Counting-mode capture (`syncscope profile`): window time x{ratio:.3f} of plain "
-        f"torchrun (median of the paired per-repetition ratios: "
-        f"x{cap['paired']['profile'].median:.3f}); the limit is x{cap['limit']:.2f}: "
+        f"torchrun (median of the paired per-repetition ratios, min-max: "
+        f"x{ratio_text(cap['paired']['profile'])}); the limit is x{cap['limit']:.2f}: "
         f"{verdict} the limit.** CPU time of the rank process per window: "
-        f"x{cap['cpu_ratio']['profile']:.3f}.",
+        f"x{cap['cpu_ratio']['profile']:.3f}"
+        + (
+            f" (paired x{ratio_text(cap['paired_cpu']['profile'])})."
+            if "paired_cpu" in cap
+            else "."
+        ),
         "",
         "The same DDP loop (`no_sync` accumulation, 6 x Linear(1024,1024), batch 32, 4 "
         f"micro-batches, 2 gloo ranks; `{' '.join(cap['args'])}`) launched "
@@ -194,106 +217,47 @@ def _capture(results: dict[str, Any]) -> list[str]:
         "ignores time spent waiting for the cores, so it is the steadier figure on a shared "
         "machine.",
         "",
-        "| launch | window ms | ratio | paired ratio | CPU ms | CPU ratio |",
-        "|---|---:|---:|---:|---:|---:|",
+        "| launch | window ms | ratio | paired ratio | CPU ms | CPU ratio |"
+        + (" paired CPU ratio |" if "paired_cpu" in cap else ""),
+        "|---|---:|---:|---:|---:|---:|" + ("---:|" if "paired_cpu" in cap else ""),
     ]
     for m in cap["modes"]:
         n = m["name"]
         lines.append(
             f"| {m['label']} | {ms(cap['window'][n])} | {cap['ratio'][n]:.3f} | "
             f"{ratio_text(cap['paired'][n])} | {ms(cap['cpu'][n])} | {cap['cpu_ratio'][n]:.3f} |"
+            + (f" {ratio_text(cap['paired_cpu'][n])} |" if "paired_cpu" in cap else "")
         )
-    return [*lines, "", "![capture](benchmarks/capture.svg)", "", *_small_steps(results)]
+    lines += ["", "![capture](benchmarks/capture.svg)", "", *_flight_recorder(cap)]
+    return [*lines, *small_steps_section(results)]
 
 
-_SHAPE_TEXT = {
-    "transformer": "a nanoGPT-shaped DDP loop (`workloads/small_transformer.py`: 2 blocks, "
-    "64 wide)",
-    "mlp": "a DDP MLP (`workloads/small_mlp.py`: 4 x Linear(512, 512) + ReLU, batch 16, AdamW)",
-    "large": "the capture-cost loop above (examples/ddp_no_sync.py: 6 x Linear(1024), batch 32)",
-}
-
-
-def _small_steps(results: dict[str, Any]) -> list[str]:
-    """The small-step section: one ``small_steps.py`` result, or a list of them (one per
-    method: one after another, side by side), each with its own table."""
-    small = results.get("small_steps")
-    if not small:
-        return []
-    runs = small if isinstance(small, list) else [small]
-    first = runs[0]
-    shapes_seen = list(
-        dict.fromkeys(s for run in runs for s in (run.get("shapes") or {"transformer": run}))
-    )
-    shapes_seen = [s for s in shapes_seen if s in _SHAPE_TEXT]
-    lines = [
-        "### Small steps",
-        "",
-        "`benchmarks/small_steps.py`: small optimizer steps (and the large shape where named), "
-        "each with 4 "
-        "micro-batches under `no_sync()` on 2 gloo ranks of one thread, eager and "
-        f"`torch.compile`d (backend {first['backend']}), plain torchrun against `syncscope "
-        "profile`: "
-        + "; ".join(_SHAPE_TEXT[s] for s in shapes_seen)
-        + ". Medians over repetitions, min-max in parentheses; *paired*: each profiled run "
-        "over the plain run of its repetition; *thread*: CPU time of the training thread "
-        "alone. *One after another*: the runs in a rotated order, as a user would compare "
-        "them; *side by side*: each plain job and its profiled twin at once, their windows "
-        "timed over the same seconds (the cores shared: read the CPU-time ratios). "
-        "`benchmarks/internals/hook_time.py` gives the time inside the recorder per window, which "
-        "noise does not blur.",
-        "",
-    ]
-    for run in runs:
-        lines += _small_steps_run(run, len(runs) > 1)
-    return lines
-
-
-def _small_steps_run(small: dict[str, Any], titled: bool) -> list[str]:
-    # results written before the MLP shape was added hold the transformer's figures alone
-    shapes = small.get("shapes") or {"transformer": small}
-    method = small.get("method", "one after another")
-    # several runs are told apart by their shapes, kernel and when they ran (a title each)
-    told = [", ".join(shapes)]
-    if small.get("kernel"):
-        told.append(f"{str(small['kernel']).split()[0]} kernel")
-    if small.get("measured"):
-        told.append(str(small["measured"]))
-    lines = [f"#### {method.capitalize()}: {'; '.join(told)}", ""] if titled else []
-    if small.get("measured"):
-        kernel = small.get("kernel")
-        lines += [
-            f"`benchmarks/small_steps.py`, measured {small['measured']}, {method}"
-            + (f", collective kernel: {kernel}" if kernel else "")
-            + f" (load average at the end {', '.join(str(x) for x in small['load'])}), "
-            "apart from the other sections.",
-            "",
-        ]
-    lines += [
-        "| shape | launch | window ms | CPU ms | thread CPU ms |",
-        "|---|---|---:|---:|---:|",
-    ]
-    for shape, figures in shapes.items():
-        for name, f in figures["configs"].items():
-            w, c, t = f["window"], f["cpu"], f.get("thread")
-            lines.append(
-                f"| {shape} | {name} | {w['median'] * 1e3:.2f} "
-                f"({w['low'] * 1e3:.2f}-{w['high'] * 1e3:.2f}) | {c['median'] * 1e3:.2f} | "
-                + (f"{t['median'] * 1e3:.2f} |" if t else "- |")
-            )
-    lines.append("")
-    for shape, figures in shapes.items():
-        for mode in (m for m in ("eager", "compiled") if m in figures):
-            r, p = figures[mode], figures[mode]["paired"]
-            pc, pt = r.get("paired_cpu"), r.get("paired_thread")
-            lines.append(
-                f"- {shape}, {mode}: wall x{r['ratio']:.3f} of plain (medians), paired "
-                f"x{p['median']:.3f} ({p['low']:.3f}-{p['high']:.3f}); CPU time paired "
-                + (f"x{pc['median']:.3f} ({pc['low']:.3f}-{pc['high']:.3f})" if pc else "-")
-                + "; training thread paired "
-                + (f"x{pt['median']:.3f} ({pt['low']:.3f}-{pt['high']:.3f})" if pt else "-")
-            )
-    return [*lines, ""]
+def _flight_recorder(cap: dict[str, Any]) -> list[str]:
+    """Flight Recorder's share of the capture cost: ``profile`` with the recorder on (its
+    default) over ``profile`` with it off, paired by repetition; and its cost per collective
+    alone (benchmarks/bench_flight.py's one-rank loop), where run_all measured it."""
+    lines = []
+    share, share_cpu = cap.get("fr_share"), cap.get("fr_share_cpu")
+    if share and share_cpu:
+        lines.append(
+            "**Flight Recorder's share** (torch's recorder, which `syncscope profile` turns on): "
+            f"the profiled run with it on over the one with it off, paired by repetition: window "
+            f"time x{ratio_text(share)}, CPU time x{ratio_text(share_cpu)}."
+        )
+    per = cap.get("fr_per_collective")
+    if per and per.get("error"):
+        lines.append(
+            f"Per collective (`benchmarks/bench_flight.py`'s loop): failed: {per['error']}"
+        )
+    elif per:
+        on, off, extra = per["on_cpu_us"], per["off_cpu_us"], per["extra_cpu_us"]
+        lines.append(
+            f"Per collective (`benchmarks/bench_flight.py`'s loop: 1 gloo rank, {per['n']} "
+            "1-element all-reduces a measurement, the recorder off and on in turn, "
+            f"{on.n} measurements each): CPU {ms(off, 1, 1)} us off, {ms(on, 1, 1)} us on; "
+            f"the recorder's own, paired: {ms(extra, 1, 1)} us a collective."
+        )
+    return [*lines, ""] if lines else []
 
 
 def _analyze(results: dict[str, Any]) -> list[str]:
@@ -305,6 +269,7 @@ def _analyze(results: dict[str, Any]) -> list[str]:
     lines = [
         "## 3. Analysis speed and peak memory",
         "",
+        *made_by(results, "analyze"),
         f"`{command}`: benchmarks/bench_analyze.py, "
         "its figures as it prints them (fresh processes, tools alternating, medians; "
         "*syncscope analyze* is the whole CLI, start-up and report writing included; *HTA* is "
@@ -340,6 +305,7 @@ def _bytes(results: dict[str, Any]) -> list[str]:
     lines = [
         "## 4. Grad-sync bytes per window",
         "",
+        *made_by(results, "bytes"),
         "Each configuration once under `syncscope profile` (1 node x 2 ranks, "
         f"`{' '.join(b['args'])}`): gradient-sync bytes per optimizer-step window on rank 0 "
         "(median over complete windows) against the minimum, the gradient bytes of one "
@@ -356,87 +322,6 @@ def _bytes(results: dict[str, Any]) -> list[str]:
             f"{', '.join(r['findings']) or 'none'} ({r['verdict']}) |"
         )
     return [*lines, ""]
-
-
-def _prediction_table(p: dict[str, Any], claimed: bool) -> list[str]:
-    lines = [
-        "| configuration | buggy | predicted | measured | error | old error | noise | "
-        "reps spread |" + (" claimed |" if claimed else ""),
-        "|---|---:|---:|---:|---:|---:|---:|---:|" + ("---:|" if claimed else ""),
-    ]
-    for r in p["rows"]:
-        lines.append(
-            f"| {r['label']} | {r['buggy_ns'] / 1e6:.1f} ms | {r['predicted_ns'] / 1e6:.1f} ms | "
-            f"{r['measured_ns'] / 1e6:.1f} ms | **{r['error']:+.0%}** | {r['old_error']:+.0%} | "
-            f"{r['noise_iqr']:.0%} | {r['noise_reps']:.0%} |"
-            + (f" {r['claimed']}/{r['reps']} |" if claimed else "")
-        )
-    within = [r["label"] for r in p["rows"] if abs(r["error"]) <= max(r["noise_iqr"], 0.05)]
-    beyond = [r["label"] for r in p["rows"] if abs(r["error"]) > max(r["noise_iqr"], 0.05)]
-    return [
-        *lines,
-        "",
-        f"**Median absolute error: {p['median_abs_error']:.0%}** (summed-durations model: "
-        f"{p['old_median_abs_error']:.0%}). Error within the noise (or 5%): "
-        f"{'; '.join(within) or 'none'}. Beyond it: {'; '.join(beyond) or 'none'}.",
-        "",
-    ]
-
-
-def _prediction(results: dict[str, Any]) -> list[str]:
-    """Section 6: the cost model's projected window time against the fixed loop's, measured."""
-    pred = results.get("prediction")
-    if not pred:
-        return []
-    lines = [
-        "## 6. Predicted vs measured",
-        "",
-        "How right is the speed-up the report projects? `benchmarks/bench_prediction.py` "
-        "profiles the buggy loop, takes the window time its report projects after the fix "
-        "(window time minus the exposed sync time of every micro-batch but the last, "
-        "[concepts.md](concepts.md#figures)), and measures the fixed loop's window time (median "
-        "over ranks and steady windows), accumulate 4, all under `syncscope profile` so the "
-        "capture cost is on both sides. Error = (predicted - measured) / measured. *Old* is the "
-        "summed-durations model (window minus the sum of the early collectives' durations) on the same "
-        "runs. *Noise*: the fixed loop's window-time interquartile range over ranks and steady "
-        "windows, relative to the measured time; *reps spread*: the range of its medians across "
-        "repetitions.",
-        "",
-        "The report's range reaches further on CPU ranks (gloo's reductions share the cores of "
-        "the backward they overlap): up to the early syncs' whole time in flight "
-        "([concepts.md](concepts.md#figures)). The bundled examples, projected and then "
-        "measured as `fix --verify` measures them, repetition by repetition: "
-        "[benchmarks/prediction-examples.md](benchmarks/prediction-examples.md).",
-        "",
-    ]
-    same = pred.get("same_process")
-    if same:
-        lines += [
-            f"### Same process ({same['reps']} repetitions, {same['windows']} buggy and "
-            f"{same['windows']} fixed windows each)",
-            "",
-            "`workloads/alternating.py` runs the buggy loop on even optimizer steps and the fixed "
-            "loop on odd ones, so prediction and measurement see the same machine load within "
-            "a second: this isolates the model's error from drift in the load of a shared "
-            "machine. Predicted from the buggy windows, measured on the fixed ones.",
-            "",
-            *_prediction_table(same, claimed=False),
-        ]
-    separate = pred.get("separate")
-    if separate:
-        lines += [
-            f"### Separate runs ({separate['reps']} interleaved repetitions, "
-            f"{separate['windows']} timed windows after 1 warm-up)",
-            "",
-            "What a user does: profile the buggy script, fix it, profile the fixed script. Jobs "
-            "are interleaved (every repetition runs every job once, order rotated). *Claimed* "
-            "counts the buggy runs whose report showed the gain rather than omitting it.",
-            "",
-            *_prediction_table(separate, claimed=True),
-        ]
-    if pred.get("notes"):
-        lines += [pred["notes"], ""]
-    return lines
 
 
 def _gpu() -> list[str]:
@@ -474,20 +359,51 @@ def _method_note() -> list[str]:
     ]
 
 
-def _scale_notes() -> list[str]:
-    """benchmarks/bench_scale.py's figures (docs/benchmarks/scale.md and parse-speed.md,
-    each written by its ``--doc``: the large sets take longer than a run_all.py run), as
-    written."""
+# what the scale table leaves out, and the command that measures it (benchmarks/_trace_speed.py)
+_SCALE_NOTE = (
+    "RUN: a 2-rank `syncscope profile` of examples/ddp_no_sync.py, made by the same run. "
+    "HTA's load is not in this table: on 8 x 256 MB it takes about 15 minutes and 6 GB of "
+    "memory on 2 cores; `{command}` measures it. The parse-speed table below has HTA's load beside "
+    "syncscope on the sets that fit."
+)
+
+
+def _trace_speed(results: dict[str, Any]) -> list[str]:
+    """The parse-speed and scale tables, each as benchmarks/bench_scale.py wrote it (its
+    command and when it ran in its first lines) under the line saying run_all.py ran it;
+    for results without them (``--skip-trace-speed``), the tables last written to
+    docs/benchmarks/parse-speed.md and scale.md, with their own commands and dates."""
     lines: list[str] = []
-    for name in ("scale.md", "parse-speed.md"):
-        notes = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / name
-        if not notes.is_file():
+    for key, name in (("scale", "scale.md"), ("parse_speed", "parse-speed.md")):
+        part = results.get(key)
+        if part is None:
+            lines += _written_table(name)
             continue
-        text = notes.read_text()
-        if text.startswith("<!--"):
-            text = text[text.index("-->") + 3 :].lstrip("\n")
-        lines += [*text.rstrip("\n").split("\n"), ""]
+        body = part["markdown"].rstrip("\n").split("\n") if part["markdown"] else []
+        head = body[:1] if body and body[0].startswith("### ") else []
+        body = body[len(head) :]
+        while body and not body[0].strip():
+            body = body[1:]
+        lines += [*head, "", *made_by(results, key)]
+        if part["status"]:
+            lines += [
+                f"bench_scale.py exited {part['status']}: {' '.join(part['stderr_tail'])}",
+                "",
+            ]
+        lines += [*body, ""]
+        if key == "scale":
+            lines += [_SCALE_NOTE.format(command=HTA_BIG), ""]
     return lines
+
+
+def _written_table(name: str) -> list[str]:
+    notes = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / name
+    if not notes.is_file():
+        return []
+    text = notes.read_text()
+    if text.startswith("<!--"):
+        text = text[text.index("-->") + 3 :].lstrip("\n")
+    return [*text.rstrip("\n").split("\n"), ""]
 
 
 def render(results: dict[str, Any], out_dir: Path) -> Path:
@@ -504,10 +420,10 @@ def render(results: dict[str, Any], out_dir: Path) -> Path:
         *_capture(results),
         *_method_note(),
         *_analyze(results),
-        *_scale_notes(),
+        *_trace_speed(results),
         *_bytes(results),
         *_gpu(),
-        *_prediction(results),
+        *prediction_section(results, made_by(results, "prediction")),
         "Raw figures: [benchmarks/results.json](benchmarks/results.json).",
         "",
     ]

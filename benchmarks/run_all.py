@@ -1,20 +1,32 @@
 """The one benchmark command: writes docs/benchmarks.md, its charts and raw results.
 
-    python benchmarks/run_all.py            # full run, about 35-40 minutes on 2 cores
-    python benchmarks/run_all.py --quick    # one repetition, small sets; to a temp dir
+    python benchmarks/run_all.py            # full run, about 45 minutes on 2 quiet cores
+    python benchmarks/run_all.py --quick    # one repetition, small sets, to a temp dir:
+                                            # every section in about 5-7 minutes
 
-Sections (each measured inside the training script, start-up excluded):
+Every section is measured here (each says on the page which script measured it, run by
+which command, and when):
 
 1. the Accelerate table: seconds per micro-batch for the four gradient-accumulation loops
    and the baseline after ``syncscope fix``, on 1 node x 2 gloo ranks and on 2 "nodes" x 1
    rank (torchrun multi-node rendezvous on loopback); configurations interleaved;
 2. capture cost: plain torchrun vs ``syncscope profile`` (with torch's Flight Recorder on,
-   its default, and off) vs ``--trace`` vs a bare ``torch.profiler`` trace (window-time ratios; the limit for counting mode: 1.03),
-   and on small steps, eager and compiled (benchmarks/small_steps.py);
-3. ``syncscope analyze`` vs HTA's ``TraceAnalysis`` load (benchmarks/bench_analyze.py);
+   its default, and off: the recorder's share, paired; and its CPU per collective alone,
+   benchmarks/bench_flight.py's loop) vs ``--trace`` vs a bare ``torch.profiler`` trace
+   (window-time ratios with their min-max; the limit for counting mode: 1.03), one run
+   after another; and on small steps (benchmarks/small_steps.py, eager): the small
+   transformer and MLP one after another, and those and the large shape side by side;
+3. ``syncscope analyze`` vs HTA's ``TraceAnalysis`` load (benchmarks/bench_analyze.py), then
+   benchmarks/bench_scale.py's scale table (16k ranks, 8 x 1 GB, run directories; HTA's load
+   of 8 x 256 MB, 15 minutes alone, is left to a separate run the page names) and its
+   parse-speed table (MB per CPU-second on real traces, sample_traces/ and
+   ../shared/data/kineto where present, 512 ranks and 8 x 256 MB, HTA's load beside);
 4. grad-sync bytes per window against the gradient bytes of one reduction;
 6. predicted vs measured: the projected window time after a fix against the fixed loop's
    (benchmarks/bench_prediction.py; section 5 is the GPU note).
+
+Each figure of sections 1, 2, 4 and 6 is measured inside the training script, start-up
+excluded; section 3's are whole CLI runs.
 """
 
 from __future__ import annotations
@@ -30,6 +42,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from datetime import datetime, timezone
 from importlib import metadata
 from pathlib import Path
@@ -49,7 +62,9 @@ from _harness import (
     workload,
 )
 from _report import render
+from _trace_speed import parse_speed, scale
 from bench_analyze import hta_ranks
+from bench_flight import per_collective
 from bench_prediction import CASES as PREDICTION_CASES
 from bench_prediction import run_modes as measure_prediction
 from small_steps import measure as measure_small_steps
@@ -79,6 +94,8 @@ PUBLISHED = {
             "accelerate_accumulate": 0.41},
 }  # fmt: skip
 COUNTING_LIMIT = 1.03
+# --quick's section 6: one DDP and one FSDP2 loop (every case's path is the same code)
+QUICK_CASES = ("ddp-every-1x2", "fsdp2-every-1x2")
 
 
 def log(message: str) -> None:
@@ -148,18 +165,39 @@ def capture_cost(work: Path, reps: int, args: list[str]) -> dict[str, Any]:
                          "cpu_s": statistics.median(record["window_cpu_s"])})  # fmt: skip
             log(f"capture rep {rep} {mode}: {runs[-1]['window_s'] * 1e3:.1f} ms/window")
     by = lambda mode, key: [r[key] for r in runs if r["mode"] == mode]  # noqa: E731
-    plain = {r["rep"]: r for r in runs if r["mode"] == "plain"}
-    window, cpu, ratio, paired, cpu_ratio = {}, {}, {}, {}, {}
+    window, cpu, ratio, paired, cpu_ratio, paired_cpu = {}, {}, {}, {}, {}, {}
     for mode in launches:
         window[mode] = Spread.of(by(mode, "window_s"))
         cpu[mode] = Spread.of(by(mode, "cpu_s"))
         ratio[mode] = window[mode].median / window["plain"].median
         cpu_ratio[mode] = cpu[mode].median / cpu["plain"].median
-        paired[mode] = Spread.of([r["window_s"] / plain[r["rep"]]["window_s"]
-                                  for r in runs if r["mode"] == mode])  # fmt: skip
+        paired[mode] = paired_ratio(runs, mode, "plain", "window_s")
+        paired_cpu[mode] = paired_ratio(runs, mode, "plain", "cpu_s")
     return {"modes": CAPTURE_MODES, "args": args, "runs": runs, "window": window, "cpu": cpu,
-            "ratio": ratio, "paired": paired, "cpu_ratio": cpu_ratio,
+            "ratio": ratio, "paired": paired, "cpu_ratio": cpu_ratio, "paired_cpu": paired_cpu,
+            # Flight Recorder's share: profile (recorder on) over profile (off), per repetition
+            "fr_share": paired_ratio(runs, "profile", "profile_no_fr", "window_s"),
+            "fr_share_cpu": paired_ratio(runs, "profile", "profile_no_fr", "cpu_s"),
             "limit": COUNTING_LIMIT}  # fmt: skip
+
+
+def paired_ratio(runs: list[dict[str, Any]], mode: str, base: str, key: str) -> Spread:
+    """``mode``'s runs over ``base``'s of the same repetition: median, min-max."""
+    of_base = {r["rep"]: r[key] for r in runs if r["mode"] == base}
+    return Spread.of([r[key] / of_base[r["rep"]] for r in runs if r["mode"] == mode])
+
+
+def flight_recorder_per_collective(reps: int, n: int) -> dict[str, Any]:
+    """bench_flight.py's one-rank loop: CPU microseconds per collective, the recorder off
+    and on in turn, and the recorder's own (on minus off, paired by repetition)."""
+    try:
+        found = per_collective(reps, n)
+    except (RuntimeError, OSError, ValueError) as exc:  # the other figures are kept
+        log(f"Flight Recorder per collective failed: {exc}")
+        return {"n": n, "error": str(exc)}
+    on, off = [c for _, c in found["2000"]], [c for _, c in found["0"]]
+    return {"n": n, "on_cpu_us": Spread.of(on), "off_cpu_us": Spread.of(off),
+            "extra_cpu_us": Spread.of([b - a for a, b in zip(off, on, strict=True)])}  # fmt: skip
 
 
 # bench_analyze.py's result line (its owner may reshape it; the raw output is kept anyway)
@@ -274,6 +312,81 @@ def rerender_small_steps(small_json: list[Path], out: Path) -> Path:
     return render(results, out)
 
 
+class Sections:
+    """Runs each section, logging it and keeping in ``results["made_by"]`` which script
+    measured it, with which command, and when (the page says so under each heading)."""
+
+    def __init__(self, results: dict[str, Any], command: str) -> None:
+        self.results = results
+        self.command = command
+        results["made_by"] = {}
+
+    def run(self, key: str, title: str, how: str, measure: Callable[[], Any]) -> None:
+        log(title)
+        start, clock = datetime.now(timezone.utc), time.monotonic()
+        self.results[key] = measure()
+        self.results["made_by"][key] = {
+            "how": f"{how}, run by `{self.command}`",
+            "date": start.strftime("%Y-%m-%d"),
+            "from": start.strftime("%H:%M"),
+            "to": datetime.now(timezone.utc).strftime("%H:%M"),
+            "seconds": round(time.monotonic() - clock, 1),
+        }
+
+
+def small_steps_both_ways(work: Path, quick: bool, command: str) -> list[dict[str, Any]]:
+    """Capture cost on small steps by both methods: one after another (the small shapes;
+    the large one is the capture-cost table above) and side by side (the large one too)."""
+    runs = []
+    for together, reps, shapes in ((False, 1 if quick else 6, ("transformer", "mlp")),
+                                   (True, 1 if quick else 4, ("transformer", "mlp", "large"))):  # fmt: skip
+        result = measure_small_steps(reps, 10 if quick else None, "aot_eager", work, shapes,
+                                     together, ("eager",))  # fmt: skip
+        result["command"] = f"{command} (benchmarks/small_steps.py's measure)"
+        runs.append(result)
+    return runs
+
+
+def measure_all(opts: argparse.Namespace, results: dict[str, Any], work: Path) -> None:
+    quick = opts.quick
+    reps = results["reps"]
+    command = "python benchmarks/run_all.py" + (" --quick" if quick else "")
+    windows = ["--windows", "2" if quick else "4", "--warmup", "2"]
+    table_args = ["--layers", "8", "--hidden", "1024", "--batch", "8", "--accum", "4", *windows]
+    capture_args = ["--layers", "6", "--hidden", "1024", "--batch", "32", "--accum", "4",
+                    "--windows", "3" if quick else "8", "--warmup", "2"]  # fmt: skip
+    sections = Sections(results, command)
+    fixed, diff = fixed_script(work)
+    results["fix_diff"] = diff
+    sections.run("accelerate", "section 1: the Accelerate table", "run_all.py's accelerate_table",
+                 lambda: accelerate_table(work, fixed, reps, table_args))  # fmt: skip
+    capture_reps = opts.capture_reps or (1 if quick else 8)
+    sections.run("capture", "section 2: capture cost", "run_all.py's capture_cost and "
+                 "benchmarks/bench_flight.py's per-collective loop",
+                 lambda: capture_cost(work, capture_reps, capture_args)
+                 | {"fr_per_collective": flight_recorder_per_collective(
+                     3 if quick else 6, 1000 if quick else 5000)})  # fmt: skip
+    sections.run("small_steps", "section 2, small steps (small_steps.py)",
+                 "benchmarks/small_steps.py's measure",
+                 lambda: small_steps_both_ways(work, quick, command))  # fmt: skip
+    sections.run("bytes", "section 4: grad-sync bytes per window", "run_all.py's sync_bytes",
+                 lambda: sync_bytes(work, fixed, [*table_args[:8], "--windows", "2"]))  # fmt: skip
+    prediction_reps = opts.prediction_reps or (1 if quick else 2)
+    cases = [c for c in PREDICTION_CASES if c["name"] in QUICK_CASES] if quick else PREDICTION_CASES
+    sections.run("prediction", "section 6: predicted vs measured (bench_prediction.py)",
+                 "benchmarks/bench_prediction.py's run_modes",
+                 lambda: measure_prediction(work / "prediction", prediction_reps,
+                                            2 if quick else 4, cases))  # fmt: skip
+    if not opts.skip_analyze:
+        sections.run("analyze", "section 3: analysis speed (bench_analyze.py)",
+                     "benchmarks/bench_analyze.py", lambda: analysis_speed(work, quick))  # fmt: skip
+    if not opts.skip_trace_speed:
+        sections.run("parse_speed", "section 3: parse speed (bench_scale.py)",
+                     "benchmarks/bench_scale.py", lambda: parse_speed(work, quick))  # fmt: skip
+        sections.run("scale", "section 3: scale (bench_scale.py)", "benchmarks/bench_scale.py",
+                     lambda: scale(work, quick))  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--quick", action="store_true", help="1 repetition, small trace sets")
@@ -281,12 +394,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--out", type=Path, help="output folder (default docs/; --quick: a temp dir)"
     )
-    parser.add_argument("--skip-analyze", action="store_true", help="leave out section 3")
+    parser.add_argument(
+        "--skip-analyze", action="store_true", help="leave out section 3's HTA table"
+    )
+    parser.add_argument(
+        "--skip-trace-speed",
+        action="store_true",
+        help="leave out section 3's parse-speed and scale tables (bench_scale.py; the page "
+        "then shows those last written to docs/benchmarks/parse-speed.md and scale.md)",
+    )
     parser.add_argument(
         "--prediction-reps", type=int, help="repetitions of section 6 (default 2; --quick: 1)"
     )
     parser.add_argument(
-        "--capture-reps", type=int, help="repetitions of section 2 (default 10; --quick: 1)"
+        "--capture-reps", type=int, help="repetitions of section 2 (default 8; --quick: 1)"
     )
     parser.add_argument(
         "--small-steps-from",
@@ -302,44 +423,14 @@ def main(argv: list[str] | None = None) -> int:
         page = rerender_small_steps(opts.small_steps_from, opts.out or ROOT / "docs")
         log(f"wrote {page}")
         return 0
-    reps = opts.reps or (1 if opts.quick else 5)
-    capture_reps = opts.capture_reps or (1 if opts.quick else 10)
     out = opts.out or (Path(tempfile.gettempdir()) / "syncscope-bench-quick" if opts.quick
                        else ROOT / "docs")  # fmt: skip
-    windows = ["--windows", "2" if opts.quick else "4", "--warmup", "2"]
-    table_args = ["--layers", "8", "--hidden", "1024", "--batch", "8", "--accum", "4", *windows]
-    capture_args = ["--layers", "6", "--hidden", "1024", "--batch", "32", "--accum", "4",
-                    "--windows", "3" if opts.quick else "8", "--warmup", "2"]  # fmt: skip
     started = time.monotonic()
-    results: dict[str, Any] = {"machine": machine(), "quick": opts.quick, "reps": reps}
+    results: dict[str, Any] = {"machine": machine(), "quick": opts.quick,
+                               "reps": opts.reps or (1 if opts.quick else 5)}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="syncscope-bench-") as tmp:
-        work = Path(tmp)
         try:
-            fixed, diff = fixed_script(work)
-            results["fix_diff"] = diff
-            log("section 1: the Accelerate table")
-            results["accelerate"] = accelerate_table(work, fixed, reps, table_args)
-            log("section 2: capture cost")
-            results["capture"] = capture_cost(work, capture_reps, capture_args)
-            log("section 2, small steps (small_steps.py)")
-            results["small_steps"] = measure_small_steps(
-                1 if opts.quick else 6, 10 if opts.quick else None, "aot_eager", work
-            )
-            log("section 4: grad-sync bytes per window")
-            results["bytes"] = sync_bytes(work, fixed, [*table_args[:8], "--windows", "2"])
-            log("section 6: predicted vs measured (bench_prediction.py)")
-            results["prediction"] = measure_prediction(
-                work / "prediction",
-                opts.prediction_reps or (1 if opts.quick else 2),
-                2 if opts.quick else 4,
-                PREDICTION_CASES,
-            )
-            if not opts.skip_analyze:
-                log("section 3: analysis speed (bench_analyze.py)")
-                try:
-                    results["analyze"] = analysis_speed(work, opts.quick)
-                except Exception as exc:  # another engineer's script: keep the other sections
-                    log(f"section 3 failed: {type(exc).__name__}: {exc}")
+            measure_all(opts, results, Path(tmp))
         except LaunchFailed as exc:
             print(f"run_all: a launch failed: {exc}", file=sys.stderr)
             return 1

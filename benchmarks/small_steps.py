@@ -253,6 +253,7 @@ def main(argv: list[str] | None = None) -> int:
         result = measure(
             opts.reps, opts.windows, opts.backend, Path(tmp), shapes, opts.side_by_side, modes
         )
+    result["command"] = " ".join(["python benchmarks/small_steps.py", *(argv or sys.argv[1:])])
     print(report(result))
     if opts.json:
         opts.json.write_text(json.dumps(result, indent=1))

@@ -60,7 +60,7 @@ class _Progress:
             what = STEPS.get(done, "a step") if total == "2" else "a step"
             self.pending = f"[{done}/{total}] {what} ({self.elapsed()})"
             self.step = "linking" if done == "1" else "loading the module to check it"
-        elif text.startswith(("syncscope: note: ", "syncscope: waiting")):
+        elif text.startswith(("syncscope: note: ", "syncscope: waiting", "syncscope: stopped")):
             self.say(text.removeprefix("syncscope: "))
 
     def say(self, text: str) -> None:

@@ -377,6 +377,7 @@ def _native_kernel(quiet: bool) -> bool:
     waits on no compiler. True: build it in the background once the run ends."""
     from syncscope.capture import native
 
+    native.hold_for_run()  # a background build pauses while this run is under way
     ready = native.readiness()
     if ready.path is not None:
         os.environ[native.NATIVE_PATH_ENV] = str(ready.path)

@@ -19,7 +19,7 @@ Python, into torch's extension directory, in a process of its own
 ``syncscope.capture.native.cache``). Nothing waits on that build unless asked to:
 ``syncscope build-kernel`` (and ``build()``) builds it in the foreground; ``syncscope
 profile`` runs on the Python kernel while it is not built and starts the build in the
-background once its run ends, for the next runs (``readiness()``, ``start_background()``),
+background once its run ends, for the next runs, on idle CPU only (``readiness()``, ``start_background()``),
 and passes a built module to the ranks (``NATIVE_PATH_ENV``); ``track()``, the pytest plugin
 and ``attach`` use it only if it was built before. A module is loaded only when its checksum
 is the one its build recorded. Without it capture records exactly the same, at the Python
@@ -186,6 +186,26 @@ def readiness() -> Readiness:
     )
 
 
+def hold_for_run() -> None:
+    """Tell a background build that a run is under way in this process, until it ends: the
+    build pauses its compiler meanwhile (``syncscope profile``, before its ranks start).
+    Nothing where the compiled kernel is off or its directory unusable."""
+    try:
+        if not setting()[1]:
+            return
+        where = cache.place()
+        if cache.prepare(where):
+            return
+    except Exception:  # a torch that cannot say where its extensions go: nothing to pause
+        return
+    fd = cache.hold_for_run(where)
+    if fd is not None:
+        _run_holds.append(fd)
+
+
+_run_holds: list[int] = []  # this process's runs lock, held until it exits
+
+
 def _builder_command(parent: bool) -> list[str]:
     command = [sys.executable, "-m", "syncscope.capture.native.builder"]
     return [*command, "--parent", str(os.getpid())] if parent else command
@@ -250,6 +270,8 @@ def build(
         status = _run_builder(where, progress, tick)
         if status != _busy():
             break
+        if _stop_idle_builder(where, progress):
+            continue
         _wait_for_builder(where, progress, tick)
         if cache.remembered_failure(where):
             break
@@ -294,6 +316,26 @@ def _stop(proc: subprocess.Popen[bytes]) -> None:
     kill_session(proc.pid)
     proc.kill()
     proc.wait()
+
+
+def _stop_idle_builder(where: cache.Place, progress: Callable[[str], None] | None) -> bool:
+    """Stop the background build under way (it runs on idle CPU only, so on a busy machine
+    it may take very long) for one at normal priority: whether it was stopped."""
+    from syncscope.capture.native.builder import idle_priority
+
+    pid = cache.builder_pid(where)
+    if not pid or not idle_priority(pid):
+        return False
+    try:
+        os.kill(pid, signal.SIGTERM)  # it stops every process of its build, then exits
+    except OSError:  # gone already, or another user's
+        return cache.builder_pid(where) is None
+    deadline = time.monotonic() + 10
+    while cache.builder_pid(where) is not None and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if progress is not None:
+        progress(f"syncscope: stopped the background build (pid {pid}, on idle CPU) to build now")
+    return cache.builder_pid(where) is None
 
 
 def _wait_for_builder(

@@ -11,7 +11,9 @@ One directory per module name (source, torch and Python) under torch's extension
   starts the build again (``syncscope build-kernel`` does);
 - ``syncscope-build.lock``: held (``flock``) by the one builder at work; the kernel frees it
   when the builder dies, however it dies;
-- ``syncscope-build.log``: the last build's output.
+- ``syncscope-build.log``: the last build's output;
+- ``syncscope-runs.lock``: held shared (``flock``) by every ``syncscope profile`` while it
+  runs; the background build pauses its compiler while any run holds it.
 
 Nothing here imports torch at import time, and nothing raises for a bad directory: each
 check returns the reason in words.
@@ -36,12 +38,15 @@ STAMP = "syncscope-kernel.json"
 FAILED = "syncscope-failed.json"
 LOCK = "syncscope-build.lock"
 LOG = "syncscope-build.log"
+RUNS_LOCK = "syncscope-runs.lock"
 TORCH_LOCK = "lock"  # torch.utils.cpp_extension's FileBaton: a file that exists while it builds
 # a build that takes longer is stopped, and a torch lock file older than this is stale
 BUILD_LIMIT_S = 600.0
+# the background build runs on idle CPU only: on a busy machine it may take this long
+BACKGROUND_LIMIT_S = 3600.0
 # a torch lock this old with no process working in the build directory is stale too
 IDLE_LOCK_S = 30.0
-_KEEP = {LOCK, LOG, FAILED, TORCH_LOCK}  # kept when a build starts afresh
+_KEEP = {LOCK, LOG, FAILED, TORCH_LOCK, RUNS_LOCK}  # kept when a build starts afresh
 
 
 @dataclass(frozen=True)
@@ -271,6 +276,37 @@ def builder_pid(where: Place) -> int | None:
     finally:
         os.close(fd)
     return None
+
+
+def hold_for_run(where: Place) -> int | None:
+    """Say that a run is under way until this process ends (a shared lock on the runs
+    lock file, which the kernel frees however the process ends): a descriptor, or None
+    where the lock file cannot be had."""
+    try:
+        fd = os.open(where.file(RUNS_LOCK), os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o644)
+    except OSError:
+        return None
+    try:
+        fcntl.flock(fd, fcntl.LOCK_SH)  # waits only while a builder looks (a moment)
+    except OSError:
+        os.close(fd)
+        return None
+    return fd
+
+
+def runs_under_way(where: Place) -> bool:
+    """Whether a process holds ``hold_for_run``'s lock on ``where`` now."""
+    try:
+        fd = os.open(where.file(RUNS_LOCK), os.O_RDONLY | os.O_CLOEXEC)
+    except OSError:
+        return False
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        return True
+    finally:
+        os.close(fd)  # frees the lock it took, if it took it
+    return False
 
 
 def stale_torch_lock(where: Place, now: float | None = None) -> str:

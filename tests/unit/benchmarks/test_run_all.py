@@ -11,13 +11,23 @@ from types import ModuleType
 ROOT = Path(__file__).resolve().parents[3]
 
 
-def _report() -> ModuleType:
-    """benchmarks/_report.py, the page's generator (benchmarks/ is no package)."""
+def _module(name: str) -> ModuleType:
+    """A module of benchmarks/ (no package)."""
     sys.path.insert(0, str(ROOT / "benchmarks"))
     try:
-        return importlib.import_module("_report")
+        return importlib.import_module(name)
     finally:
         sys.path.remove(str(ROOT / "benchmarks"))
+
+
+def _report() -> ModuleType:
+    """benchmarks/_report.py, the page's generator."""
+    return _module("_report")
+
+
+def _small_steps(results: dict[str, object]) -> list[str]:
+    """The small-step section as benchmarks/_report_small_steps.py renders it."""
+    return list(_module("_report_small_steps").small_steps_section(results))
 
 
 def test_the_page_carries_the_generators_method_note() -> None:
@@ -30,7 +40,7 @@ def test_the_page_carries_the_generators_method_note() -> None:
 
 def test_the_page_carries_the_scale_figures_as_written() -> None:
     report = _report()
-    lines = report._scale_notes()
+    lines = report._trace_speed({})  # no tables measured: those last written to docs/
     assert lines and lines[0].startswith("### Scale")
     assert any(line.startswith("### Parse speed") for line in lines)
     notes = "\n".join(lines).rstrip("\n")
@@ -43,7 +53,6 @@ def test_the_page_shows_small_steps_on_both_shapes_as_generated() -> None:
     # GIVEN the raw figures docs/benchmarks.md was rendered from
     import json
 
-    report = _report()
     results = json.loads((ROOT / "docs" / "benchmarks" / "results.json").read_text())
     # THEN the small shapes were measured, each mode with the training thread's CPU time
     small = results["small_steps"]
@@ -56,14 +65,13 @@ def test_the_page_shows_small_steps_on_both_shapes_as_generated() -> None:
             for mode in modes:
                 assert {"paired", "paired_cpu", "paired_thread"} <= set(figures[mode])
     # AND the page's small-step section is the generator's rendering of them
-    section = "\n".join(report._small_steps(results)).rstrip("\n")
+    section = "\n".join(_small_steps(results)).rstrip("\n")
     page = (ROOT / "docs" / "benchmarks.md").read_text()
     assert section.startswith("### Small steps") and section in page
     assert "| mlp | profile eager |" in section and "- mlp, eager:" in section
 
 
 def test_small_steps_measured_eager_only_name_their_kernel() -> None:
-    report = _report()
     spread = {"median": 0.02, "low": 0.01, "high": 0.03, "n": 3}
     ratio = {"median": 1.01, "low": 1.0, "high": 1.02, "n": 3}
     mode = {"ratio": 1.01, "cpu_ratio": 1.0, "paired": ratio, "paired_cpu": ratio,
@@ -72,14 +80,13 @@ def test_small_steps_measured_eager_only_name_their_kernel() -> None:
                "eager": mode}  # fmt: skip
     run = {"method": "side by side", "backend": "aot_eager", "measured": "2026-11-27 18:00 UTC",
            "load": [1.0], "kernel": "python", "shapes": {"large": figures}}  # fmt: skip
-    lines = report._small_steps({"small_steps": run})
+    lines = _small_steps({"small_steps": run})
     assert any("collective kernel: python" in line for line in lines)
     assert any(line.startswith("- large, eager: wall x1.010") for line in lines)
     assert not any("compiled:" in line for line in lines)
 
 
 def test_small_steps_of_an_earlier_run_render_as_the_transformer_alone() -> None:
-    report = _report()
     spread = {"median": 0.02, "low": 0.01, "high": 0.03, "n": 3}
     ratio = {"median": 1.01, "low": 1.0, "high": 1.02, "n": 3}
     old = {
@@ -88,13 +95,12 @@ def test_small_steps_of_an_earlier_run_render_as_the_transformer_alone() -> None
         "eager": {"ratio": 1.01, "cpu_ratio": 1.0, "paired": ratio},
         "compiled": {"ratio": 1.02, "cpu_ratio": 1.0, "paired": ratio},
     }
-    lines = report._small_steps({"small_steps": old})
+    lines = _small_steps({"small_steps": old})
     assert "| transformer | plain eager | 20.00 (10.00-30.00) | 20.00 | - |" in lines
     assert any(line.startswith("- transformer, compiled: wall x1.020") for line in lines)
 
 
 def test_small_steps_of_two_methods_render_a_table_each() -> None:
-    report = _report()
     spread = {"median": 0.02, "low": 0.01, "high": 0.03, "n": 3}
     ratio = {"median": 1.01, "low": 1.0, "high": 1.02, "n": 3}
 
@@ -110,7 +116,7 @@ def test_small_steps_of_two_methods_render_a_table_each() -> None:
     # GIVEN one result measured one after another and one side by side
     small = [run("one after another", 1.05), run("side by side", 1.02)]
     # WHEN the section is rendered from both
-    lines = report._small_steps({"small_steps": small})
+    lines = _small_steps({"small_steps": small})
     # THEN each method has its own heading, its own measurement note and its own figures
     assert lines[0] == "### Small steps"
     one = lines.index("#### One after another: mlp; 2026-11-25 11:00 UTC")
@@ -119,3 +125,82 @@ def test_small_steps_of_two_methods_render_a_table_each() -> None:
     assert any("x1.050" in line for line in lines[one:two])
     assert any("x1.020" in line for line in lines[two:])
     assert sum("side by side (load average" in line for line in lines) == 1
+
+
+def test_every_measured_section_says_which_script_ran_it_and_when() -> None:
+    # GIVEN results in which run_all.py kept who measured the capture section, and when
+    report = _report()
+    made = {"how": "run_all.py's capture_cost, run by `python benchmarks/run_all.py`",
+            "date": "2026-11-27", "from": "22:01", "to": "22:14", "seconds": 780.0}  # fmt: skip
+    # WHEN the line is rendered
+    lines = report.made_by({"made_by": {"capture": made}}, "capture")
+    # THEN it names the script, the command and the time
+    assert lines[0] == (
+        "*Measured by run_all.py's capture_cost, run by `python benchmarks/run_all.py` on "
+        "2026-11-27, 22:01-22:14 UTC (780 s).*"
+    )
+    assert report.made_by({}, "capture") == []  # results written before it kept them
+
+
+def test_flight_recorders_share_is_printed_with_its_noise() -> None:
+    report = _report()
+    spread = _module("_harness").Spread
+    cap = {"fr_share": spread(1.004, 0.990, 1.020, 10), "fr_share_cpu": spread(1.01, 1.0, 1.02, 10),
+           "fr_per_collective": {"n": 5000, "on_cpu_us": spread(30.0, 29.0, 32.0, 6),
+                                 "off_cpu_us": spread(27.0, 26.5, 28.0, 6),
+                                 "extra_cpu_us": spread(3.0, 2.0, 4.5, 6)}}  # fmt: skip
+    text = "\n".join(report._flight_recorder(cap))
+    assert "window time x1.004 (0.990-1.020), CPU time x1.010 (1.000-1.020)" in text
+    assert "the recorder's own, paired: 3.0 (2.0-4.5) us a collective" in text
+
+
+def test_the_parse_speed_and_scale_tables_are_bench_scales_under_the_line_that_ran_them() -> None:
+    # GIVEN bench_scale.py's tables as run_all.py kept them, one of which failed
+    report, speed = _report(), _module("_trace_speed")
+    table = "### Parse speed: MB per CPU-second\n\n`python benchmarks/bench_scale.py ...` on X\n\n| set |"
+    made = {"how": "benchmarks/bench_scale.py, run by `python benchmarks/run_all.py`",
+            "date": "2026-11-27", "from": "22:30", "to": "22:36", "seconds": 360.0}  # fmt: skip
+    results = {
+        "parse_speed": {"markdown": table, "status": 0, "stderr_tail": []},
+        "scale": {
+            "markdown": table.replace("### Parse speed: MB per CPU-second", speed.SCALE_TITLE),
+            "status": 1,
+            "stderr_tail": ["MemoryError"],
+        },
+        "made_by": {"parse_speed": made, "scale": made},
+    }
+    # WHEN section 3's trace-speed part is rendered
+    lines = report._trace_speed(results)
+    # THEN the scale table comes first under its own title, then parse speed, each with
+    # its provenance line right under the title, and the failure said
+    titles = [i for i, line in enumerate(lines) if line.startswith("### ")]
+    assert [lines[i] for i in titles] == [speed.SCALE_TITLE, "### Parse speed: MB per CPU-second"]
+    assert len(titles) == 2 and all(lines[i + 2].startswith("*Measured by") for i in titles)
+    assert "bench_scale.py exited 1: MemoryError" in lines
+    assert lines.count("| set |") == 2
+    assert any(
+        "--hta --hta-max-mb 2200" in line for line in lines
+    )  # what the scale table leaves out
+
+
+def test_the_parse_speed_table_always_measures_the_bundled_real_traces() -> None:
+    speed = _module("_trace_speed")
+    args = speed.parse_speed_args(quick=False)
+    real = args[args.index("--real") + 1 : args.index("--hta")]
+    assert real[:2] == ["sample_traces/nccl_parser_config", "sample_traces/trace_filter"]
+    assert all((ROOT / path).is_dir() for path in real[:2])
+    shared = [p for p in real if p.startswith("../shared/")]
+    assert all((ROOT / p).is_dir() for p in shared)  # those only where they are
+
+
+def test_the_first_profile_benchmark_runs_the_readmes_main_command() -> None:
+    first = _module("bench_first_profile")
+    args = first.readme_command(ROOT / "README.md")
+    assert args[:2] == ["--nproc-per-node", "2"] and args[2].startswith("examples/")
+    assert (ROOT / args[2]).is_file()
+
+
+def test_quick_predictions_name_cases_that_exist() -> None:
+    run_all = _module("run_all")
+    names = {case["name"] for case in run_all.PREDICTION_CASES}
+    assert set(run_all.QUICK_CASES) <= names and len(run_all.QUICK_CASES) < len(names)
