@@ -44,9 +44,9 @@ def parse_speed_args(quick: bool) -> list[str]:
     """docs/benchmarks.md's parse-speed table: bench_scale.py's arguments (``--dir`` and
     ``--doc`` apart)."""
     if quick:
-        sets = ["--ranks", "16", "--rank-kb", "60", "--big-files", "2", "--big-mb", "4"]
+        sets = ["--ranks", "16", "--rank-windows", "1", "--big-files", "2", "--big-mb", "4"]
         return [*sets, "--real", *real_traces(quick), "--hta", "--hta-max-mb", "4"]
-    sets = ["--ranks", "512", "--rank-kb", "460", "--big-files", "8", "--big-mb", "256"]
+    sets = ["--ranks", "512", "--rank-windows", "3", "--big-files", "8", "--big-mb", "256"]
     return [*sets, "--real", *real_traces(quick), "--hta", "--hta-max-mb", "350"]
 
 
@@ -54,9 +54,29 @@ def scale_args(quick: bool, capture: Path) -> list[str]:
     """The scale table's arguments (``--dir`` and ``--doc`` apart); ``capture``: a 2-rank
     run directory the run-directory sets copy."""
     if quick:
-        sets = ["--ranks", "64", "--big-files", "1", "--big-mb", "8"]
+        sets = [
+            "--ranks",
+            "64",
+            "--big-files",
+            "1",
+            "--big-mb",
+            "8",
+            "--layouts",
+            "compact",
+            "--no-json-alone",
+        ]
         return [*sets, "--run-dir-ranks", "64", "--v1-ranks", "16", "--capture", str(capture)]
-    sets = ["--ranks", "16384", "--big-files", "8", "--big-mb", "1024"]
+    sets = [
+        "--ranks",
+        "16384",
+        "--big-files",
+        "8",
+        "--big-mb",
+        "1024",
+        "--layouts",
+        "compact",
+        "--no-json-alone",
+    ]
     return [*sets, "--run-dir-ranks", "16384", "--v1-ranks", "2048", "--capture", str(capture)]
 
 

@@ -246,13 +246,16 @@ JSON_ALONE = (
 )
 
 
+JSON_ALONE_ROWS = [True]  # ``--no-json-alone``: False
+
+
 def _both(name: str, traces: Path, out: Path, hta: bool, reps: int = 1) -> None:
     """syncscope analyze, the JSON alone (``JSON_ALONE``), then HTA's load of the same files
     (``hta``), ``reps`` times in turn (each meets the same machine load); every run printed."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     for _ in range(reps):
         _line(name, traces, *analyze(traces, out))
-        if traces.name != "ranks" and any(is_trace_file(p) for p in traces.iterdir()):
+        if JSON_ALONE_ROWS[0] and any(is_trace_file(p) for p in traces.iterdir()):
             got = measure([sys.executable, "-c", JSON_ALONE, str(traces)], env)
             _line(name, traces, *got, "JSON alone")
         if hta:
@@ -318,6 +321,8 @@ def main() -> int:
     parser.add_argument("--ranks", default="1024,4096,16384")
     parser.add_argument("--rank-windows", type=int, default=RANK_WINDOWS,
                         help="windows in each many-rank file")  # fmt: skip
+    parser.add_argument("--no-json-alone", action="store_true",
+                        help="leave out the JSON-alone row of each set")  # fmt: skip
     parser.add_argument("--layouts", default="torch,compact",
                         help="synthetic sets in these layouts (torch, compact)")  # fmt: skip
     parser.add_argument("--no-big", action="store_true")
@@ -343,6 +348,7 @@ def main() -> int:
         return bool(args.hta) and _size_gb(traces) * 1e3 <= args.hta_max_mb
 
     layouts = [x for x in args.layouts.split(",") if x]
+    JSON_ALONE_ROWS[0] = not args.no_json_alone
     compile_package()
     measure_startup(args.dir)
     for real in args.real:
