@@ -270,7 +270,7 @@ def _shown(arg: str, work: Path) -> str:
     return arg.replace(f"{ROOT}/", "").replace(f"{ROOT.parent}/", "../")
 
 
-def write_doc(path: Path, argv: list[str]) -> None:
+def write_doc(path: Path, argv: list[str], windows: int = RANK_WINDOWS) -> None:
     """The figures as docs/benchmarks.md's parse-speed section (benchmarks/_report.py puts
     the file in the page as written)."""
     when = time.strftime("%Y-%m-%d %H:%M UTC", time.gmtime())
@@ -298,8 +298,8 @@ def write_doc(path: Path, argv: list[str]) -> None:
         "usual args, and the flow events it adds for each kernel launch; about 220 bytes an "
         "event, as in the real GPU traces above), and *compact*, minimal and unspaced, "
         "without flow events (about 145 bytes an event: the most work a megabyte can "
-        "describe, so the lowest MB/CPU-s of any layout). Many-rank sets are 3 windows a "
-        "rank; big files are filled to their size.",
+        "describe, so the lowest MB/CPU-s of any layout). Many-rank sets are "
+        f"{windows} window(s) a rank; big files are filled to their size.",
         "",
         "| set | MB | tool | wall s | CPU s | MB/CPU-s | past start-up | events/CPU-s "
         "| peak RSS MiB | load |",
@@ -377,7 +377,7 @@ def main() -> int:
             _both(name, traces, out, hta_on(traces), args.reps)
     if args.doc is not None:
         argv = [_shown(a, args.dir) for a in sys.argv[1:]]
-        write_doc(args.doc, argv)
+        write_doc(args.doc, argv, args.rank_windows)
     return 0
 
 
