@@ -226,10 +226,15 @@ def _line(
     print(
         f"{name:<40} {size * 1e3:8.1f} MB parsed | {tool:<9} {wall:8.2f} s wall {cpu:8.2f} CPU-s "
         f"{size * 1e3 / max(cpu, 1e-9):7.1f} MB/CPU-s {past}"
-        f"{events / max(cpu, 1e-9) / 1e3:7.0f}k events/CPU-s {rss:8.0f} MiB "
+        f"{_per_cpu(events, cpu):>7} events/CPU-s {rss:8.0f} MiB "
         f"| load {load:.1f} on {os.cpu_count()} cores",
         flush=True,
     )
+
+
+def _per_cpu(events: int, cpu: float) -> str:
+    """Thousands of events per CPU-second; "-" for a set of no trace events (run directories)."""
+    return f"{events / max(cpu, 1e-9) / 1e3:.0f}k" if events else "-"
 
 
 def _rate(amount: float, cpu: float) -> str:
@@ -286,7 +291,9 @@ def write_doc(path: Path, argv: list[str], windows: int = RANK_WINDOWS) -> None:
         f"time, start-up included; *past start-up*: over the CPU time less the command's "
         f"fixed cost, {STARTUP[0]:.2f} CPU-s here (interpreter, imports and reports: the same "
         "command on a one-window trace). *events/CPU-s*: the trace's events over the CPU "
-        "time, a figure the layout does not change. *load*: the 1-minute load average when "
+        "time, a figure the layout does not change (run directories: -). *past start-up* is "
+        "worth reading only where the CPU time is several times the start-up, whose own "
+        "variation between runs otherwise dominates it. *load*: the 1-minute load average when "
         "the row ended (above the core count, other jobs were running: wall times are then "
         "upper bounds). *JSON alone*: the same files' events parsed by orjson in the pieces "
         "syncscope reads and dropped, in one fresh process (its start-up included): what "
@@ -310,7 +317,7 @@ def write_doc(path: Path, argv: list[str], windows: int = RANK_WINDOWS) -> None:
         lines.append(
             f"| {name} | {size * 1e3:.1f} | {tool} | {wall:.2f} | {cpu:.2f} | "
             f"{size * 1e3 / max(cpu, 1e-9):.1f} | {past} | "
-            f"{events / max(cpu, 1e-9) / 1e3:.0f}k | {rss:.0f} | {load:.1f} |"
+            f"{_per_cpu(events, cpu)} | {rss:.0f} | {load:.1f} |"
         )
     path.write_text("\n".join(lines) + "\n")
 
