@@ -396,6 +396,16 @@ def _trace_speed(results: dict[str, Any]) -> list[str]:
     return lines
 
 
+def _keep_tables(results: dict[str, Any], where: Path) -> None:
+    """The trace-speed tables this run measured, as bench_scale.py wrote them, kept in
+    ``where`` (scale.md, parse-speed.md): a later ``--skip-trace-speed`` page shows them."""
+    for key, name in (("scale", "scale.md"), ("parse_speed", "parse-speed.md")):
+        part = results.get(key)
+        if part and part.get("markdown") and not part.get("status"):
+            note = "<!-- written by benchmarks/bench_scale.py --doc; benchmarks/_report.py puts it in -->"
+            (where / name).write_text(f"{note}\n{part['markdown'].rstrip()}\n")
+
+
 def _written_table(name: str) -> list[str]:
     notes = Path(__file__).resolve().parents[1] / "docs" / "benchmarks" / name
     if not notes.is_file():
@@ -431,4 +441,5 @@ def render(results: dict[str, Any], out_dir: Path) -> Path:
     page.write_text("\n".join(lines))
     raw = json.dumps(results, default=lambda o: o.__dict__, indent=1)
     (out_dir / "benchmarks" / "results.json").write_text(raw + "\n")
+    _keep_tables(results, out_dir / "benchmarks")
     return page
