@@ -262,20 +262,29 @@ def try_lock(where: Place) -> int | None:
     return fd
 
 
-def builder_pid(where: Place) -> int | None:
-    """The pid of the builder at work in ``where``, or None when none is."""
+def _held(path: Path, flag: int) -> bytes | None:
+    """The first bytes of ``path`` where another process holds a lock on it that ``flag``
+    (``LOCK_SH`` or ``LOCK_EX``) cannot be had beside, else None (no file, or not held)."""
     try:
-        fd = os.open(where.file(LOCK), os.O_RDONLY | os.O_CLOEXEC)
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
     except OSError:
         return None
     try:
-        fcntl.flock(fd, fcntl.LOCK_SH | fcntl.LOCK_NB)
+        fcntl.flock(fd, flag | fcntl.LOCK_NB)
     except BlockingIOError:
-        text = os.read(fd, 32).decode(errors="replace").strip()
-        return int(text) if text.isdigit() else 0
+        return os.read(fd, 32)
     finally:
-        os.close(fd)
+        os.close(fd)  # frees the lock it took, if it took it
     return None
+
+
+def builder_pid(where: Place) -> int | None:
+    """The pid of the builder at work in ``where``, or None when none is."""
+    held = _held(where.file(LOCK), fcntl.LOCK_SH)
+    if held is None:
+        return None
+    text = held.decode(errors="replace").strip()
+    return int(text) if text.isdigit() else 0
 
 
 def hold_for_run(where: Place) -> int | None:
@@ -296,17 +305,7 @@ def hold_for_run(where: Place) -> int | None:
 
 def runs_under_way(where: Place) -> bool:
     """Whether a process holds ``hold_for_run``'s lock on ``where`` now."""
-    try:
-        fd = os.open(where.file(RUNS_LOCK), os.O_RDONLY | os.O_CLOEXEC)
-    except OSError:
-        return False
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        return True
-    finally:
-        os.close(fd)  # frees the lock it took, if it took it
-    return False
+    return _held(where.file(RUNS_LOCK), fcntl.LOCK_EX) is not None
 
 
 def stale_torch_lock(where: Place, now: float | None = None) -> str:
