@@ -10,7 +10,7 @@ registry), then there (docs/dev/gpu-check.md gives the whole procedure)::
 1. installs every wheel of ``--wheels`` (``.whl/``) with ``pip install --no-index --no-deps
    --target SITE`` and puts SITE on the path of everything it starts (the GPU image has
    torch and the rest; nothing can be downloaded there), then checks that syncscope, orjson,
-   libcst, plotly, hta and pydot import;
+   msgspec, libcst, plotly, hta and pydot import;
 2. without CUDA stops there, saying so: "skipped", exit 0, no GPU figure printed;
 3. runs ``pytest -m gpu --slow tests/gpu`` (``-n 6`` where pytest-xdist is installed);
 4. runs ``benchmarks/bench_gpu.py`` (plain torchrun against ``syncscope profile``, paired,
@@ -40,7 +40,7 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-MODULES = ("syncscope", "orjson", "libcst", "plotly", "hta", "pydot")
+MODULES = ("syncscope", "orjson", "msgspec", "libcst", "plotly", "hta", "pydot")
 PAIR_S = 110  # bench_gpu.py's budget (100 s) and its last repetition's overrun
 OUTCOME = re.compile(r"\b(PASSED|FAILED|ERROR|SKIPPED|XFAIL|XPASS)\b")
 NODE = re.compile(r"(tests/\S+::\S+)")

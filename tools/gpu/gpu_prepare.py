@@ -8,7 +8,7 @@ accelerate, transformers and lightning, but not the rest of what syncscope and i
 import. This writes into ``--dest`` (``.whl/``, ignored by git, copied to the GPU machine
 with the checkout) syncscope's own wheel (``pip wheel --no-deps`` of this tree) and
 ``pip download --no-deps`` wheels of the packages the image lacks, for the image's Python
-(3.12, x86-64 manylinux): orjson, libcst, plotly, traceinsight (HTA, ``analyze --hta``) and
+(3.12, x86-64 manylinux): orjson, msgspec, libcst, plotly, traceinsight (HTA, ``analyze --hta``) and
 pydot (HTA imports it). tools/gpu/gpu_check.py installs them there with ``--no-index``. The
 folder is emptied first: two versions of one package stop the whole install. Needs PyPI
 here; prints the wheels and their size (``LIMIT_MIB`` at most, to keep the copy small).
@@ -23,7 +23,14 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
 # what the GPU image lacks, with the floors pyproject.toml states (pydot: HTA's own need)
-MISSING = ["orjson>=3.9", "libcst>=1.0", "plotly>=5.20", "traceinsight>=0.6", "pydot"]
+MISSING = [
+    "orjson>=3.9",
+    "msgspec>=0.18",
+    "libcst>=1.0",
+    "plotly>=5.20",
+    "traceinsight>=0.6",
+    "pydot",
+]
 PLATFORMS = [f"manylinux_2_{n}_x86_64" for n in (39, 35, 34, 31, 28, 27, 24, 17)]
 PLATFORMS += ["manylinux2014_x86_64", "manylinux1_x86_64"]
 LIMIT_MIB = 48  # with the working tree, a copy of at most 64 MiB

@@ -1,18 +1,23 @@
 """Keep what matters from one rank's Kineto events, in compact form, as they stream by.
 
-``RankEvents`` is the consumer given to ``read_trace``: it looks at each event once and
-keeps optimizer steps, forward markers, backward activity, collectives (``c10d::*`` ops
-and ``record_param_comms``), syncscope's own annotations and the intervals needed for
-overlap (GPU kernels, or CPU ops), dropping everything else. Times are nanoseconds on the
-trace's own clock; ``windows.py`` adds ``baseTimeNanoseconds``.
+``decode_events`` turns a piece of the ``traceEvents`` array into ``Event`` objects that hold
+only the keys read here: msgspec skips every other key without building it, which is most of
+the cost of parsing a trace into dicts. ``RankEvents`` is the consumer given to
+``read_trace``: it looks at each event once and keeps optimizer steps, forward markers,
+backward activity, collectives (``c10d::*`` ops and ``record_param_comms``), syncscope's own
+annotations and the intervals needed for overlap (GPU kernels, or CPU ops), dropping
+everything else. Times are nanoseconds on the trace's own clock; ``windows.py`` adds
+``baseTimeNanoseconds``.
 """
 
 from __future__ import annotations
 
 from array import array
 from dataclasses import dataclass, field
+from itertools import compress
 from typing import Any
 
+import msgspec
 import orjson
 
 from syncscope.model import input_argument
@@ -47,12 +52,94 @@ _DTYPE_BYTES = {
 }  # fmt: skip
 _COMM_NAMES = ("c10d::", "record_param_comms", "gloo:", "nccl:", "syncscope.grad_sync#")
 _LAUNCH_CATEGORIES = frozenset({"cuda_runtime", "cuda_driver"})
-_NO_ARGS: dict[str, Any] = {}  # an event without args (never written to)
 _MAX_NS = 1 << 62  # a timestamp beyond this (ns; year 2116) is corrupt, not a time
 
 
 def dtype_bytes(dtype: str) -> int | None:
     return _DTYPE_BYTES.get(dtype.lower())
+
+
+_ABSENT = msgspec.Raw()  # a list key the event does not have
+
+
+class Args(msgspec.Struct, gc=False):
+    """The ``args`` keys read here. Lists are kept as their JSON text (``msgspec.Raw``, parsed
+    by ``json_value`` for the few events that need them): every CPU op has ``Input Dims``."""
+
+    correlation: Any = None
+    input_dims: msgspec.Raw = msgspec.field(default=_ABSENT, name="Input Dims")
+    input_type: msgspec.Raw = msgspec.field(default=_ABSENT, name="Input type")
+    in_msg_nelems: Any = msgspec.field(default=None, name="In msg nelems")
+    dtype: Any = ""
+    collective_name: Any = msgspec.field(default="", name="Collective name")
+    group_ranks: msgspec.Raw = msgspec.field(default=_ABSENT, name="Process Group Ranks")
+    group_name: Any = msgspec.field(default="", name="Process Group Name")
+
+
+class Event(msgspec.Struct, gc=False):
+    """One trace event, as far as it is read here (the defaults: what a missing key means)."""
+
+    ph: Any = None
+    cat: Any = None
+    name: Any = None
+    ts: Any = None
+    dur: Any = 0
+    pid: Any = None
+    tid: Any = 0
+    args: Args | None = None
+
+
+_decode = msgspec.json.Decoder(list[Event]).decode
+
+
+def decode_events(piece: bytes) -> list[Any]:
+    """The entries of the JSON array ``piece``: ``Event``s, or, where an entry is not an
+    object or a key holds what no event has (``args`` not an object, a number beyond a
+    double), the entries parsed as plain JSON, objects made ``Event``s and the rest left as
+    they are (``RankEvents`` counts them). Invalid JSON: ``ValueError``."""
+    try:
+        return _decode(piece)
+    except msgspec.ValidationError:
+        return [_event_of(e) for e in orjson.loads(piece)]
+
+
+def _event_of(e: Any) -> Any:
+    if not isinstance(e, dict):
+        return e
+    args = e.get("args")
+    if isinstance(args, dict):
+        args = Args(
+            correlation=args.get("correlation"),
+            input_dims=_raw(args, "Input Dims"),
+            input_type=_raw(args, "Input type"),
+            in_msg_nelems=args.get("In msg nelems"),
+            dtype=args.get("dtype", ""),
+            collective_name=args.get("Collective name", ""),
+            group_ranks=_raw(args, "Process Group Ranks"),
+            group_name=args.get("Process Group Name", ""),
+        )
+    return Event(
+        ph=e.get("ph"),
+        cat=e.get("cat"),
+        name=e.get("name"),
+        ts=e.get("ts"),
+        dur=e.get("dur", 0),
+        pid=e.get("pid"),
+        tid=e.get("tid", 0),
+        args=args,
+    )
+
+
+_NO_ARGS = Args()  # an event without args (never written to)
+
+
+def _raw(args: dict[str, Any], key: str) -> msgspec.Raw:
+    return msgspec.Raw(orjson.dumps(args[key])) if key in args else _ABSENT
+
+
+def json_value(raw: msgspec.Raw) -> Any:
+    """A key kept as its JSON text, parsed (None where the event does not have it)."""
+    return orjson.loads(bytes(raw)) if raw else None
 
 
 @dataclass(slots=True)
@@ -125,8 +212,11 @@ class RankEvents:
     backward: array[int] = field(default_factory=lambda: array("q"))  # start, end pairs
     cpu_compute: array[int] = field(default_factory=lambda: array("q"))
     comm_kernels: array[int] = field(default_factory=lambda: array("q"))  # start, end, corr
-    compute_kernels: array[int] = field(default_factory=lambda: array("q"))  # start, end, corr
-    launches: array[int] = field(default_factory=lambda: array("q"))  # correlation, ns pairs
+    compute_kernels: array[int] = field(default_factory=lambda: array("q"))  # start, end pairs
+    # kernel launches (CUDA runtime/driver calls): correlation ids, and their times as the
+    # trace writes them (us), made ns only for the few that launched a communication kernel
+    launch_ids: array[int] = field(default_factory=lambda: array("q"))
+    launch_times: array[float] = field(default_factory=lambda: array("d"))
     pid: int | None = None
     events: int = 0
     not_objects: int = 0  # entries of traceEvents that are not objects
@@ -136,9 +226,9 @@ class RankEvents:
     # the window each fell in draws no finding (``Window.records_dropped``)
     unnamed: array[int] = field(default_factory=lambda: array("q"))
 
-    def _unplaced(self, e: dict[str, Any]) -> None:
+    def _unplaced(self, e: Event) -> None:
         self.unplaced += 1
-        name = e.get("name")
+        name = e.name
         if isinstance(name, str) and name.startswith(_COMM_NAMES):
             self.unplaced_comms += 1
 
@@ -156,51 +246,59 @@ class RankEvents:
                 ends.append(max(s.end for s in spans))
         return (min(starts), max(ends)) if starts else None
 
-    def __call__(self, batch: list[dict[str, Any]]) -> None:
+    def __call__(self, batch: list[Any]) -> None:
+        """Read a batch of ``decode_events``' entries (``Event``s, and any that were not
+        objects)."""
         # The hot loop: one pass, locals only, no call per event for the common cases
         # (compute/comm kernels, their launches, plain CPU ops). Everything else is rare.
         self.events += len(batch)
         comm_kernels = self.comm_kernels.extend
         compute_kernels = self.compute_kernels.extend
-        launches = self.launches.extend
+        launch_ids = self.launch_ids.append
+        launch_times = self.launch_times.append
         cpu_compute = self.cpu_compute.extend
         backward = self.backward.extend
         for e in batch:
             try:
-                cat = e.get("cat")
+                cat = e.cat
             except AttributeError:  # not an object
                 self.not_objects += 1
                 continue
-            if cat is None or e.get("ph") != "X":
+            if cat is None or e.ph != "X":
                 continue
             try:
                 if cat == "cpu_op":
-                    name = e.get("name")
+                    name = e.name
                     if not isinstance(name, str):
-                        self.unnamed.append(int(e["ts"] * 1000.0))
+                        self.unnamed.append(int(e.ts * 1000.0))
                     elif not name.startswith(_NOT_COMPUTE):  # (backward ops start with one)
-                        start = int(e["ts"] * 1000.0)
-                        cpu_compute((start, start + int(e.get("dur", 0) * 1000.0)))
+                        start = int(e.ts * 1000.0)
+                        cpu_compute((start, start + int(e.dur * 1000.0)))
                     elif name.startswith(_BACKWARD):
-                        start = int(e["ts"] * 1000.0)
-                        backward((start, start + int(e.get("dur", 0) * 1000.0)))
+                        start = int(e.ts * 1000.0)
+                        backward((start, start + int(e.dur * 1000.0)))
                     else:
                         self._cpu(e)
                 elif cat == "kernel":
-                    start = int(e["ts"] * 1000.0)
-                    end = start + int(e.get("dur", 0) * 1000.0)
-                    name = str(e.get("name", ""))
-                    corr = int(e.get("args", _NO_ARGS).get("correlation", -1))
+                    start = int(e.ts * 1000.0)
+                    end = start + int(e.dur * 1000.0)
+                    name = e.name
+                    if not isinstance(name, str):
+                        name = "" if name is None else str(name)
                     if "nccl" in name and (
                         name.startswith("nccl") or "ncclKernel" in name or "ncclDevKernel" in name
                     ):
-                        comm_kernels((start, end, corr))
+                        args = e.args
+                        corr = args.correlation if args is not None else None
+                        comm_kernels((start, end, -1 if corr is None else int(corr)))
                     elif not name.startswith(("Memcpy", "Memset")):
-                        compute_kernels((start, end, corr))
+                        compute_kernels((start, end))
                 elif cat in _LAUNCH_CATEGORIES:
-                    corr = e.get("args", _NO_ARGS).get("correlation")
+                    args = e.args
+                    corr = args.correlation if args is not None else None
                     if corr is not None:
-                        launches((int(corr), int(e["ts"] * 1000.0)))
+                        launch_times(e.ts)
+                        launch_ids(corr if type(corr) is int else int(corr))
                 elif cat == "user_annotation":
                     self._cpu(e)
             except (KeyError, TypeError, ValueError, AttributeError, OverflowError):
@@ -211,24 +309,28 @@ class RankEvents:
         """Drop what a failed ``extend`` left of a record (a time or correlation id too large
         for 64 bits fails after the fields before it went in): every array keeps whole
         records, so no later interval is shifted."""
-        for pairs in (self.cpu_compute, self.backward, self.launches):
+        for pairs in (self.cpu_compute, self.backward, self.compute_kernels):
             del pairs[len(pairs) - len(pairs) % 2 :]
-        for triples in (self.comm_kernels, self.compute_kernels):
-            del triples[len(triples) - len(triples) % 3 :]
+        del self.launch_times[len(self.launch_ids) :]
+        triples = self.comm_kernels
+        del triples[len(triples) - len(triples) % 3 :]
 
     def comm_launches(self) -> dict[int, int]:
         """Launch time (ns) of each communication kernel, by correlation id."""
         wanted = set(self.comm_kernels[2::3])
-        it = iter(self.launches)
-        return {c: ts for c, ts in zip(it, it, strict=True) if c in wanted}
+        if not wanted:
+            return {}
+        ids = self.launch_ids
+        chosen = compress(zip(ids, self.launch_times, strict=True), map(wanted.__contains__, ids))
+        return {c: int(ts * 1000.0) for c, ts in chosen}
 
-    def _cpu(self, e: dict[str, Any]) -> None:
-        name = e.get("name")
+    def _cpu(self, e: Event) -> None:
+        name = e.name
         if not isinstance(name, str):
-            self.unnamed.append(int(e["ts"] * 1000.0))
+            self.unnamed.append(int(e.ts * 1000.0))
             return
-        start = int(e["ts"] * 1000.0)
-        end = start + int(e.get("dur", 0) * 1000.0)
+        start = int(e.ts * 1000.0)
+        end = start + int(e.dur * 1000.0)
         if end < start or not -_MAX_NS < start < _MAX_NS:
             raise ValueError("negative duration or a time outside any run")
         if name.startswith(_BACKWARD):
@@ -237,20 +339,19 @@ class RankEvents:
         if name.startswith(_SCALE_UPDATE):
             self.scale_updates.append(Span(start, end, 0, name))
             return
-        if e.get("cat") == "cpu_op" and not name.startswith(_NOT_COMPUTE):
+        if e.cat == "cpu_op" and not name.startswith(_NOT_COMPUTE):
             self.cpu_compute.extend((start, end))
             return
-        tid = e.get("tid", 0)
-        tid = tid if isinstance(tid, int) else hash(tid)
-        if self.pid is None and isinstance(e.get("pid"), int):
-            self.pid = e["pid"]
+        tid = e.tid if isinstance(e.tid, int) else hash(e.tid)
+        if self.pid is None and isinstance(e.pid, int):
+            self.pid = e.pid
         if name.startswith("c10d::"):
             self.collectives.append(self._c10d(e, start, end, tid, name))
             return
         if name == "record_param_comms":
             self.param_comms.append(self._param_comms(e, start, end, tid))
             return
-        if e.get("cat") == "cpu_op":
+        if e.cat == "cpu_op":
             return
         self._annotation(name, Span(start, end, tid, name))
 
@@ -276,23 +377,24 @@ class RankEvents:
             self.profiler_steps.append(span)
 
     @staticmethod
-    def _c10d(e: dict[str, Any], start: int, end: int, tid: int, name: str) -> RawCollective:
-        args = e.get("args") or {}
+    def _c10d(e: Event, start: int, end: int, tid: int, name: str) -> RawCollective:
         raw = RawCollective(start, end, tid, name)
+        if e.args is None:
+            return raw
         index = input_argument(name)
-        raw.nelems = _first_tensor(args.get("Input Dims"), index)
-        types = args.get("Input type")
+        raw.nelems = _first_tensor(json_value(e.args.input_dims), index)
+        types = json_value(e.args.input_type)
         if isinstance(types, list) and len(types) > index and isinstance(types[index], str):
             raw.dtype = types[index] if dtype_bytes(types[index]) else ""
         return raw
 
     @staticmethod
-    def _param_comms(e: dict[str, Any], start: int, end: int, tid: int) -> RawCollective:
-        args = e.get("args") or {}
-        raw = RawCollective(start, end, tid, str(args.get("Collective name", "")))
-        nelems = args.get("In msg nelems")
+    def _param_comms(e: Event, start: int, end: int, tid: int) -> RawCollective:
+        args = e.args if e.args is not None else _NO_ARGS
+        raw = RawCollective(start, end, tid, str(args.collective_name))
+        nelems = args.in_msg_nelems
         raw.nelems = int(nelems) if isinstance(nelems, (int, float)) else None
-        raw.dtype = str(args.get("dtype", ""))
-        raw.group_ranks = _parse_ranks(args.get("Process Group Ranks"))
-        raw.group_name = str(args.get("Process Group Name", ""))
+        raw.dtype = str(args.dtype)
+        raw.group_ranks = _parse_ranks(json_value(args.group_ranks))
+        raw.group_name = str(args.group_name)
         return raw

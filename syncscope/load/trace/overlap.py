@@ -14,12 +14,14 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import pairwise
+from operator import itemgetter
 from pathlib import Path
 from typing import Any
 
 from syncscope.load.trace.events import RankEvents
 
 Interval = tuple[int, int]
+_START, _END = itemgetter(0), itemgetter(1)
 
 
 def merge(intervals: Iterable[Interval]) -> list[Interval]:
@@ -41,9 +43,10 @@ def merge_pairs(flat: Sequence[int]) -> list[Interval]:
     them: a pass in start order over the array, without a tuple for every interval (a 50 MB
     trace has ~60,000 backward ops; as tuples they would cost ~7 MiB for a moment)."""
     starts, ends = flat[0::2], flat[1::2]
-    in_order = all(a <= b for a, b in pairwise(starts))  # what traces usually are
-    order: Iterable[int] = (
-        range(len(starts)) if in_order else sorted(range(len(starts)), key=starts.__getitem__)
+    order: Iterable[int] = (  # in order: what traces usually are
+        range(len(starts))
+        if _in_order(starts)
+        else sorted(range(len(starts)), key=starts.__getitem__)
     )
     out: list[Interval] = []
     for i in order:
@@ -59,7 +62,9 @@ def merge_pairs(flat: Sequence[int]) -> list[Interval]:
 
 
 def total(merged: Sequence[Interval]) -> int:
-    return sum(end - start for start, end in merged)
+    ends: int = sum(map(_END, merged))  # (C-level sums: no loop in Python)
+    starts: int = sum(map(_START, merged))
+    return ends - starts
 
 
 def subtract(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:
@@ -103,36 +108,42 @@ class Measure:
         self.exposed = total(subtract(comm, compute))
 
 
-def _by_window(kernels: Sequence[int], spans: Sequence[Interval]) -> list[array[int]]:
-    """Per window span, the indices (into the start, end, correlation triples) of the kernels
-    that start in it: 8 bytes a kernel, where tuples for every kernel would cost ~120."""
+def _in_order(values: Sequence[int]) -> bool:
+    """Whether ``values`` never decrease (one C-level pass: sorting a sorted list is linear)."""
+    as_list = values.tolist() if isinstance(values, array) else list(values)
+    return as_list == sorted(as_list)
+
+
+def _by_window(kernels: array[int], width: int, spans: Sequence[Interval]) -> list[array[int]]:
+    """Per window span, the indices (into the records of ``width`` values, start and end
+    first) of the kernels that start in it: 8 bytes a kernel, where tuples for every kernel
+    would cost ~120."""
     bounds = [lo for lo, _ in spans]
     last = spans[-1][1]
     out: list[array[int]] = [array("q") for _ in spans]
-    for k, start in enumerate(kernels[0::3]):
+    for k, start in enumerate(kernels[0::width]):
         i = bisect_right(bounds, start) - 1
         if i >= 0 and start <= last:
             out[i].append(k)
     return out
 
 
-def _intervals(kernels: Sequence[int], indices: array[int]) -> list[Interval]:
-    return merge((kernels[3 * k], kernels[3 * k + 1]) for k in indices)
+def _intervals(kernels: array[int], width: int, indices: array[int]) -> list[Interval]:
+    return merge((kernels[width * k], kernels[width * k + 1]) for k in indices)
 
 
 def _kernels_by_window(
-    kernels: Sequence[int], spans: Sequence[Interval]
+    kernels: array[int], width: int, spans: Sequence[Interval]
 ) -> Iterator[list[Interval]]:
-    """Per window span, in turn, the merged intervals of the kernels (start, end,
-    correlation triples) that start in it (from its start to the next span's; the last to
-    its end): one window's at a time, as each is measured and let go. Kernels in start
-    order, as traces list them, are one slice per window, merged in one pass; others are
-    sorted first (``_by_window``)."""
-    starts, ends = kernels[0::3], kernels[1::3]
-    in_order = all(a <= b for a, b in pairwise(starts))
-    if not in_order or not all(a[0] <= b[0] for a, b in pairwise(spans)):
-        for indices in _by_window(kernels, spans):
-            yield _intervals(kernels, indices)
+    """Per window span, in turn, the merged intervals of the kernels (records of ``width``
+    values, start and end first) that start in it (from its start to the next span's; the
+    last to its end): one window's at a time, as each is measured and let go. Kernels in
+    start order, as traces list them, are one slice per window, merged in one pass; others
+    are sorted first (``_by_window``)."""
+    starts, ends = kernels[0::width], kernels[1::width]
+    if not _in_order(starts) or not all(a[0] <= b[0] for a, b in pairwise(spans)):
+        for indices in _by_window(kernels, width, spans):
+            yield _intervals(kernels, width, indices)
         return
     cuts = [bisect_left(starts, lo) for lo, _ in spans[1:]]
     cuts.append(bisect_right(starts, spans[-1][1]))
@@ -165,8 +176,8 @@ def measure_windows(ev: RankEvents, spans: Sequence[Interval]) -> list[Measure] 
         return [
             Measure(c, k)
             for c, k in zip(
-                _kernels_by_window(ev.comm_kernels, spans),
-                _kernels_by_window(ev.compute_kernels, spans),
+                _kernels_by_window(ev.comm_kernels, 3, spans),
+                _kernels_by_window(ev.compute_kernels, 2, spans),
                 strict=True,
             )
         ]

@@ -17,12 +17,49 @@ from __future__ import annotations
 
 import dataclasses
 from array import array
+from collections import OrderedDict
 from collections.abc import Iterator, Sequence
 from typing import Any, Generic, TypeVar, overload
 
 T = TypeVar("T")
 
 _NONE = -(2**63)  # stands for None in an integer column
+
+# Rows made lately, by (packed, lo, hi): the analysis and the reports read every window's
+# collectives a dozen times over (counts, bytes, rounds, streams, tables), so each window's
+# are made once while they fit here. Bounded by rows (~280 bytes each): past it, the least
+# recently read are let go and made again when read again.
+_MADE_MAX_ROWS = 1 << 16
+_made: OrderedDict[tuple[int, int, int], tuple[Packed[Any], list[Any]]] = OrderedDict()
+_made_rows = 0
+
+
+def _recall(key: tuple[int, int, int]) -> list[Any] | None:
+    hit = _made.get(key)
+    if hit is None:
+        return None
+    try:
+        _made.move_to_end(key)
+    except KeyError:  # let go meanwhile by another thread: still a good list
+        pass
+    return hit[1]
+
+
+def _remember(key: tuple[int, int, int], packed: Packed[Any], made: list[Any]) -> None:
+    """Keep ``made`` (the packed kept alive while its id is in a key). Without a lock (no
+    ``threading`` import for analyze): another thread can at worst make rows twice."""
+    global _made_rows
+    if len(made) > _MADE_MAX_ROWS or key in _made:
+        return
+    _made[key] = (packed, made)
+    _made_rows += len(made)
+    while _made_rows > _MADE_MAX_ROWS:
+        try:
+            _, (_, gone) = _made.popitem(last=False)
+        except KeyError:  # emptied by another thread
+            _made_rows = 0
+            return
+        _made_rows -= len(gone)
 
 
 def _is_int(value: object) -> bool:
@@ -68,7 +105,7 @@ def _few(values: list[Any], limit: int = 0xFF) -> bool:
 class Packed(Generic[T]):
     """All rows of one dataclass type, column by column (see the module docstring)."""
 
-    __slots__ = ("_recent", "columns", "count", "kind")
+    __slots__ = ("columns", "count", "kind")
 
     def __init__(
         self,
@@ -80,9 +117,6 @@ class Packed(Generic[T]):
         self.count = count
         # per field: (values or codes, table of values for coded fields, None in ints)
         self.columns = columns
-        # The rows made last: readers go over one window's rows several times in a row
-        # (counts, bytes, rounds), and each pass would otherwise make them again.
-        self._recent: tuple[int, int, list[T]] = (0, 0, [])
 
     @classmethod
     def of(cls, kind: type[T], rows: Sequence[T]) -> Packed[T]:
@@ -98,9 +132,6 @@ class Packed(Generic[T]):
         return cls(kind, len(rows), tuple(columns))
 
     def row(self, i: int) -> T:
-        lo, hi, made = self._recent
-        if lo <= i < hi:
-            return made[i - lo]
         args: list[Any] = []
         for values, table, has_none in self.columns:
             v = values[i]
@@ -116,8 +147,10 @@ class Packed(Generic[T]):
         """Rows ``lo`` to ``hi``: one pass per column, faster than ``row`` per row."""
         if lo >= hi:
             return []
-        if (lo, hi) == self._recent[:2]:
-            return self._recent[2]
+        key = (id(self), lo, hi)
+        recalled = _recall(key)
+        if recalled is not None:
+            return recalled
         fields: list[list[Any]] = []
         for values, table, has_none in self.columns:
             part = values[lo:hi]
@@ -129,7 +162,7 @@ class Packed(Generic[T]):
                 fields.append(part.tolist())
         kind = self.kind
         made = [kind(*args) for args in zip(*fields, strict=True)]
-        self._recent = (lo, hi, made)
+        _remember(key, self, made)
         return made
 
     def view(self, lo: int = 0, hi: int | None = None) -> Rows[T]:

@@ -14,7 +14,7 @@ from typing import Any
 
 from syncscope.errors import BadTrace, SyncscopeError
 from syncscope.fields import field_int, field_of, field_str
-from syncscope.load.trace.events import RankEvents
+from syncscope.load.trace.events import RankEvents, decode_events
 from syncscope.load.trace.read import Opener, read_trace
 from syncscope.load.trace.windows import RankNotes, rank_from_trace
 from syncscope.model import RankRun
@@ -90,7 +90,7 @@ def read_rank(
     result = RankResult(path)
     try:
         events = RankEvents()
-        meta = read_trace(path, events, advance, opener)
+        meta = read_trace(path, events, advance, opener, decode_events)
         info = field_of(meta, "distributedInfo", path, dict, default={}, error=BadTrace)
         field_int(meta, "baseTimeNanoseconds", path, default=0, error=BadTrace)
         _check_events(path, events, result.rank_notes)

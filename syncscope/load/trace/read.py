@@ -2,7 +2,7 @@
 
 Kineto writes ``{"schemaVersion": 1, ..., "traceEvents": [ {...}, {...} ], ...}``. We read
 the file in chunks, cut the ``traceEvents`` array at event boundaries, parse each piece
-with orjson and hand the events on in batches; the keys around the array (``distributedInfo``,
+(with orjson into dicts, or with the caller's ``decode``) and hand the events on in batches; the keys around the array (``distributedInfo``,
 ``baseTimeNanoseconds``, ...) are parsed at the end. Memory stays at a few chunks plus
 whatever the consumer keeps, whatever the size of the file.
 
@@ -33,8 +33,10 @@ _ARRAY_START = re.compile(rb'"traceEvents"\s*:\s*\[')
 _BOUNDARY = re.compile(rb"\}\s*,\s*\{")
 _GZIP_MAGIC = b"\x1f\x8b"
 
-EventBatch = list[dict[str, Any]]
+EventBatch = list[Any]
 Consumer = Callable[[EventBatch], None]
+# a JSON array's bytes to its entries; ValueError where the JSON is invalid
+Decoder = Callable[[bytes], EventBatch]
 Opener = Callable[[], IO[bytes]]
 
 
@@ -122,7 +124,7 @@ def _invalid(path: Path, exc: Exception, where: int) -> BadTrace:
     return BadTrace(f"{path}: invalid JSON near byte {where} ({detail})")
 
 
-def _split(buf: bytes, since: int = 0) -> tuple[EventBatch | None, int]:
+def _split(buf: bytes, decode: Decoder, since: int = 0) -> tuple[EventBatch | None, int]:
     """Parse the longest run of whole events at the front of ``buf``: (events, bytes used).
 
     ``since``: boundaries before this offset were tried already (a prefix that did not
@@ -140,14 +142,14 @@ def _split(buf: bytes, since: int = 0) -> tuple[EventBatch | None, int]:
     for m in reversed(matches[-3:]):
         end = m.start() + 1
         try:
-            events = orjson.loads(b"[" + buf[:end] + b"]")
-        except orjson.JSONDecodeError:
+            events = decode(b"[" + buf[:end] + b"]")
+        except ValueError:
             continue
         return events, m.end() - 1  # keep the '{' that opens the next event
     return None, 0
 
 
-def _finish(path: Path, buf: bytes, offset: int) -> tuple[EventBatch, bytes]:
+def _finish(path: Path, buf: bytes, offset: int, decode: Decoder) -> tuple[EventBatch, bytes]:
     """The last events and the bytes after the array's closing bracket.
 
     The closing bracket is the first ``]`` after which the rest of the file reads as the
@@ -160,8 +162,8 @@ def _finish(path: Path, buf: bytes, offset: int) -> tuple[EventBatch, bytes]:
             continue
         trailer = buf[m.end() :]
         try:
-            events = orjson.loads(b"[" + buf[: m.start()] + b"]")
-        except orjson.JSONDecodeError as exc:
+            events = decode(b"[" + buf[: m.start()] + b"]")
+        except ValueError as exc:
             error = error or exc
             continue
         return events, trailer
@@ -183,14 +185,16 @@ def read_trace(
     consume: Consumer,
     on_bytes: Callable[[int], None] | None = None,
     opener: Opener | None = None,
+    decode: Decoder = orjson.loads,
 ) -> dict[str, Any]:
     """Stream the events of ``path`` into ``consume`` in batches; return the other keys.
-    ``opener``: where the bytes come from instead of the file ``path`` (which messages name)."""
+    ``opener``: where the bytes come from instead of the file ``path`` (which messages name).
+    ``decode``: how a piece of the array is parsed (default: into dicts)."""
     reader = _Reader(path, on_bytes, opener)
     collecting = gc.isenabled()
-    gc.disable()  # millions of small dicts, no cycles: the collector only costs time here
+    gc.disable()  # millions of small objects, no cycles: the collector only costs time here
     try:
-        return _read(path, reader, consume)
+        return _read(path, reader, consume, decode)
     finally:
         reader.close()
         if collecting:
@@ -216,7 +220,7 @@ def _array_start(path: Path, reader: _Reader) -> tuple[bytes, bytes]:
             _no_events(path, b"")
 
 
-def _read(path: Path, reader: _Reader, consume: Consumer) -> dict[str, Any]:
+def _read(path: Path, reader: _Reader, consume: Consumer, decode: Decoder) -> dict[str, Any]:
     head, buf = _array_start(path, reader)
     consumed = reader.offset - len(buf)
     unsplit = 0
@@ -227,7 +231,7 @@ def _read(path: Path, reader: _Reader, consume: Consumer) -> dict[str, Any]:
             break
         since = len(buf) - 16 if unsplit else 0
         buf += chunk
-        events, used = _split(buf, since)
+        events, used = _split(buf, decode, since)
         if events is None:
             unsplit += 1
             if unsplit * CHUNK_BYTES > _MAX_UNSPLIT_BYTES:
@@ -241,12 +245,12 @@ def _read(path: Path, reader: _Reader, consume: Consumer) -> dict[str, Any]:
         consume(events)
         consumed += used
         buf = buf[used:]
-    events, used = _split(buf)
+    events, used = _split(buf, decode)
     if events is not None:
         consume(events)
         consumed += used
         buf = buf[used:]
-    events, trailer = _finish(path, buf, consumed)
+    events, trailer = _finish(path, buf, consumed, decode)
     if events:
         consume(events)
     try:

@@ -122,10 +122,11 @@ def test_kernels_in_start_order_are_measured_as_in_any_order() -> None:
         def measures(
             order: list[tuple[int, int, int]], comm_first: bool, spans: list[tuple[int, int]]
         ) -> list[tuple[int, ...]]:
-            ev = RankEvents()
-            flat = array("q", [v for k in order for v in k])
-            half = array("q", [v for k in order if k[2] % 2 for v in k])
-            ev.comm_kernels, ev.compute_kernels = (flat, half) if comm_first else (half, flat)
+            ev = RankEvents()  # comm kernels: (start, end, correlation); compute: (start, end)
+            every, odd = order, [k for k in order if k[2] % 2]
+            comm, compute = (every, odd) if comm_first else (odd, every)
+            ev.comm_kernels = array("q", [v for k in comm for v in k])
+            ev.compute_kernels = array("q", [v for k in compute for v in k[:2]])
             got = measure_windows(ev, spans)
             assert got is not None
             return [(m.comm, m.compute, m.exposed) for m in got]

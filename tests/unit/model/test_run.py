@@ -4,13 +4,14 @@ the order of severities."""
 
 from __future__ import annotations
 
+import orjson
 import pytest
 import torch
 
 from syncscope.analysis.coverage import ranks_missing
 from syncscope.capture.recorder.core import _op_tensors
 from syncscope.load.inputs import load
-from syncscope.load.trace.events import RankEvents
+from syncscope.load.trace.events import RankEvents, decode_events
 from syncscope.model import (
     MAX_LISTED_RUNS,
     SEVERITIES,
@@ -120,7 +121,7 @@ def test_the_input_argument_is_the_same_for_capture_and_traces(op: str, index: i
         "args": {"Input Dims": [[[2]], [[3, 5]]], "Input type": ["float", "c10::Half"]},
     }
     events = RankEvents()
-    events([event])
+    events(decode_events(orjson.dumps([event])))
     (raw,) = events.collectives
     assert (raw.nelems, raw.dtype) == [(2, "float"), (15, "c10::Half")][index]
 

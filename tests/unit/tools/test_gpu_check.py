@@ -75,8 +75,8 @@ def test_prepare_downloads_the_wheels_for_the_gpu_images_python(benchmarks: None
     assert {"--no-deps", "--only-binary=:all:"} <= set(command)
     assert command[command.index("--python-version") + 1] == "3.12"
     assert "manylinux_2_28_x86_64" in command
-    assert [c.split(">")[0] for c in command[-5:]] == [
-        "orjson", "libcst", "plotly", "traceinsight", "pydot",
+    assert [c.split(">")[0] for c in command[-6:]] == [
+        "orjson", "msgspec", "libcst", "plotly", "traceinsight", "pydot",
     ]  # fmt: skip
 
 

@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import pickle
 import sys
+from collections import OrderedDict
 
 import pytest
 
+from syncscope.load.trace import packed as packed_module
 from syncscope.load.trace.packed import Packed, Rows
 from syncscope.model import Collective, MicroBatch, SourceLocation, Window
 
@@ -92,3 +94,32 @@ def test_packed_is_a_fraction_of_the_objects() -> None:
 def test_empty() -> None:
     packed = Packed.of(Collective, [])
     assert len(packed) == 0 and packed.view() == () and list(packed.view()) == []
+
+
+def test_each_window_s_rows_are_made_once_while_they_fit(monkeypatch: pytest.MonkeyPatch) -> None:
+    # GIVEN two ranks' packed collectives, read window by window in several passes (as the
+    # analysis and the reports read them), with room for 150 rows made
+    monkeypatch.setattr(packed_module, "_MADE_MAX_ROWS", 150)
+    monkeypatch.setattr(packed_module, "_made", OrderedDict())
+    monkeypatch.setattr(packed_module, "_made_rows", 0)
+    made: list[int] = []
+    real = Collective.__init__
+
+    def counting(self: Collective, *args: object, **kwargs: object) -> None:
+        made.append(1)
+        real(self, *args, **kwargs)  # type: ignore[arg-type]
+
+    monkeypatch.setattr(Collective, "__init__", counting)
+    ranks = [Packed.of(Collective, ROWS[:100]), Packed.of(Collective, ROWS[100:200])]
+    made.clear()
+    windows = [(p, lo) for p in ranks for lo in (0, 50)]  # 4 windows of 50 rows
+    # WHEN three windows are read three times over
+    for _ in range(3):
+        for p, lo in windows[:3]:
+            assert list(p.view(lo, lo + 50)) == ROWS[ranks.index(p) * 100 + lo :][:50]
+    # THEN each was made once; a fourth window lets the least recently read go
+    assert len(made) == 150
+    list(windows[3][0].view(50, 100))
+    list(windows[0][0].view(0, 50))
+    assert len(made) == 250
+    assert packed_module._made_rows <= 150
