@@ -19,6 +19,7 @@ import dataclasses
 from array import array
 from collections import OrderedDict
 from collections.abc import Iterator, Sequence
+from contextlib import suppress
 from typing import Any, Generic, TypeVar, overload
 
 T = TypeVar("T")
@@ -38,10 +39,8 @@ def _recall(key: tuple[int, int, int]) -> list[Any] | None:
     hit = _made.get(key)
     if hit is None:
         return None
-    try:
+    with suppress(KeyError):  # let go meanwhile by another thread: still a good list
         _made.move_to_end(key)
-    except KeyError:  # let go meanwhile by another thread: still a good list
-        pass
     return hit[1]
 
 
