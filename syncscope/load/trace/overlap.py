@@ -14,7 +14,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Iterable, Iterator, Sequence
 from itertools import pairwise
-from operator import itemgetter
+from operator import itemgetter, lt
 from pathlib import Path
 from typing import Any
 
@@ -43,13 +43,10 @@ def merge_pairs(flat: Sequence[int]) -> list[Interval]:
     them: a pass in start order over the array, without a tuple for every interval (a 50 MB
     trace has ~60,000 backward ops; as tuples they would cost ~7 MiB for a moment)."""
     starts, ends = flat[0::2], flat[1::2]
-    order: Iterable[int] = (  # in order: what traces usually are
-        range(len(starts))
-        if _in_order(starts)
-        else sorted(range(len(starts)), key=starts.__getitem__)
-    )
+    if _in_order(starts):  # what traces usually are
+        return merge_pairs_of(starts, ends, 0, len(starts))
     out: list[Interval] = []
-    for i in order:
+    for i in sorted(range(len(starts)), key=starts.__getitem__):
         start, end = starts[i], ends[i]
         if end <= start:
             continue
@@ -68,14 +65,14 @@ def total(merged: Sequence[Interval]) -> int:
 
 
 def subtract(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:
-    """Parts of merged ``a`` not covered by merged ``b``."""
+    """Parts of merged ``a`` not covered by merged ``b``. Each interval of ``a`` finds the
+    first of ``b`` that can cover it by bisection: ``a`` (communication) is usually a few
+    intervals, ``b`` (compute) hundreds, most of them between them."""
     out: list[Interval] = []
-    j = 0
+    b_ends = list(map(_END, b))
     for start, end in a:
         cur = start
-        while j < len(b) and b[j][1] <= cur:
-            j += 1
-        k = j
+        k = bisect_right(b_ends, cur)  # the first that ends after cur
         while k < len(b) and b[k][0] < end:
             if b[k][0] > cur:
                 out.append((cur, b[k][0]))
@@ -154,7 +151,13 @@ def _kernels_by_window(
 
 
 def merge_pairs_of(starts: Sequence[int], ends: Sequence[int], i: int, j: int) -> list[Interval]:
-    """``merge`` of the intervals ``i`` to ``j`` (exclusive), their starts in order."""
+    """``merge`` of the intervals ``i`` to ``j`` (exclusive), their starts in order. Kernels
+    of one stream are usually apart, each ending before the next starts: then they are
+    their own union, paired without a loop in Python."""
+    if i < j:
+        s, e = starts[i:j], ends[i:j]
+        if all(map(lt, s, e)) and all(map(lt, e[:-1], s[1:])):
+            return list(zip(s, e, strict=True))
     out: list[Interval] = []
     for k in range(i, j):
         start, end = starts[k], ends[k]
