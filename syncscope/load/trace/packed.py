@@ -28,9 +28,9 @@ _NONE = -(2**63)  # stands for None in an integer column
 
 # Rows made lately, by (packed, lo, hi): the analysis and the reports read every window's
 # collectives a dozen times over (counts, bytes, rounds, streams, tables), so each window's
-# are made once while they fit here. Bounded by rows (~280 bytes each): past it, the least
-# recently read are let go and made again when read again.
-_MADE_MAX_ROWS = 1 << 16
+# are made once while they fit here. Bounded by rows (~280 bytes each, 9 MiB in all): past
+# it, the least recently read are let go and made again when read again.
+_MADE_MAX_ROWS = 1 << 15
 _made: OrderedDict[tuple[int, int, int], tuple[Packed[Any], list[Any]]] = OrderedDict()
 _made_rows = 0
 
