@@ -224,7 +224,7 @@ def _line(
         else ""
     )
     print(
-        f"{name:<40} {size * 1e3:8.1f} MB parsed | {tool:<9} {wall:8.2f} s wall {cpu:8.2f} CPU-s "
+        f"{name:<40} {size * 1e3:8.1f} MB parsed | {tool:<12} {wall:8.2f} s wall {cpu:8.2f} CPU-s "
         f"{size * 1e3 / max(cpu, 1e-9):7.1f} MB/CPU-s {past}"
         f"{_per_cpu(events, cpu):>7} events/CPU-s {rss:8.0f} MiB "
         f"| load {load:.1f} on {os.cpu_count()} cores",
@@ -254,13 +254,44 @@ JSON_ALONE = (
 
 JSON_ALONE_ROWS = [True]  # ``--no-json-alone``: False
 
+# The reader alone: syncscope's reading of every file (``read_rank``: parse, keep, cut into
+# windows) in one process, three passes, the median pass's CPU and wall time measured inside
+# it: the parse speed with the command's start-up out, for files too small to show it
+# beside the start-up (the real traces). Prints "wall cpu peak-RSS-MiB".
+READER_ALONE = (
+    "import resource, sys, time; from pathlib import Path\n"
+    "from syncscope.load.trace.read import is_trace_file\n"
+    "from syncscope.load.trace.rankfile import read_rank\n"
+    "files = [p for p in sorted(Path(sys.argv[1]).iterdir()) if p.is_file() and is_trace_file(p)]\n"
+    "passes = []\n"
+    "for _ in range(3):\n"
+    "    wall, cpu = time.perf_counter(), time.process_time()\n"
+    "    for p in files: read_rank(p)\n"
+    "    passes.append((time.process_time() - cpu, time.perf_counter() - wall))\n"
+    "cpu, wall = sorted(passes)[1]\n"
+    "print(wall, cpu, resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)\n"
+)
 
-def _both(name: str, traces: Path, out: Path, hta: bool, reps: int = 1) -> None:
-    """syncscope analyze, the JSON alone (``JSON_ALONE``), then HTA's load of the same files
-    (``hta``), ``reps`` times in turn (each meets the same machine load); every run printed."""
+
+def reader_alone(traces: Path, env: dict[str, str]) -> tuple[float, float, float]:
+    """(wall s, peak RSS MiB, CPU s) of the median of three in-process reading passes."""
+    cmd = [sys.executable, "-c", READER_ALONE, str(traces)]
+    proc = subprocess.run(cmd, env=env, capture_output=True, text=True, check=True)
+    wall, cpu, rss = (float(x) for x in proc.stdout.split())
+    return wall, rss, cpu
+
+
+def _both(
+    name: str, traces: Path, out: Path, hta: bool, reps: int = 1, reader: bool = False
+) -> None:
+    """syncscope analyze, the reader alone (``READER_ALONE``, where ``reader``), the JSON
+    alone (``JSON_ALONE``), then HTA's load of the same files (``hta``), ``reps`` times in
+    turn (each meets the same machine load); every run printed."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     for _ in range(reps):
         _line(name, traces, *analyze(traces, out))
+        if reader:
+            _line(name, traces, *reader_alone(traces, env), "reader alone")
         if JSON_ALONE_ROWS[0] and any(is_trace_file(p) for p in traces.iterdir()):
             got = measure([sys.executable, "-c", JSON_ALONE, str(traces)], env)
             _line(name, traces, *got, "JSON alone")
@@ -296,7 +327,9 @@ def write_doc(path: Path, argv: list[str], windows: int = RANK_WINDOWS) -> None:
         "worth reading only where the CPU time is several times the start-up, whose own "
         "variation between runs otherwise dominates it. *load*: the 1-minute load average when "
         "the row ended (above the core count, other jobs were running: wall times are then "
-        "upper bounds). *JSON alone*: the same files' events parsed by orjson in the pieces "
+        "upper bounds). *reader alone* (real traces): syncscope's reading of the same files "
+        "(parse, keep, cut into windows) in one process, its start-up left out: the median of "
+        "three passes, timed inside the process. *JSON alone*: the same files' events parsed by orjson in the pieces "
         "syncscope reads and dropped, in one fresh process (its start-up included): what "
         "a reader that builds every event as a dict pays before it looks at one (syncscope "
         "builds only the keys it reads, with msgspec, so its parse alone is faster). HTA's `TraceAnalysis` load of the same "
@@ -361,7 +394,7 @@ def main() -> int:
     compile_package()
     measure_startup(args.dir)
     for real in args.real:
-        _both(f"{real.name} (real)", real, out, hta_on(real), args.reps)
+        _both(f"{real.name} (real)", real, out, hta_on(real), args.reps, reader=True)
     for n in (int(x) for x in args.ranks.split(",") if x):
         for layout in layouts:
             where = args.dir / f"ranks-{n}x{args.rank_windows}w-{layout}"
