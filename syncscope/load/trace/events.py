@@ -64,7 +64,8 @@ _ABSENT = msgspec.Raw()  # a list key the event does not have
 
 class Args(msgspec.Struct, gc=False):
     """The ``args`` keys read here. Lists are kept as their JSON text (``msgspec.Raw``, parsed
-    by ``json_value`` for the few events that need them): every CPU op has ``Input Dims``."""
+    by ``json_value`` for the few events that need them): every CPU op has ``Input Dims``.
+    (Read through plain JSON, those keys hold their parsed values.)"""
 
     correlation: Any = None
     input_dims: msgspec.Raw = msgspec.field(default=_ABSENT, name="Input Dims")
@@ -99,7 +100,7 @@ def decode_events(piece: bytes) -> list[Any]:
     they are (``RankEvents`` counts them). Invalid JSON: ``ValueError``."""
     try:
         return _decode(piece)
-    except msgspec.ValidationError:
+    except (msgspec.ValidationError, RecursionError):  # (msgspec: nesting past Python's limit)
         return [_event_of(e) for e in orjson.loads(piece)]
 
 
@@ -110,12 +111,12 @@ def _event_of(e: Any) -> Any:
     if isinstance(args, dict):
         args = Args(
             correlation=args.get("correlation"),
-            input_dims=_raw(args, "Input Dims"),
-            input_type=_raw(args, "Input type"),
+            input_dims=args.get("Input Dims", _ABSENT),  # parsed already: json_value keeps it
+            input_type=args.get("Input type", _ABSENT),
             in_msg_nelems=args.get("In msg nelems"),
             dtype=args.get("dtype", ""),
             collective_name=args.get("Collective name", ""),
-            group_ranks=_raw(args, "Process Group Ranks"),
+            group_ranks=args.get("Process Group Ranks", _ABSENT),
             group_name=args.get("Process Group Name", ""),
         )
     return Event(
@@ -133,13 +134,17 @@ def _event_of(e: Any) -> Any:
 _NO_ARGS = Args()  # an event without args (never written to)
 
 
-def _raw(args: dict[str, Any], key: str) -> msgspec.Raw:
-    return msgspec.Raw(orjson.dumps(args[key])) if key in args else _ABSENT
-
-
-def json_value(raw: msgspec.Raw) -> Any:
-    """A key kept as its JSON text, parsed (None where the event does not have it)."""
-    return orjson.loads(bytes(raw)) if raw else None
+def json_value(raw: Any) -> Any:
+    """A key kept as its JSON text, parsed (None where the event does not have it, or where
+    it nests too deep to read); a value parsed already (plain JSON's path) as it is."""
+    if not isinstance(raw, msgspec.Raw):
+        return raw
+    if not raw:
+        return None
+    try:
+        return msgspec.json.decode(raw)
+    except RecursionError:
+        return None
 
 
 @dataclass(slots=True)

@@ -77,3 +77,17 @@ def test_the_plain_json_path_reads_a_real_trace_as_the_typed_one(
                  "launch_times", "collectives", "param_comms", "steps", "forwards"):  # fmt: skip
         assert getattr(typed, name) == getattr(plain, name), name
     assert typed.comm_kernels and typed.param_comms
+
+
+def test_args_nested_deeper_than_python_recurses_read_as_plain_json_would() -> None:
+    # GIVEN a collective whose Input Dims nest 1,000 deep (valid JSON, and past the depth
+    # msgspec reaches within Python's recursion limit), beside a plain CPU op
+    nested = "[" * 1000 + "]" * 1000
+    deep = (f'{{"ph": "X", "cat": "cpu_op", "name": "c10d::allreduce_", "ts": 1.0, '
+            f'"dur": 1.0, "tid": 1, "args": {{"Input Dims": {nested}}}}}')  # fmt: skip
+    events = RankEvents()
+    _read(events, deep, _op(3.0, 1.0))
+    # THEN both are read: the collective without a size, the op as any other
+    (collective,) = events.collectives
+    assert (collective.start, collective.nelems) == (1000, None)
+    assert list(events.cpu_compute) == [3000, 4000]
