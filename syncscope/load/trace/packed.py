@@ -44,6 +44,14 @@ def _recall(key: tuple[int, int, int]) -> list[Any] | None:
     return hit[1]
 
 
+def forget_made() -> None:
+    """Let go of every row made (reading a trace makes some as it builds a rank; they are of
+    no use to the analysis that comes after, and would keep the rank's store alive)."""
+    global _made_rows
+    _made.clear()
+    _made_rows = 0
+
+
 def _remember(key: tuple[int, int, int], packed: Packed[Any], made: list[Any]) -> None:
     """Keep ``made`` (the packed kept alive while its id is in a key). Without a lock (no
     ``threading`` import for analyze): another thread can at worst make rows twice."""

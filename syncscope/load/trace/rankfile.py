@@ -15,6 +15,7 @@ from typing import Any
 from syncscope.errors import BadTrace, SyncscopeError
 from syncscope.fields import field_int, field_of, field_str
 from syncscope.load.trace.events import RankEvents, decode_events
+from syncscope.load.trace.packed import forget_made
 from syncscope.load.trace.read import Opener, read_trace
 from syncscope.load.trace.windows import RankNotes, rank_from_trace
 from syncscope.model import RankRun
@@ -101,6 +102,7 @@ def read_rank(
         return result
     if events.steps and (result.rank < result.job.world_size or not info):
         result.rank_run = rank_from_trace(events, meta, result.rank, result.flags)
+        forget_made()  # rows made while building the rank: not kept for the analysis
     return result
 
 

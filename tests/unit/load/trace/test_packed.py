@@ -123,3 +123,17 @@ def test_each_window_s_rows_are_made_once_while_they_fit(monkeypatch: pytest.Mon
     list(windows[0][0].view(0, 50))
     assert len(made) == 250
     assert packed_module._made_rows <= 150
+
+
+def test_reading_a_trace_keeps_no_rows_it_made() -> None:
+    # GIVEN a real trace read into its rank (building it reads windows' collectives)
+    from pathlib import Path
+
+    from syncscope.load.trace.rankfile import read_rank
+
+    root = Path(__file__).resolve().parents[4]
+    result = read_rank(root / "sample_traces" / "nccl_parser_config" / "nccl_data.json.gz")
+    # THEN the rank is whole and no row made meanwhile is kept (a worker reads thousands of
+    # files: what it keeps would hold each file's store alive)
+    assert result.rank_run is not None and result.rank_run.windows
+    assert not packed_module._made and packed_module._made_rows == 0
