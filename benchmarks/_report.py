@@ -71,9 +71,11 @@ def made_by(results: dict[str, Any], key: str) -> list[str]:
     made = results.get("made_by", {}).get(key)
     if not made:
         return []
+    rev = made.get("git")
+    at = f", at git {rev}" if rev and rev != results.get("machine", {}).get("git") else ""
     return [
         f"*Measured by {made['how']} on {made['date']}, {made['from']}-{made['to']} UTC "
-        f"({made['seconds']:.0f} s).*",
+        f"({made['seconds']:.0f} s){at}.*",
         "",
     ]
 

@@ -272,8 +272,7 @@ def machine() -> dict[str, Any]:
                 break
     with open("/proc/meminfo") as fh:
         mem_kib = int(fh.readline().split()[1])
-    rev = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-                         text=True, check=False).stdout.strip()  # fmt: skip
+    rev = _git_rev()
     return {
         "date": datetime.now(timezone.utc).isoformat(timespec="seconds"),
         "cpu": cpu,
@@ -288,6 +287,11 @@ def machine() -> dict[str, Any]:
         "git": rev,
         "load_start": os.getloadavg(),
     }
+
+
+def _git_rev() -> str:
+    return subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+                          text=True, check=False).stdout.strip()  # fmt: skip
 
 
 def _respread(value: Any) -> Any:
@@ -312,16 +316,37 @@ def rerender_small_steps(small_json: list[Path], out: Path) -> Path:
     return render(results, out)
 
 
+SECTION_KEYS = ("accelerate", "capture", "small_steps", "bytes", "prediction", "analyze",
+                "parse_speed", "scale")  # fmt: skip
+
+
+def _sections(text: str) -> frozenset[str]:
+    keys = frozenset(k.strip() for k in text.split(",") if k.strip())
+    unknown = sorted(keys - set(SECTION_KEYS))
+    if unknown or not keys:
+        raise argparse.ArgumentTypeError(
+            f"unknown section(s) {', '.join(unknown) or '(none named)'}; "
+            f"sections: {', '.join(SECTION_KEYS)}"
+        )
+    return keys
+
+
 class Sections:
     """Runs each section, logging it and keeping in ``results["made_by"]`` which script
     measured it, with which command, and when (the page says so under each heading)."""
 
-    def __init__(self, results: dict[str, Any], command: str) -> None:
+    def __init__(
+        self, results: dict[str, Any], command: str, only: frozenset[str] = frozenset()
+    ) -> None:
         self.results = results
         self.command = command
-        results["made_by"] = {}
+        self.only = only  # these sections alone (the others kept as results.json has them)
+        if not only:
+            results["made_by"] = {}
 
     def run(self, key: str, title: str, how: str, measure: Callable[[], Any]) -> None:
+        if self.only and key not in self.only:
+            return
         log(title)
         start, clock = datetime.now(timezone.utc), time.monotonic()
         self.results[key] = measure()
@@ -331,6 +356,7 @@ class Sections:
             "from": start.strftime("%H:%M"),
             "to": datetime.now(timezone.utc).strftime("%H:%M"),
             "seconds": round(time.monotonic() - clock, 1),
+            "git": _git_rev(),
         }
 
 
@@ -355,7 +381,7 @@ def measure_all(opts: argparse.Namespace, results: dict[str, Any], work: Path) -
     table_args = ["--layers", "8", "--hidden", "1024", "--batch", "8", "--accum", "4", *windows]
     capture_args = ["--layers", "6", "--hidden", "1024", "--batch", "32", "--accum", "4",
                     "--windows", "3" if quick else "8", "--warmup", "2"]  # fmt: skip
-    sections = Sections(results, command)
+    sections = Sections(results, command, opts.only)
     fixed, diff = fixed_script(work)
     results["fix_diff"] = diff
     sections.run("accelerate", "section 1: the Accelerate table", "run_all.py's accelerate_table",
@@ -410,6 +436,15 @@ def main(argv: list[str] | None = None) -> int:
         "--capture-reps", type=int, help="repetitions of section 2 (default 8; --quick: 1)"
     )
     parser.add_argument(
+        "--only",
+        type=_sections,
+        default=frozenset(),
+        metavar="SECTION[,SECTION]",
+        help=f"measure these sections alone ({', '.join(SECTION_KEYS)}), keep the others as the "
+        "output folder's benchmarks/results.json has them, and render the page again (each "
+        "section says when, and at which commit, it was measured)",
+    )
+    parser.add_argument(
         "--small-steps-from",
         type=Path,
         nargs="+",
@@ -428,16 +463,23 @@ def main(argv: list[str] | None = None) -> int:
     started = time.monotonic()
     results: dict[str, Any] = {"machine": machine(), "quick": opts.quick,
                                "reps": opts.reps or (1 if opts.quick else 5)}  # fmt: skip
+    if opts.only:
+        kept = out / "benchmarks" / "results.json"
+        if not kept.is_file():
+            print(f"run_all: --only needs an earlier full run's {kept}", file=sys.stderr)
+            return 2
+        results = {k: _respread(v) for k, v in json.loads(kept.read_text()).items()}
     with tempfile.TemporaryDirectory(prefix="syncscope-bench-") as tmp:
         try:
             measure_all(opts, results, Path(tmp))
         except LaunchFailed as exc:
             print(f"run_all: a launch failed: {exc}", file=sys.stderr)
             return 1
-    results["machine"]["load_end"] = os.getloadavg()
-    results["machine"]["run_s"] = round(time.monotonic() - started, 1)
+    if not opts.only:  # (the page's run: the full one its other sections come from)
+        results["machine"]["load_end"] = os.getloadavg()
+        results["machine"]["run_s"] = round(time.monotonic() - started, 1)
     page = render(results, out)
-    log(f"wrote {page} in {results['machine']['run_s']:.0f} s")
+    log(f"wrote {page} in {time.monotonic() - started:.0f} s")
     cap = results["capture"]
     print(f"counting-mode capture: window time x{cap['ratio']['profile']:.3f} of plain torchrun "
           f"(paired median x{cap['paired']['profile'].median:.3f}; limit x{COUNTING_LIMIT})")  # fmt: skip

@@ -3,10 +3,13 @@ from the generator (no hand-written notes that regenerating the page would drop)
 
 from __future__ import annotations
 
+import argparse
 import importlib
 import sys
 from pathlib import Path
 from types import ModuleType
+
+import pytest
 
 ROOT = Path(__file__).resolve().parents[3]
 
@@ -209,3 +212,37 @@ def test_quick_predictions_name_cases_that_exist() -> None:
     run_all = _module("run_all")
     names = {case["name"] for case in run_all.PREDICTION_CASES}
     assert set(run_all.QUICK_CASES) <= names and len(run_all.QUICK_CASES) < len(names)
+
+
+def test_only_measures_the_named_sections_and_keeps_the_others() -> None:
+    # GIVEN the results of an earlier full run, at another commit
+    run_all, report = _module("run_all"), _report()
+    earlier = {"how": "x", "date": "2026-01-01", "from": "01:00", "to": "01:05", "seconds": 300,
+               "git": "aaaaaaa"}  # fmt: skip
+    results: dict[str, object] = {
+        "machine": {"git": "aaaaaaa"},
+        "capture": "kept",
+        "scale": "old",
+        "made_by": {"capture": dict(earlier), "scale": dict(earlier)},
+    }
+    measured: list[str] = []
+
+    def measure(key: str) -> str:
+        measured.append(key)
+        return "new"
+
+    # WHEN the scale section alone is measured again
+    sections = run_all.Sections(results, "python benchmarks/run_all.py", frozenset({"scale"}))
+    sections.run("capture", "section 2", "how", lambda: measure("capture"))
+    sections.run("scale", "section 3", "how", lambda: measure("scale"))
+    # THEN only it ran; the other keeps its figures and its line; the new line names its commit
+    assert measured == ["scale"]
+    assert (results["capture"], results["scale"]) == ("kept", "new")
+    made = results["made_by"]
+    assert isinstance(made, dict) and made["capture"] == earlier
+    assert made["scale"]["git"] == run_all._git_rev() != "aaaaaaa"
+    assert report.made_by(results, "scale")[0].endswith(f", at git {run_all._git_rev()}.*")
+    assert report.made_by(results, "capture")[0].endswith("(300 s).*")
+    # and a name that is no section is refused in one line
+    with pytest.raises(argparse.ArgumentTypeError, match=r"unknown section\(s\) nope"):
+        run_all._sections("scale,nope")
