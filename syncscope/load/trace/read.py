@@ -1,9 +1,10 @@
 """Stream one Kineto trace file (``.json`` or ``.json.gz``) without holding it whole.
 
 Kineto writes ``{"schemaVersion": 1, ..., "traceEvents": [ {...}, {...} ], ...}``. We read
-the file in chunks, cut the ``traceEvents`` array at event boundaries, parse each piece
-(with orjson into dicts, or with the caller's ``decode``) and hand the events on in batches; the keys around the array (``distributedInfo``,
-``baseTimeNanoseconds``, ...) are parsed at the end. Memory stays at a few chunks plus
+the file in chunks, cut the ``traceEvents`` array at event boundaries, parse each piece (with
+orjson into dicts, or with the caller's ``decode``) and hand the events on in batches; the
+keys around the array (``distributedInfo``, ``baseTimeNanoseconds``, ...) are parsed at the
+end. Memory stays at a few chunks plus
 whatever the consumer keeps, whatever the size of the file.
 
 Every problem is a ``BadTrace`` naming the file: truncated or corrupt gzip, invalid JSON,
