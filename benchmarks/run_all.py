@@ -468,7 +468,8 @@ def main(argv: list[str] | None = None) -> int:
         if not kept.is_file():
             print(f"run_all: --only needs an earlier full run's {kept}", file=sys.stderr)
             return 2
-        results = {k: _respread(v) for k, v in json.loads(kept.read_text()).items()}
+        raw = json.loads(kept.read_text())  # (small_steps is read as written, see above)
+        results = {k: v if k == "small_steps" else _respread(v) for k, v in raw.items()}
     with tempfile.TemporaryDirectory(prefix="syncscope-bench-") as tmp:
         try:
             measure_all(opts, results, Path(tmp))
