@@ -43,19 +43,11 @@ def merge_pairs(flat: Sequence[int]) -> list[Interval]:
     them: a pass in start order over the array, without a tuple for every interval (a 50 MB
     trace has ~60,000 backward ops; as tuples they would cost ~7 MiB for a moment)."""
     starts, ends = flat[0::2], flat[1::2]
-    if _in_order(starts):  # what traces usually are
-        return merge_pairs_of(starts, ends, 0, len(starts))
-    out: list[Interval] = []
-    for i in sorted(range(len(starts)), key=starts.__getitem__):
-        start, end = starts[i], ends[i]
-        if end <= start:
-            continue
-        if out and start <= out[-1][1]:
-            if end > out[-1][1]:
-                out[-1] = (out[-1][0], end)
-        else:
-            out.append((start, end))
-    return out
+    if not _in_order(starts):  # (traces usually are)
+        order = sorted(range(len(starts)), key=starts.__getitem__)
+        starts = array("q", map(starts.__getitem__, order))
+        ends = array("q", map(ends.__getitem__, order))
+    return merge_pairs_of(starts, ends, 0, len(starts))
 
 
 def total(merged: Sequence[Interval]) -> int:
