@@ -305,12 +305,18 @@ def _respread(value: Any) -> Any:
     return value
 
 
+def kept_results(out: Path) -> dict[str, Any]:
+    """``out``'s benchmarks/results.json as measured (small_steps as written, the rest with
+    its spreads made ``Spread`` again)."""
+    raw = json.loads((out / "benchmarks" / "results.json").read_text())
+    return {k: v if k == "small_steps" else _respread(v) for k, v in raw.items()}
+
+
 def rerender_small_steps(small_json: list[Path], out: Path) -> Path:
     """The page again from ``out``'s results.json, its small-step figures from
     ``small_json`` (``small_steps.py --json`` files, with when, how and how loaded each ran;
     several: one table each, say one per method)."""
-    raw = json.loads((out / "benchmarks" / "results.json").read_text())
-    results = {k: v if k == "small_steps" else _respread(v) for k, v in raw.items()}
+    results = kept_results(out)
     small = [json.loads(path.read_text()) for path in small_json]
     results["small_steps"] = small[0] if len(small) == 1 else small
     return render(results, out)
@@ -341,6 +347,7 @@ class Sections:
         self.results = results
         self.command = command
         self.only = only  # these sections alone (the others kept as results.json has them)
+        self.rev = _git_rev()  # the commit measured
         if not only:
             results["made_by"] = {}
 
@@ -356,7 +363,7 @@ class Sections:
             "from": start.strftime("%H:%M"),
             "to": datetime.now(timezone.utc).strftime("%H:%M"),
             "seconds": round(time.monotonic() - clock, 1),
-            "git": _git_rev(),
+            "git": self.rev,
         }
 
 
@@ -461,15 +468,15 @@ def main(argv: list[str] | None = None) -> int:
     out = opts.out or (Path(tempfile.gettempdir()) / "syncscope-bench-quick" if opts.quick
                        else ROOT / "docs")  # fmt: skip
     started = time.monotonic()
-    results: dict[str, Any] = {"machine": machine(), "quick": opts.quick,
-                               "reps": opts.reps or (1 if opts.quick else 5)}  # fmt: skip
     if opts.only:
         kept = out / "benchmarks" / "results.json"
         if not kept.is_file():
             print(f"run_all: --only needs an earlier full run's {kept}", file=sys.stderr)
             return 2
-        raw = json.loads(kept.read_text())  # (small_steps is read as written, see above)
-        results = {k: v if k == "small_steps" else _respread(v) for k, v in raw.items()}
+        results = kept_results(out)
+    else:
+        results = {"machine": machine(), "quick": opts.quick,
+                   "reps": opts.reps or (1 if opts.quick else 5)}  # fmt: skip
     with tempfile.TemporaryDirectory(prefix="syncscope-bench-") as tmp:
         try:
             measure_all(opts, results, Path(tmp))
