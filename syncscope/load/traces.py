@@ -30,7 +30,7 @@ from syncscope.model import RankRun, Run, RunMeta, compress_ranks, missing_ranks
 Source = Path | str  # a local file, or an fsspec URL (read on a Dask cluster)
 PROGRESS_MIN_BYTES = 64 << 20
 PARALLEL_MIN_BYTES = 32 << 20  # below this (on disk), worker start-up costs more than it saves
-MAX_WORKERS = 2
+MAX_WORKERS = 2  # worker processes, beside this one (which reads files too)
 WORKERS_ENV = "SYNCSCOPE_TRACE_WORKERS"  # force a worker count (0: read in this process)
 
 
@@ -104,7 +104,8 @@ def _merge_flags(into: RankNotes, rank: RankNotes) -> None:
 
 
 def worker_count(files: Sequence[Path]) -> int:
-    """Worker processes for ``files``: none (0) for one file or a small job."""
+    """Worker processes for ``files``, beside this process, which reads files too: none (0)
+    for one file or a small job."""
     forced = os.environ.get(WORKERS_ENV, "").strip()
     if forced:
         return max(0, int(forced)) if len(files) > 1 else 0
@@ -114,8 +115,7 @@ def worker_count(files: Sequence[Path]) -> int:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    workers = min(MAX_WORKERS, cores, len(files))
-    return workers if workers > 1 else 0
+    return min(MAX_WORKERS, cores - 1, len(files) - 1)
 
 
 def _results(
@@ -131,14 +131,14 @@ def _results(
         return
     local = [Path(f) for f in files]
     workers = worker_count(local)
-    if workers < 2:
+    if workers < 1:
         for path in local:
             yield read_rank(path, advance)
         return
     from syncscope.load.trace.worker import Pool
 
     with Pool(workers) as pool:
-        yield from pool.map(local, advance)
+        yield from pool.map(local, advance, read_here=True)
 
 
 def load_traces(
@@ -152,8 +152,8 @@ def load_traces(
     where given, receives each rank's local file (the rank the trace itself names).
     ``scheduler``: read on that Dask cluster (load/trace/cluster.py), where paths may be URLs.
 
-    Files are read in worker processes (``worker_count``) when there are several large ones;
-    each worker sends back only the rank's ``RankResult``. Results are checked in file order
+    Files are read in worker processes (``worker_count``), and in this one beside them, when
+    there are several large ones; each worker sends back only the rank's ``RankResult``. Results are checked in file order
     either way, so errors and notes do not depend on which worker finished first.
     """
     files, sizes = _sources(paths, scheduler)

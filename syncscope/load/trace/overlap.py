@@ -21,6 +21,9 @@ from typing import Any
 from syncscope.load.trace.events import RankEvents
 
 Interval = tuple[int, int]
+# merged intervals (sorted, disjoint) as their starts and their ends: the form measured,
+# which needs no tuple for each of a window's hundreds of kernels
+Merged = tuple[Sequence[int], Sequence[int]]
 _START, _END = itemgetter(0), itemgetter(1)
 
 
@@ -57,24 +60,28 @@ def total(merged: Sequence[Interval]) -> int:
 
 
 def subtract(a: Sequence[Interval], b: Sequence[Interval]) -> list[Interval]:
-    """Parts of merged ``a`` not covered by merged ``b``. Each interval of ``a`` finds the
-    first of ``b`` that can cover it by bisection: ``a`` (communication) is usually a few
-    intervals, ``b`` (compute) hundreds, most of them between them."""
-    out: list[Interval] = []
-    b_ends = list(map(_END, b))
-    for start, end in a:
+    """Parts of merged ``a`` not covered by merged ``b``."""
+    return list(_uncovered(_columns(a), _columns(b)))
+
+
+def _uncovered(a: Merged, b: Merged) -> Iterator[Interval]:
+    """``subtract`` of columns. Each interval of ``a`` finds the first of ``b`` that can
+    cover it by bisection: ``a`` (communication) is usually a few intervals, ``b`` (compute)
+    hundreds, most of them between them."""
+    b_starts, b_ends = b
+    n = len(b_starts)
+    for start, end in zip(*a, strict=True):
         cur = start
         k = bisect_right(b_ends, cur)  # the first that ends after cur
-        while k < len(b) and b[k][0] < end:
-            if b[k][0] > cur:
-                out.append((cur, b[k][0]))
-            cur = max(cur, b[k][1])
+        while k < n and b_starts[k] < end:
+            if b_starts[k] > cur:
+                yield (cur, b_starts[k])
+            cur = max(cur, b_ends[k])
             if cur >= end:
                 break
             k += 1
         if cur < end:
-            out.append((cur, end))
-    return out
+            yield (cur, end)
 
 
 def clip(merged: Sequence[Interval], lo: int, hi: int) -> list[Interval]:
@@ -87,14 +94,18 @@ def clip(merged: Sequence[Interval], lo: int, hi: int) -> list[Interval]:
 
 
 class Measure:
-    """Comm, exposed comm and compute (ns) of one window."""
+    """Comm, exposed comm and compute (ns) of one window, from their merged intervals."""
 
     __slots__ = ("comm", "compute", "exposed")
 
-    def __init__(self, comm: list[Interval], compute: list[Interval]) -> None:
-        self.comm = total(comm)
-        self.compute = total(compute)
-        self.exposed = total(subtract(comm, compute))
+    def __init__(self, comm: Merged, compute: Merged) -> None:
+        self.comm = sum(comm[1]) - sum(comm[0])  # (C-level sums: no loop in Python)
+        self.compute = sum(compute[1]) - sum(compute[0])
+        self.exposed = sum(end - start for start, end in _uncovered(comm, compute))
+
+
+def _columns(merged: Sequence[Interval]) -> Merged:
+    return list(map(_START, merged)), list(map(_END, merged))
 
 
 def _view(values: Sequence[int]) -> Sequence[int]:
@@ -122,13 +133,13 @@ def _by_window(kernels: array[int], width: int, spans: Sequence[Interval]) -> li
     return out
 
 
-def _intervals(kernels: array[int], width: int, indices: array[int]) -> list[Interval]:
-    return merge((kernels[width * k], kernels[width * k + 1]) for k in indices)
+def _intervals(kernels: array[int], width: int, indices: array[int]) -> Merged:
+    return _columns(merge((kernels[width * k], kernels[width * k + 1]) for k in indices))
 
 
 def _kernels_by_window(
     kernels: array[int], width: int, spans: Sequence[Interval]
-) -> Iterator[list[Interval]]:
+) -> Iterator[Merged]:
     """Per window span, in turn, the merged intervals of the kernels (records of ``width``
     values, start and end first) that start in it (from its start to the next span's; the
     last to its end): one window's at a time, as each is measured and let go. Kernels in
@@ -143,18 +154,33 @@ def _kernels_by_window(
     cuts.append(bisect_right(starts, spans[-1][1]))
     first = bisect_left(starts, spans[0][0])
     for last in cuts:
-        yield merge_pairs_of(starts, ends, first, last)
+        yield _merged_columns(starts, ends, first, last)
         first = last
 
 
 def merge_pairs_of(starts: Sequence[int], ends: Sequence[int], i: int, j: int) -> list[Interval]:
-    """``merge`` of the intervals ``i`` to ``j`` (exclusive), their starts in order. Kernels
-    of one stream are usually apart, each ending before the next starts: then they are
-    their own union, paired without a loop in Python."""
-    if i < j:
-        s, e = _view(starts)[i:j], _view(ends)[i:j]
-        if all(map(lt, s, e)) and all(map(lt, e[:-1], s[1:])):
-            return list(zip(s, e, strict=True))
+    """``merge`` of the intervals ``i`` to ``j`` (exclusive), their starts in order."""
+    apart = _apart(starts, ends, i, j)
+    return list(zip(*apart, strict=True)) if apart is not None else _merge_loop(starts, ends, i, j)
+
+
+def _merged_columns(starts: Sequence[int], ends: Sequence[int], i: int, j: int) -> Merged:
+    """``merge_pairs_of`` as columns: slices of ``starts`` and ``ends`` where they are
+    their own union."""
+    apart = _apart(starts, ends, i, j)
+    return apart if apart is not None else _columns(_merge_loop(starts, ends, i, j))
+
+
+def _apart(starts: Sequence[int], ends: Sequence[int], i: int, j: int) -> Merged | None:
+    """Intervals ``i`` to ``j`` as views, where each ends before the next starts (kernels of
+    one stream usually do): then they are their own union, found without a loop in Python."""
+    s, e = _view(starts)[i:j], _view(ends)[i:j]
+    if all(map(lt, s, e)) and all(map(lt, e[:-1], s[1:])):
+        return s, e
+    return None
+
+
+def _merge_loop(starts: Sequence[int], ends: Sequence[int], i: int, j: int) -> list[Interval]:
     out: list[Interval] = []
     for k in range(i, j):
         start, end = starts[k], ends[k]
@@ -188,7 +214,10 @@ def measure_windows(ev: RankEvents, spans: Sequence[Interval]) -> list[Measure] 
         return None
     comm_all = merge(comm_src)
     comp_all = merge_pairs(ev.cpu_compute)
-    return [Measure(clip(comm_all, lo, hi), clip(comp_all, lo, hi)) for lo, hi in spans]
+    return [
+        Measure(_columns(clip(comm_all, lo, hi)), _columns(clip(comp_all, lo, hi)))
+        for lo, hi in spans
+    ]
 
 
 def hta_overlap(files: dict[int, Path]) -> dict[str, Any]:

@@ -19,6 +19,7 @@ import struct
 import subprocess
 import sys
 import traceback
+from collections import deque
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from types import TracebackType
@@ -29,6 +30,7 @@ from syncscope.load.trace.rankfile import read_rank
 _HEADER = struct.Struct("<cQ")
 _PROGRESS_EVERY = 4 << 20
 _PATH_ENV = "SYNCSCOPE_WORKER_PATH"
+_QUEUED = 2  # files handed to a worker ahead, when this process reads files too
 
 
 def _read_exact(fd: int, n: int) -> bytes:
@@ -129,48 +131,69 @@ class Pool:
                 proc.stdout.close()
         self.procs = []
 
-    def map(self, files: list[Path], advance: Callable[[int], None] | None) -> Iterator[Any]:
+    def map(
+        self,
+        files: list[Path],
+        advance: Callable[[int], None] | None,
+        read_here: bool = False,
+    ) -> Iterator[Any]:
+        """``read_here``: this process reads files too, one at a time while no worker has
+        a result to hand back (each worker keeps a second file queued meanwhile, so it does
+        not wait for this one): a worker fewer does the same work."""
         sel = selectors.DefaultSelector()
         todo = iter(enumerate(files))
-        working: dict[int, tuple[subprocess.Popen[bytes], int]] = {}  # fd -> (proc, index)
+        working: dict[int, tuple[subprocess.Popen[bytes], deque[int]]] = {}  # fd -> queued
         done: dict[int, Any] = {}
         following = 0
+        left = len(files)
 
-        def hand_out(proc: subprocess.Popen[bytes]) -> None:
+        def hand_out(proc: subprocess.Popen[bytes], queued: deque[int]) -> None:
             assert proc.stdin is not None and proc.stdout is not None
-            job = next(todo, None)
-            if job is None:
-                sel.unregister(proc.stdout.fileno())
-                proc.stdin.close()  # the worker exits when its input ends
-                return
-            _send(proc.stdin.fileno(), b"J", job[1])
-            working[proc.stdout.fileno()] = (proc, job[0])
+            while len(queued) < (_QUEUED if read_here else 1):
+                job = next(todo, None)
+                if job is None:
+                    if not queued:
+                        sel.unregister(proc.stdout.fileno())
+                        proc.stdin.close()  # the worker exits when its input ends
+                        del working[proc.stdout.fileno()]
+                    return
+                _send(proc.stdin.fileno(), b"J", job[1])
+                queued.append(job[0])
 
         try:
             for proc in self.procs:
                 assert proc.stdout is not None
                 sel.register(proc.stdout.fileno(), selectors.EVENT_READ)
-                hand_out(proc)
-            while working:
-                for key, _ in sel.select():
+                working[proc.stdout.fileno()] = (proc, deque())
+                hand_out(proc, working[proc.stdout.fileno()][1])
+            while left:
+                ready = sel.select(timeout=0 if read_here else None)
+                for key, _ in ready:
                     fd = int(key.fd)
-                    proc, index = working[fd]
+                    proc, queued = working[fd]
                     try:
                         kind, obj = _receive(fd)
                     except EOFError:
                         raise RuntimeError(
                             f"trace worker stopped (exit status {proc.wait()}) "
-                            f"while reading {files[index]}"
+                            f"while reading {files[queued[0]]}"
                         ) from None
                     if kind == b"P":
                         if advance is not None:
                             advance(int(obj))
                         continue
                     if kind == b"E":
-                        raise RuntimeError(f"trace worker failed on {files[index]}:\n{obj}")
-                    del working[fd]
-                    done[index] = obj
-                    hand_out(proc)
+                        raise RuntimeError(f"trace worker failed on {files[queued[0]]}:\n{obj}")
+                    done[queued.popleft()] = obj
+                    left -= 1
+                    hand_out(proc, queued)
+                if read_here and not ready:
+                    job = next(todo, None)
+                    if job is not None:
+                        done[job[0]] = read_rank(job[1], advance)
+                        left -= 1
+                    else:
+                        read_here = False  # all handed out: wait for the workers
                 while following in done:
                     yield done.pop(following)
                     following += 1

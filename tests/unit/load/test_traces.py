@@ -8,6 +8,7 @@ import random
 import shutil
 from array import array
 from pathlib import Path
+from typing import Any
 
 import orjson
 import pytest
@@ -15,6 +16,7 @@ import pytest
 from syncscope.analysis.crossrank import collective_mismatch
 from syncscope.analysis.exposed import exposed_communication
 from syncscope.errors import BadTrace
+from syncscope.load.trace import worker
 from syncscope.load.trace.events import RankEvents
 from syncscope.load.trace.overlap import measure_windows, merge, merge_pairs, subtract, total
 from syncscope.load.traces import load_traces
@@ -257,3 +259,27 @@ def test_files_matched_to_ranks_by_the_rank_each_file_holds(tmp_path: Path) -> N
     assert files[1].name == "rank-10.json" and files[10].name == "rank-1.json"
     for r in (0, 2, 9):
         assert files[r].name == f"rank-{r}.json"
+
+
+def test_this_process_reads_files_beside_its_worker(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a synthetic 6-rank job, read by one worker process and by this process
+    write_job(tmp_path, 6, 50_000, Shape(sync_every_micro_batch=True))
+    monkeypatch.setenv("SYNCSCOPE_TRACE_WORKERS", "0")
+    alone = load_traces([tmp_path])
+    read_here: list[Path] = []
+    real = worker.read_rank
+
+    def counted(path: Path, advance: Any = None) -> Any:
+        read_here.append(path)
+        return real(path, advance)
+
+    monkeypatch.setattr(worker, "read_rank", counted)
+    monkeypatch.setenv("SYNCSCOPE_TRACE_WORKERS", "1")
+    # WHEN it is read
+    pooled = load_traces([tmp_path])
+    # THEN this process read some files (the worker had two queued while it started), the
+    # worker the others, and the run is the same, field for field
+    assert 1 <= len(read_here) < 6
+    assert pooled == alone
