@@ -12,7 +12,8 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_left, bisect_right
-from collections.abc import Iterable, Iterator, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from functools import partial
 from itertools import pairwise
 from operator import itemgetter, le, lt
 from pathlib import Path
@@ -45,6 +46,9 @@ def merge_pairs(flat: Sequence[int]) -> list[Interval]:
     """``merge`` of intervals stored flat (start, end, start, end, ...), as the reader keeps
     them: a pass in start order over the array, without a tuple for every interval (a 50 MB
     trace has ~60,000 backward ops; as tuples they would cost ~7 MiB for a moment)."""
+    if _increasing(flat):  # in start order and apart (the usual case): their own union
+        pairs = iter(flat)
+        return list(zip(pairs, pairs, strict=True))
     starts, ends = flat[0::2], flat[1::2]
     if not _in_order(starts):  # (traces usually are)
         order = sorted(range(len(starts)), key=starts.__getitem__)
@@ -113,6 +117,13 @@ def _view(values: Sequence[int]) -> Sequence[int]:
     return memoryview(values) if isinstance(values, array) else values
 
 
+def _increasing(values: Sequence[int]) -> bool:
+    """Whether ``values`` only increase: for intervals stored flat, that they are in start
+    order and apart, each ending before the next starts."""
+    view = _view(values)
+    return all(map(lt, view[:-1], view[1:]))
+
+
 def _in_order(values: Sequence[int]) -> bool:
     """Whether ``values`` never decrease (one pass in C, over views: no copy)."""
     view = _view(values)
@@ -145,16 +156,31 @@ def _kernels_by_window(
     last to its end): one window's at a time, as each is measured and let go. Kernels in
     start order, as traces list them, are one slice per window, merged in one pass; others
     are sorted first (``_by_window``)."""
+    if width == 2 and _increasing(kernels) and _in_order([lo for lo, _ in spans]):
+        # in start order and apart (one stream, as usual): each window's a slice of views
+        starts, ends = memoryview(kernels)[0::2], memoryview(kernels)[1::2]
+        yield from _slices(starts, ends, spans, lambda i, j: (starts[i:j], ends[i:j]))
+        return
     starts, ends = kernels[0::width], kernels[1::width]
     if not _in_order(starts) or not all(a[0] <= b[0] for a, b in pairwise(spans)):
         for indices in _by_window(kernels, width, spans):
             yield _intervals(kernels, width, indices)
         return
+    yield from _slices(starts, ends, spans, partial(_merged_columns, starts, ends))
+
+
+def _slices(
+    starts: Sequence[int],
+    ends: Sequence[int],
+    spans: Sequence[Interval],
+    merged: Callable[[int, int], Merged],
+) -> Iterator[Merged]:
+    """``merged(i, j)`` of each window's kernels ``i`` to ``j``, their starts in order."""
     cuts = [bisect_left(starts, lo) for lo, _ in spans[1:]]
     cuts.append(bisect_right(starts, spans[-1][1]))
     first = bisect_left(starts, spans[0][0])
     for last in cuts:
-        yield _merged_columns(starts, ends, first, last)
+        yield merged(first, last)
         first = last
 
 

@@ -299,7 +299,8 @@ def _bounds(
         bounds.append((lo, s.end, s))
         lo = s.end
     tail_end = max(extent[1], lo)
-    if any(c.start >= lo for c in comms) or any(b[0] >= lo for b in backward):
+    # (both in start order: the last starts latest)
+    if (comms and comms[-1].start >= lo) or (backward and backward[-1][0] >= lo):
         bounds.append((lo, tail_end, None))
         notes.trailing = True
     return bounds, tail_end

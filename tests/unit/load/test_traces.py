@@ -143,6 +143,32 @@ def test_kernels_in_start_order_are_measured_as_in_any_order() -> None:
                     assert figures_of[0] == total(merge(mine))
 
 
+def test_kernels_apart_are_measured_as_kernels_that_touch() -> None:
+    """Kernels in start order, each ending before the next starts (one stream, the usual
+    case), are measured as slices of the arrays; the same kernels with one pair made to
+    touch go through the merging path: the figures agree with a by-hand union."""
+    rng = random.Random(5)
+    for _ in range(50):
+        spans = sorted((lo, lo + rng.randint(0, 90)) for lo in rng.sample(range(500), 3))
+        starts = sorted(rng.sample(range(-20, 520, 4), 60))
+        kernels = [(s, s + rng.randint(1, 3)) for s in starts]  # apart: gaps of 4, up to 3
+        for touching in (False, True):
+            if touching:
+                kernels[10] = (kernels[10][0], kernels[11][0])
+            ev = RankEvents()
+            ev.compute_kernels = array("q", [v for k in kernels for v in k])
+            ev.comm_kernels = array("q", [v for i, k in enumerate(kernels[:8]) for v in (*k, i)])
+            got = measure_windows(ev, spans)
+            assert got is not None
+            bounds = [lo for lo, _ in spans[1:]] + [spans[-1][1] + 1]
+            for (lo, _), hi, m in zip(spans, bounds, got, strict=True):
+                mine = merge([(s, e) for s, e in kernels if lo <= s < hi])
+                comm = merge([(s, e) for s, e in kernels[:8] if lo <= s < hi])
+                assert m.compute == total(mine)
+                assert m.comm == total(comm)
+                assert m.exposed == total(subtract(comm, mine))
+
+
 def test_synthetic_job_mismatch_and_exposure(tmp_path: Path) -> None:
     # GIVEN a 3-rank synthetic job where rank 2 issues a broadcast in place of a bucket
     write_job(tmp_path, 3, 200_000, Shape(mismatch_rank=2, ops_per_forward=10))
