@@ -158,8 +158,8 @@ def _kernels_by_window(
     are sorted first (``_by_window``)."""
     if width == 2 and _increasing(kernels) and _in_order([lo for lo, _ in spans]):
         # in start order and apart (one stream, as usual): each window's a slice of views
-        starts, ends = memoryview(kernels)[0::2], memoryview(kernels)[1::2]
-        yield from _slices(starts, ends, spans, lambda i, j: (starts[i:j], ends[i:j]))
+        s, e = memoryview(kernels)[0::2], memoryview(kernels)[1::2]
+        yield from _slices(s, e, spans, lambda i, j: (s[i:j], e[i:j]))
         return
     starts, ends = kernels[0::width], kernels[1::width]
     if not _in_order(starts) or not all(a[0] <= b[0] for a, b in pairwise(spans)):
