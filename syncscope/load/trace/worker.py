@@ -30,7 +30,20 @@ from syncscope.load.trace.rankfile import read_rank
 _HEADER = struct.Struct("<cQ")
 _PROGRESS_EVERY = 4 << 20
 _PATH_ENV = "SYNCSCOPE_WORKER_PATH"
-_QUEUED = 2  # files handed to a worker ahead, when this process reads files too
+# Files handed to a worker ahead, when this process reads files too: a second one while the
+# next is small, so a worker does not wait for this process to finish its own file; a large
+# one waits to be handed out (queued, it could leave a worker the last two large files).
+_QUEUED = 2
+_SMALL_BYTES = 16 << 20
+
+
+def _small(todo: deque[tuple[int, Path]]) -> bool:
+    if not todo:
+        return True  # (nothing left: the caller stops)
+    try:
+        return os.path.getsize(todo[0][1]) < _SMALL_BYTES
+    except OSError:
+        return True  # the worker says what is wrong with it
 
 
 def _read_exact(fd: int, n: int) -> bytes:
@@ -141,7 +154,7 @@ class Pool:
         a result to hand back (each worker keeps a second file queued meanwhile, so it does
         not wait for this one): a worker fewer does the same work."""
         sel = selectors.DefaultSelector()
-        todo = iter(enumerate(files))
+        todo = deque(enumerate(files))
         working: dict[int, tuple[subprocess.Popen[bytes], deque[int]]] = {}  # fd -> queued
         done: dict[int, Any] = {}
         following = 0
@@ -149,16 +162,16 @@ class Pool:
 
         def hand_out(proc: subprocess.Popen[bytes], queued: deque[int]) -> None:
             assert proc.stdin is not None and proc.stdout is not None
-            while len(queued) < (_QUEUED if read_here else 1):
-                job = next(todo, None)
-                if job is None:
+            while not queued or (read_here and len(queued) < _QUEUED and _small(todo)):
+                if not todo:
                     if not queued:
                         sel.unregister(proc.stdout.fileno())
                         proc.stdin.close()  # the worker exits when its input ends
                         del working[proc.stdout.fileno()]
                     return
-                _send(proc.stdin.fileno(), b"J", job[1])
-                queued.append(job[0])
+                index, path = todo.popleft()
+                _send(proc.stdin.fileno(), b"J", path)
+                queued.append(index)
 
         try:
             for proc in self.procs:
@@ -188,9 +201,9 @@ class Pool:
                     left -= 1
                     hand_out(proc, queued)
                 if read_here and not ready:
-                    job = next(todo, None)
-                    if job is not None:
-                        done[job[0]] = read_rank(job[1], advance)
+                    if todo:
+                        index, path = todo.popleft()
+                        done[index] = read_rank(path, advance)
                         left -= 1
                     else:
                         read_here = False  # all handed out: wait for the workers

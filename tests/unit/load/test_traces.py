@@ -309,3 +309,38 @@ def test_this_process_reads_files_beside_its_worker(
     # worker the others, and the run is the same, field for field
     assert 1 <= len(read_here) < 6
     assert pooled == alone
+
+
+@pytest.mark.parametrize("large", [False, True])
+def test_a_worker_holds_a_second_file_only_while_files_are_small(
+    large: bool, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # GIVEN a 6-rank job read by one worker and this process; its files taken as large or not
+    write_job(tmp_path, 6, 50_000, Shape(sync_every_micro_batch=True))
+    if large:
+        monkeypatch.setattr(worker, "_SMALL_BYTES", 0)
+    outstanding, most = 0, 0
+    send, receive = worker._send, worker._receive
+
+    def sent(fd: int, kind: bytes, obj: Any) -> None:
+        nonlocal outstanding, most
+        if kind == b"J":
+            outstanding += 1
+            most = max(most, outstanding)
+        send(fd, kind, obj)
+
+    def received(fd: int) -> tuple[bytes, Any]:
+        nonlocal outstanding
+        kind, obj = receive(fd)
+        outstanding -= kind == b"R"
+        return kind, obj
+
+    monkeypatch.setattr(worker, "_send", sent)
+    monkeypatch.setattr(worker, "_receive", received)
+    monkeypatch.setenv("SYNCSCOPE_TRACE_WORKERS", "1")
+    # WHEN it is read
+    run = load_traces([tmp_path])
+    # THEN the worker held two files at once only where they were small (where a large one
+    # waits, the last two large files are not left to one reader)
+    assert len(run.ranks) == 6
+    assert most == (1 if large else 2)
