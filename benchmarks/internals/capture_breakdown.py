@@ -281,6 +281,11 @@ def main() -> None:
             pstats.Stats(profiler).sort_stats(os.environ.get("SORT", "tottime")).print_stats(
                 os.environ.get("FILTER", ""), 30
             )
+    # let go of the works the recorders watch (as `syncscope profile` does at exit): a work
+    # held past destroy_process_group keeps gloo's threads to interpreter exit, which aborts
+    for rec in recorders.values():
+        rec.footer(0, "done")
+        rec.sink.close()
     dist.destroy_process_group()
 
 
