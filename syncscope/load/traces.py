@@ -103,19 +103,19 @@ def _merge_flags(into: RankNotes, rank: RankNotes) -> None:
     into.extra.extend(line for line in rank.extra if line not in into.extra)
 
 
-def worker_count(files: Sequence[Path]) -> int:
-    """Worker processes for ``files``, beside this process, which reads files too: none (0)
-    for one file or a small job."""
+def worker_count(sizes: Sequence[int]) -> int:
+    """Worker processes for files of ``sizes`` (bytes on disk), beside this process, which
+    reads files too: none (0) for one file or a small job."""
     forced = os.environ.get(WORKERS_ENV, "").strip()
     if forced:
-        return max(0, int(forced)) if len(files) > 1 else 0
-    if len(files) < 2 or sum(p.stat().st_size for p in files) < PARALLEL_MIN_BYTES:
+        return max(0, int(forced)) if len(sizes) > 1 else 0
+    if len(sizes) < 2 or sum(sizes) < PARALLEL_MIN_BYTES:
         return 0
     try:
         cores = len(os.sched_getaffinity(0))
     except AttributeError:  # not on Linux
         cores = os.cpu_count() or 1
-    return min(MAX_WORKERS, cores - 1, len(files) - 1)
+    return min(MAX_WORKERS, cores - 1, len(sizes) - 1)
 
 
 def _results(
@@ -130,7 +130,7 @@ def _results(
         yield from cluster_results(files, sizes, scheduler, advance)
         return
     local = [Path(f) for f in files]
-    workers = worker_count(local)
+    workers = worker_count(sizes)
     if workers < 1:
         for path in local:
             yield read_rank(path, advance)
@@ -138,7 +138,7 @@ def _results(
     from syncscope.load.trace.worker import Pool
 
     with Pool(workers) as pool:
-        yield from pool.map(local, advance, read_here=True)
+        yield from pool.map(local, advance, sizes)
 
 
 def load_traces(
@@ -153,8 +153,9 @@ def load_traces(
     ``scheduler``: read on that Dask cluster (load/trace/cluster.py), where paths may be URLs.
 
     Files are read in worker processes (``worker_count``), and in this one beside them, when
-    there are several large ones; each worker sends back only the rank's ``RankResult``. Results are checked in file order
-    either way, so errors and notes do not depend on which worker finished first.
+    there are several large ones; each worker sends back only the rank's ``RankResult``.
+    Results are checked in file order either way, so errors and notes do not depend on which
+    worker finished first.
     """
     files, sizes = _sources(paths, scheduler)
     notes: list[str] = []

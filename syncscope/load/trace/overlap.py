@@ -14,7 +14,6 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
-from itertools import pairwise
 from operator import itemgetter, le, lt
 from pathlib import Path
 from typing import Any
@@ -46,15 +45,15 @@ def merge_pairs(flat: Sequence[int]) -> list[Interval]:
     """``merge`` of intervals stored flat (start, end, start, end, ...), as the reader keeps
     them: a pass in start order over the array, without a tuple for every interval (a 50 MB
     trace has ~60,000 backward ops; as tuples they would cost ~7 MiB for a moment)."""
-    if _increasing(flat):  # in start order and apart (the usual case): their own union
+    if _in_order(flat, strict=True):  # in start order and apart (the usual case)
         pairs = iter(flat)
-        return list(zip(pairs, pairs, strict=True))
+        return list(zip(pairs, pairs, strict=True))  # their own union
     starts, ends = flat[0::2], flat[1::2]
     if not _in_order(starts):  # (traces usually are)
         order = sorted(range(len(starts)), key=starts.__getitem__)
         starts = array("q", map(starts.__getitem__, order))
         ends = array("q", map(ends.__getitem__, order))
-    return merge_pairs_of(starts, ends, 0, len(starts))
+    return _merge_loop(starts, ends, 0, len(starts))
 
 
 def total(merged: Sequence[Interval]) -> int:
@@ -117,17 +116,11 @@ def _view(values: Sequence[int]) -> Sequence[int]:
     return memoryview(values) if isinstance(values, array) else values
 
 
-def _increasing(values: Sequence[int]) -> bool:
-    """Whether ``values`` only increase: for intervals stored flat, that they are in start
-    order and apart, each ending before the next starts."""
+def _in_order(values: Sequence[int], strict: bool = False) -> bool:
+    """Whether ``values`` never decrease (``strict``: only increase, which for intervals
+    stored flat says they are in start order and apart). One pass in C, over views."""
     view = _view(values)
-    return all(map(lt, view[:-1], view[1:]))
-
-
-def _in_order(values: Sequence[int]) -> bool:
-    """Whether ``values`` never decrease (one pass in C, over views: no copy)."""
-    view = _view(values)
-    return all(map(le, view[:-1], view[1:]))
+    return all(map(lt if strict else le, view[:-1], view[1:]))
 
 
 def _by_window(kernels: array[int], width: int, spans: Sequence[Interval]) -> list[array[int]]:
@@ -156,13 +149,14 @@ def _kernels_by_window(
     last to its end): one window's at a time, as each is measured and let go. Kernels in
     start order, as traces list them, are one slice per window, merged in one pass; others
     are sorted first (``_by_window``)."""
-    if width == 2 and _increasing(kernels) and _in_order([lo for lo, _ in spans]):
+    spans_in_order = _in_order([lo for lo, _ in spans])
+    if width == 2 and spans_in_order and _in_order(kernels, strict=True):
         # in start order and apart (one stream, as usual): each window's a slice of views
         s, e = memoryview(kernels)[0::2], memoryview(kernels)[1::2]
         yield from _slices(s, e, spans, lambda i, j: (s[i:j], e[i:j]))
         return
     starts, ends = kernels[0::width], kernels[1::width]
-    if not _in_order(starts) or not all(a[0] <= b[0] for a, b in pairwise(spans)):
+    if not spans_in_order or not _in_order(starts):
         for indices in _by_window(kernels, width, spans):
             yield _intervals(kernels, width, indices)
         return
@@ -184,15 +178,9 @@ def _slices(
         first = last
 
 
-def merge_pairs_of(starts: Sequence[int], ends: Sequence[int], i: int, j: int) -> list[Interval]:
-    """``merge`` of the intervals ``i`` to ``j`` (exclusive), their starts in order."""
-    apart = _apart(starts, ends, i, j)
-    return list(zip(*apart, strict=True)) if apart is not None else _merge_loop(starts, ends, i, j)
-
-
 def _merged_columns(starts: Sequence[int], ends: Sequence[int], i: int, j: int) -> Merged:
-    """``merge_pairs_of`` as columns: slices of ``starts`` and ``ends`` where they are
-    their own union."""
+    """The merged intervals ``i`` to ``j`` (exclusive, their starts in order), as columns:
+    slices of ``starts`` and ``ends`` where they are their own union."""
     apart = _apart(starts, ends, i, j)
     return apart if apart is not None else _columns(_merge_loop(starts, ends, i, j))
 

@@ -37,15 +37,6 @@ _QUEUED = 2
 _SMALL_BYTES = 16 << 20
 
 
-def _small(todo: deque[tuple[int, Path]]) -> bool:
-    if not todo:
-        return True  # (nothing left: the caller stops)
-    try:
-        return os.path.getsize(todo[0][1]) < _SMALL_BYTES
-    except OSError:
-        return True  # the worker says what is wrong with it
-
-
 def _read_exact(fd: int, n: int) -> bytes:
     parts: list[bytes] = []
     while n:
@@ -148,11 +139,13 @@ class Pool:
         self,
         files: list[Path],
         advance: Callable[[int], None] | None,
-        read_here: bool = False,
+        sizes: list[int] | None = None,
     ) -> Iterator[Any]:
-        """``read_here``: this process reads files too, one at a time while no worker has
-        a result to hand back (each worker keeps a second file queued meanwhile, so it does
-        not wait for this one): a worker fewer does the same work."""
+        """``sizes`` (each file's bytes on disk): this process reads files too, one at a
+        time while no worker has a result to hand back (each worker keeps a second small
+        file queued meanwhile, so it does not wait for this one): a worker fewer does the
+        same work. Without them, only the workers read."""
+        read_here = sizes is not None
         sel = selectors.DefaultSelector()
         todo = deque(enumerate(files))
         working: dict[int, tuple[subprocess.Popen[bytes], deque[int]]] = {}  # fd -> queued
@@ -160,9 +153,12 @@ class Pool:
         following = 0
         left = len(files)
 
+        def small_next() -> bool:  # (a second file is queued only while this one reads)
+            return sizes is not None and (not todo or sizes[todo[0][0]] < _SMALL_BYTES)
+
         def hand_out(proc: subprocess.Popen[bytes], queued: deque[int]) -> None:
             assert proc.stdin is not None and proc.stdout is not None
-            while not queued or (read_here and len(queued) < _QUEUED and _small(todo)):
+            while not queued or (len(queued) < _QUEUED and small_next()):
                 if not todo:
                     if not queued:
                         sel.unregister(proc.stdout.fileno())
@@ -180,7 +176,7 @@ class Pool:
                 working[proc.stdout.fileno()] = (proc, deque())
                 hand_out(proc, working[proc.stdout.fileno()][1])
             while left:
-                ready = sel.select(timeout=0 if read_here else None)
+                ready = sel.select(timeout=0 if read_here and todo else None)
                 for key, _ in ready:
                     fd = int(key.fd)
                     proc, queued = working[fd]
@@ -200,13 +196,10 @@ class Pool:
                     done[queued.popleft()] = obj
                     left -= 1
                     hand_out(proc, queued)
-                if read_here and not ready:
-                    if todo:
-                        index, path = todo.popleft()
-                        done[index] = read_rank(path, advance)
-                        left -= 1
-                    else:
-                        read_here = False  # all handed out: wait for the workers
+                if read_here and todo and not ready:
+                    index, path = todo.popleft()
+                    done[index] = read_rank(path, advance)
+                    left -= 1
                 while following in done:
                     yield done.pop(following)
                     following += 1
