@@ -198,6 +198,44 @@ def _first_tensor(dims: Any, index: int) -> int | None:
     return count
 
 
+# What an event's name makes it, looked up once per distinct name (a trace repeats a few
+# hundred names over millions of events): a CPU op is compute, backward activity or one to
+# read further (``RankEvents._cpu``); a kernel is compute, communication or a copy.
+_COMPUTE, _BACKWARD_OP, _OTHER, _COMM, _COPY = range(5)
+_KINDS_MAX = 1 << 14  # names remembered per kind of event (past it: judged each time)
+_CPU_KINDS: dict[str, int] = {}
+_KERNEL_KINDS: dict[str, int] = {}
+
+
+def _cpu_kind(name: str) -> int:
+    if not name.startswith(_NOT_COMPUTE):  # (backward ops start with one)
+        kind = _COMPUTE
+    elif name.startswith(_BACKWARD):
+        kind = _BACKWARD_OP
+    else:
+        kind = _OTHER
+    if len(_CPU_KINDS) < _KINDS_MAX:
+        _CPU_KINDS[name] = kind
+    return kind
+
+
+def _kernel_kind(name: Any) -> int:
+    if not isinstance(name, str):
+        return _kernel_kind_of("" if name is None else str(name))
+    kind = _kernel_kind_of(name)
+    if len(_KERNEL_KINDS) < _KINDS_MAX:
+        _KERNEL_KINDS[name] = kind
+    return kind
+
+
+def _kernel_kind_of(name: str) -> int:
+    if "nccl" in name and (
+        name.startswith("nccl") or "ncclKernel" in name or "ncclDevKernel" in name
+    ):
+        return _COMM
+    return _COPY if name.startswith(("Memcpy", "Memset")) else _COMPUTE
+
+
 @dataclass
 class RankEvents:
     """What one rank's trace says, reduced to what the window builder needs."""
@@ -263,6 +301,8 @@ class RankEvents:
         launch_times = self.launch_times.append
         cpu_compute = self.cpu_compute.extend
         backward = self.backward.extend
+        cpu_kinds = _CPU_KINDS
+        kernel_kinds = _KERNEL_KINDS
         for e in batch:
             try:
                 cat = e.cat
@@ -274,12 +314,13 @@ class RankEvents:
             try:
                 if cat == "cpu_op":
                     name = e.name
-                    if not isinstance(name, str):
-                        self.unnamed.append(int(e.ts * 1000.0))
-                    elif not name.startswith(_NOT_COMPUTE):  # (backward ops start with one)
+                    kind = cpu_kinds.get(name) if type(name) is str else _OTHER
+                    if kind is None:
+                        kind = _cpu_kind(name)
+                    if kind == _COMPUTE:
                         start = int(e.ts * 1000.0)
                         cpu_compute((start, start + int(e.dur * 1000.0)))
-                    elif name.startswith(_BACKWARD):
+                    elif kind == _BACKWARD_OP:
                         start = int(e.ts * 1000.0)
                         backward((start, start + int(e.dur * 1000.0)))
                     else:
@@ -288,16 +329,15 @@ class RankEvents:
                     start = int(e.ts * 1000.0)
                     end = start + int(e.dur * 1000.0)
                     name = e.name
-                    if not isinstance(name, str):
-                        name = "" if name is None else str(name)
-                    if "nccl" in name and (
-                        name.startswith("nccl") or "ncclKernel" in name or "ncclDevKernel" in name
-                    ):
+                    kind = kernel_kinds.get(name) if type(name) is str else None
+                    if kind is None:
+                        kind = _kernel_kind(name)
+                    if kind == _COMPUTE:
+                        compute_kernels((start, end))
+                    elif kind == _COMM:
                         args = e.args
                         corr = args.correlation if args is not None else None
                         comm_kernels((start, end, -1 if corr is None else int(corr)))
-                    elif not name.startswith(("Memcpy", "Memset")):
-                        compute_kernels((start, end))
                 elif cat in _LAUNCH_CATEGORIES:
                     args = e.args
                     corr = args.correlation if args is not None else None

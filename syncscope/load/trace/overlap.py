@@ -14,6 +14,7 @@ from array import array
 from bisect import bisect_left, bisect_right
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from functools import partial
+from itertools import compress
 from operator import itemgetter, le, lt
 from pathlib import Path
 from typing import Any
@@ -53,6 +54,9 @@ def merge_pairs(flat: Sequence[int]) -> list[Interval]:
         order = sorted(range(len(starts)), key=starts.__getitem__)
         starts = array("q", map(starts.__getitem__, order))
         ends = array("q", map(ends.__getitem__, order))
+    joined = _joined(starts, ends, 0, len(starts))  # (backward ops often touch: one run)
+    if joined is not None:
+        return list(zip(*joined, strict=True))
     return _merge_loop(starts, ends, 0, len(starts))
 
 
@@ -179,19 +183,28 @@ def _slices(
 
 
 def _merged_columns(starts: Sequence[int], ends: Sequence[int], i: int, j: int) -> Merged:
-    """The merged intervals ``i`` to ``j`` (exclusive, their starts in order), as columns:
-    slices of ``starts`` and ``ends`` where they are their own union."""
-    apart = _apart(starts, ends, i, j)
-    return apart if apart is not None else _columns(_merge_loop(starts, ends, i, j))
+    """The merged intervals ``i`` to ``j`` (exclusive, their starts in order), as columns."""
+    joined = _joined(starts, ends, i, j)
+    return joined if joined is not None else _columns(_merge_loop(starts, ends, i, j))
 
 
-def _apart(starts: Sequence[int], ends: Sequence[int], i: int, j: int) -> Merged | None:
-    """Intervals ``i`` to ``j`` as views, where each ends before the next starts (kernels of
-    one stream usually do): then they are their own union, found without a loop in Python."""
+def _joined(starts: Sequence[int], ends: Sequence[int], i: int, j: int) -> Merged | None:
+    """The union of intervals ``i`` to ``j`` (their starts in order) where none overlaps the
+    next (kernels of one stream, a thread's backward ops): runs of intervals that touch
+    are joined, without a loop in Python; where they are all apart, views of the columns
+    themselves. None where some overlap (or are empty): those take ``_merge_loop``."""
     s, e = _view(starts)[i:j], _view(ends)[i:j]
-    if all(map(lt, s, e)) and all(map(lt, e[:-1], s[1:])):
+    if not all(map(lt, s, e)):
+        return None
+    before, after = e[:-1], s[1:]
+    if all(map(lt, before, after)):
         return s, e
-    return None
+    if not all(map(le, before, after)):
+        return None
+    gaps = list(map(lt, before, after))  # True: interval k + 1 starts a new run
+    run_starts = [s[0], *compress(after, gaps)]
+    run_ends = [*compress(before, gaps), e[-1]]
+    return run_starts, run_ends
 
 
 def _merge_loop(starts: Sequence[int], ends: Sequence[int], i: int, j: int) -> list[Interval]:

@@ -125,28 +125,37 @@ def _invalid(path: Path, exc: Exception, where: int) -> BadTrace:
     return BadTrace(f"{path}: invalid JSON near byte {where} ({detail})")
 
 
-def _split(buf: bytes, decode: Decoder, since: int = 0) -> tuple[EventBatch | None, int]:
+def _split(buf: bytearray, decode: Decoder, since: int = 0) -> tuple[EventBatch | None, int]:
     """Parse the longest run of whole events at the front of ``buf``: (events, bytes used).
 
+    ``buf[0]`` is ``[``, then the events; the byte after the last whole event (a comma or
+    white space) is made ``]`` while the piece is copied out, so a piece is copied once
+    (into the bytes the events are parsed from, which ``msgspec.Raw`` values go on using).
     ``since``: boundaries before this offset were tried already (a prefix that did not
-    parse never will), so a long event costs linear time, not quadratic.
+    parse never will), so a long event costs linear time, not quadratic. The bytes used end
+    just before the ``{`` that opens the next event (its separator becomes the next ``[``).
     """
     # the last three boundaries, looked for in the last 4 KiB first (a 32 KiB chunk holds
     # a few hundred: finding them all costs more than parsing), then in the last 64 KiB
-    base = max(0, len(buf) - (1 << 12))
+    base = max(1, len(buf) - (1 << 12))
     matches = list(_BOUNDARY.finditer(buf, base))
     if len(matches) < 3:
-        base = max(0, len(buf) - (1 << 16))
+        base = max(1, len(buf) - (1 << 16))
         matches = list(_BOUNDARY.finditer(buf, base))
     if not matches and since < base:
-        matches = list(_BOUNDARY.finditer(buf, max(0, since)))
+        matches = list(_BOUNDARY.finditer(buf, max(1, since)))
     for m in reversed(matches[-3:]):
         end = m.start() + 1
+        kept = buf[end]
+        buf[end] = 0x5D  # ]
+        with memoryview(buf) as view:
+            piece = bytes(view[: end + 1])
+        buf[end] = kept
         try:
-            events = decode(b"[" + buf[:end] + b"]")
+            events = decode(piece)
         except ValueError:
             continue
-        return events, m.end() - 1  # keep the '{' that opens the next event
+        return events, m.end() - 2
     return None, 0
 
 
@@ -222,10 +231,10 @@ def _array_start(path: Path, reader: _Reader) -> tuple[bytes, bytes]:
 
 
 def _read(path: Path, reader: _Reader, consume: Consumer, decode: Decoder) -> dict[str, Any]:
-    head, buf = _array_start(path, reader)
-    consumed = reader.offset - len(buf)
+    head, rest = _array_start(path, reader)
+    consumed = reader.offset - len(rest)
     unsplit = 0
-    buf = bytearray(buf)  # type: ignore[assignment]  # appends in place: a long event is linear
+    buf = bytearray(b"[" + rest)  # appends in place: a long event is linear
     while True:
         chunk = reader.read()
         if not chunk:
@@ -245,13 +254,14 @@ def _read(path: Path, reader: _Reader, consume: Consumer, decode: Decoder) -> di
         unsplit = 0
         consume(events)
         consumed += used
-        buf = buf[used:]
+        del buf[:used]  # (cheap: a bytearray drops its front without moving the rest)
+        buf[0] = 0x5B  # [
     events, used = _split(buf, decode)
     if events is not None:
         consume(events)
         consumed += used
-        buf = buf[used:]
-    events, trailer = _finish(path, buf, consumed, decode)
+        del buf[:used]
+    events, trailer = _finish(path, bytes(buf[1:]), consumed, decode)
     if events:
         consume(events)
     try:

@@ -107,6 +107,26 @@ def test_merging_flat_pairs_equals_merging_tuples() -> None:
     assert merge_pairs(array("q")) == []
 
 
+def test_intervals_that_touch_are_joined_as_merging_joins_them() -> None:
+    """A thread's backward ops follow one another, each starting where the last ended or
+    later: runs that touch are joined without the merging loop, to the same union; one
+    overlap (or an empty interval) among them takes the loop, to the same union again."""
+    rng = random.Random(3)
+    for _ in range(300):
+        pairs, at = [], rng.randint(0, 50)
+        for _ in range(rng.randint(1, 40)):
+            at += rng.choice((0, 0, 0, 1, 5))  # mostly touching, some gaps
+            end = at + rng.randint(1, 20)
+            pairs.append((at, end))
+            at = end
+        if rng.random() < 0.3:
+            k = rng.randrange(len(pairs))
+            start, end = pairs[k]
+            pairs[k] = (start, end + rng.choice((0, 3))) if rng.random() < 0.5 else (start, start)
+        flat = array("q", [v for pair in pairs for v in pair])
+        assert merge_pairs(flat) == merge(pairs)
+
+
 def test_kernels_in_start_order_are_measured_as_in_any_order() -> None:
     """A window's kernels are those that start from its start to the next window's (the
     last: to its end); kernels in start order are cut into slices, others sorted first:
