@@ -23,7 +23,7 @@ from syncscope.load.trace.jobs import (
     split_jobs,
 )
 from syncscope.load.trace.rankfile import Job, RankResult, read_rank
-from syncscope.load.trace.read import is_trace_file
+from syncscope.load.trace.read import collector_paused, is_trace_file
 from syncscope.load.trace.windows import RankNotes
 from syncscope.model import RankRun, Run, RunMeta, compress_ranks, missing_ranks_text
 
@@ -162,7 +162,7 @@ def load_traces(
     skipped: list[str] = []
     traces: list[tuple[TraceSpan, RankRun]] = []
     flags = RankNotes()
-    with _progress(sizes, progress) as advance:
+    with collector_paused(), _progress(sizes, progress) as advance:
         results = _results(files, sizes, scheduler, advance)
         try:
             for result in results:

@@ -17,31 +17,27 @@ from __future__ import annotations
 
 import dataclasses
 from array import array
-from collections import OrderedDict
 from collections.abc import Iterator, Sequence
-from contextlib import suppress
 from typing import Any, Generic, TypeVar, overload
 
 T = TypeVar("T")
 
 _NONE = -(2**63)  # stands for None in an integer column
 
-# Rows made lately, by (packed, lo, hi): the analysis and the reports read every window's
+# Rows made, by (packed, lo, hi): the analysis and the reports read every window's
 # collectives a dozen times over (counts, bytes, rounds, streams, tables), so each window's
-# are made once while they fit here. Bounded by rows (~280 bytes each, 9 MiB in all): past
-# it, the least recently read are let go and made again when read again.
-_MADE_MAX_ROWS = 1 << 15
-_made: OrderedDict[tuple[int, int, int], tuple[Packed[Any], list[Any]]] = OrderedDict()
+# are made once while they fit here. Bounded by rows (~280 bytes each, 70 MiB in all). Past
+# it, rows made later replace only the last ones kept: the analysis reads every window in
+# turn, pass after pass, and a cache that let the oldest go would keep none of them by the
+# time a pass came back, where this one keeps the same ones for every pass.
+_MADE_MAX_ROWS = 1 << 18
+_made: dict[tuple[int, int, int], tuple[Packed[Any], list[Any]]] = {}
 _made_rows = 0
 
 
 def _recall(key: tuple[int, int, int]) -> list[Any] | None:
     hit = _made.get(key)
-    if hit is None:
-        return None
-    with suppress(KeyError):  # let go meanwhile by another thread: still a good list
-        _made.move_to_end(key)
-    return hit[1]
+    return None if hit is None else hit[1]
 
 
 def forget_made() -> None:
@@ -58,15 +54,15 @@ def _remember(key: tuple[int, int, int], packed: Packed[Any], made: list[Any]) -
     global _made_rows
     if len(made) > _MADE_MAX_ROWS or key in _made:
         return
-    _made[key] = (packed, made)
-    _made_rows += len(made)
-    while _made_rows > _MADE_MAX_ROWS:
+    while _made_rows + len(made) > _MADE_MAX_ROWS:
         try:
-            _, (_, gone) = _made.popitem(last=False)
+            _, (_, gone) = _made.popitem()  # the last kept
         except KeyError:  # emptied by another thread
             _made_rows = 0
-            return
+            break
         _made_rows -= len(gone)
+    _made[key] = (packed, made)
+    _made_rows += len(made)
 
 
 def _is_int(value: object) -> bool:

@@ -16,7 +16,7 @@ from syncscope.errors import BadTrace, SyncscopeError
 from syncscope.fields import field_int, field_of, field_str
 from syncscope.load.trace.events import RankEvents, decode_events
 from syncscope.load.trace.packed import forget_made
-from syncscope.load.trace.read import Opener, read_trace
+from syncscope.load.trace.read import Opener, collector_paused, read_trace
 from syncscope.load.trace.windows import RankNotes, rank_from_trace
 from syncscope.model import RankRun
 
@@ -88,6 +88,13 @@ def read_rank(
 ) -> RankResult:
     """Read one trace file and reduce it to its ``RankRun`` (in this process). ``opener``:
     the bytes to read instead of the file ``path`` (an fsspec URL's object, streamed)."""
+    with collector_paused():
+        return _read_rank(path, advance, opener)
+
+
+def _read_rank(
+    path: Path, advance: Callable[[int], None] | None, opener: Opener | None
+) -> RankResult:
     result = RankResult(path)
     try:
         events = RankEvents()

@@ -17,7 +17,8 @@ import gc
 import gzip
 import re
 import zlib
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import IO, Any
 
@@ -201,12 +202,23 @@ def read_trace(
     ``opener``: where the bytes come from instead of the file ``path`` (which messages name).
     ``decode``: how a piece of the array is parsed (default: into dicts)."""
     reader = _Reader(path, on_bytes, opener)
-    collecting = gc.isenabled()
-    gc.disable()  # millions of small objects, no cycles: the collector only costs time here
     try:
-        return _read(path, reader, consume, decode)
+        with collector_paused():
+            return _read(path, reader, consume, decode)
     finally:
         reader.close()
+
+
+@contextmanager
+def collector_paused() -> Iterator[None]:
+    """Python's cycle collector off, then back as it was: reading traces makes millions of
+    small objects without cycles, which the collector would only walk again and again (the
+    more so as the ranks already read pile up)."""
+    collecting = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
         if collecting:
             gc.enable()
 
