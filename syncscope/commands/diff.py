@@ -37,7 +37,10 @@ def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    diff(args.run_a, args.run_b, args.html, args.color)
+    from syncscope.load.trace.read import collector_paused
+
+    with collector_paused():  # (runs of thousands of ranks: see analyze)
+        diff(args.run_a, args.run_b, args.html, args.color)
 
 
 def diff(run_a: Path, run_b: Path, html: Path | None = None, color: bool | None = None) -> None:

@@ -46,7 +46,10 @@ def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
 
 
 def run(args: argparse.Namespace) -> None:
-    report(args.run_dir, args.fmt, args.output)
+    from syncscope.load.trace.read import collector_paused
+
+    with collector_paused():  # (a run of thousands of ranks: see analyze)
+        report(args.run_dir, args.fmt, args.output)
 
 
 def report(run_dir: Path, fmt: str = "html", output: str | None = None) -> None:
