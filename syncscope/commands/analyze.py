@@ -75,10 +75,13 @@ def add_parser(subparsers: argparse._SubParsersAction[Parser]) -> None:
 
 
 def run(args: argparse.Namespace) -> int:
+    from syncscope.load.trace.read import collector_paused
+
     paths = [p if "://" in p else Path(p) for p in args.paths]
-    return analyze(
-        paths, args.out, args.skip_bad, args.hta, args.fail_on, args.quiet, args.scheduler
-    )
+    with collector_paused():  # (millions of objects made, none in a cycle: see read.py)
+        return analyze(
+            paths, args.out, args.skip_bad, args.hta, args.fail_on, args.quiet, args.scheduler
+        )
 
 
 def analyze(
@@ -93,21 +96,6 @@ def analyze(
     """Report on saved runs or torch.profiler (Kineto) traces: report files in ``out``, the
     summary on stdout; the exit status by ``fail_on``. ``scheduler``: read the traces on
     that Dask cluster (``local``, an address or a scheduler file; paths may be URLs)."""
-    from syncscope.load.trace.read import collector_paused
-
-    with collector_paused():  # (millions of objects made, none in a cycle: see read.py)
-        return _analyze(paths, out, skip_bad, hta, fail_on, quiet, scheduler)
-
-
-def _analyze(
-    paths: Sequence[Path | str],
-    out: Path | None,
-    skip_bad: bool,
-    hta: bool,
-    fail_on: str,
-    quiet: bool,
-    scheduler: str | None,
-) -> int:
     from syncscope.analysis.findings import findings_for
     from syncscope.atomic import new_folder
     from syncscope.load.inputs import load, split_dumps
