@@ -13,6 +13,8 @@ everything else. Times are nanoseconds on the trace's own clock; ``windows.py`` 
 from __future__ import annotations
 
 from array import array
+from bisect import bisect_right
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 from typing import Any
@@ -275,14 +277,18 @@ class RankEvents:
         if isinstance(name, str) and name.startswith(_COMM_NAMES):
             self.unplaced_comms += 1
 
-    def extent(self) -> tuple[int, int] | None:
-        """First and last CPU-side time seen (ns), None for a trace without CPU events."""
+    def extent(self, backward: Sequence[tuple[int, int]]) -> tuple[int, int] | None:
+        """First and last CPU-side time seen (ns), None for a trace without CPU events.
+        ``backward``: the backward ops merged (``merge_pairs(self.backward)``: sorted and
+        apart, so the first starts first and the last ends last)."""
         starts: list[int] = []
         ends: list[int] = []
-        for pairs in (self.cpu_compute, self.backward):
-            if pairs:
-                starts.append(min(pairs[0::2]))
-                ends.append(max(pairs[1::2]))
+        if self.cpu_compute:
+            starts.append(min(self.cpu_compute[0::2]))
+            ends.append(max(self.cpu_compute[1::2]))
+        if backward:
+            starts.append(backward[0][0])
+            ends.append(backward[-1][1])
         for spans in (self.steps, self.forwards, self.collectives, self.window_marks):
             if spans:
                 starts.append(min(s.start for s in spans))
@@ -294,13 +300,15 @@ class RankEvents:
         objects)."""
         # The hot loop: one pass, locals only, no call per event for the common cases
         # (compute/comm kernels, their launches, plain CPU ops). Everything else is rare.
+        # Times go in with ``append`` (an ``extend`` of a tuple costs twice as much); a
+        # record cut short by a failed append is dropped by ``_whole_records``.
         self.events += len(batch)
-        comm_kernels = self.comm_kernels.extend
-        compute_kernels = self.compute_kernels.extend
+        comm_kernels = self.comm_kernels.append
+        compute_kernels = self.compute_kernels.append
         launch_ids = self.launch_ids.append
         launch_times = self.launch_times.append
-        cpu_compute = self.cpu_compute.extend
-        backward = self.backward.extend
+        cpu_compute = self.cpu_compute.append
+        backward = self.backward.append
         cpu_kinds = _CPU_KINDS
         kernel_kinds = _KERNEL_KINDS
         for e in batch:
@@ -319,10 +327,14 @@ class RankEvents:
                         kind = _cpu_kind(name)
                     if kind == _COMPUTE:
                         start = int(e.ts * 1000.0)
-                        cpu_compute((start, start + int(e.dur * 1000.0)))
+                        end = start + int(e.dur * 1000.0)
+                        cpu_compute(start)
+                        cpu_compute(end)
                     elif kind == _BACKWARD_OP:
                         start = int(e.ts * 1000.0)
-                        backward((start, start + int(e.dur * 1000.0)))
+                        end = start + int(e.dur * 1000.0)
+                        backward(start)
+                        backward(end)
                     else:
                         self._cpu(e)
                 elif cat == "kernel":
@@ -333,11 +345,15 @@ class RankEvents:
                     if kind is None:
                         kind = _kernel_kind(name)
                     if kind == _COMPUTE:
-                        compute_kernels((start, end))
+                        compute_kernels(start)
+                        compute_kernels(end)
                     elif kind == _COMM:
                         args = e.args
                         corr = args.correlation if args is not None else None
-                        comm_kernels((start, end, -1 if corr is None else int(corr)))
+                        corr = -1 if corr is None else int(corr)
+                        comm_kernels(start)
+                        comm_kernels(end)
+                        comm_kernels(corr)
                 elif cat in _LAUNCH_CATEGORIES:
                     args = e.args
                     corr = args.correlation if args is not None else None
@@ -351,7 +367,7 @@ class RankEvents:
                 self._unplaced(e)  # an event without a usable ts/dur is not one we can place
 
     def _whole_records(self) -> None:
-        """Drop what a failed ``extend`` left of a record (a time or correlation id too large
+        """Drop what a failed ``append`` left of a record (a time or correlation id too large
         for 64 bits fails after the fields before it went in): every array keeps whole
         records, so no later interval is shifted."""
         for pairs in (self.cpu_compute, self.backward, self.compute_kernels):
@@ -361,12 +377,21 @@ class RankEvents:
         del triples[len(triples) - len(triples) % 3 :]
 
     def comm_launches(self) -> dict[int, int]:
-        """Launch time (ns) of each communication kernel, by correlation id."""
+        """Launch time (ns) of each communication kernel, by correlation id (where an id
+        was launched twice, the later launch)."""
         wanted = set(self.comm_kernels[2::3])
         if not wanted:
             return {}
-        ids = self.launch_ids
-        chosen = compress(zip(ids, self.launch_times, strict=True), map(wanted.__contains__, ids))
+        ids = self.launch_ids.tolist()  # (a list of ints: sorted and searched in C)
+        times = self.launch_times
+        if ids == sorted(ids):  # (as traces list launches) each found by bisection
+            found: dict[int, int] = {}
+            for c in wanted:
+                i = bisect_right(ids, c) - 1
+                if i >= 0 and ids[i] == c:
+                    found[c] = int(times[i] * 1000.0)
+            return found
+        chosen = compress(zip(ids, times, strict=True), map(wanted.__contains__, ids))
         return {c: int(ts * 1000.0) for c, ts in chosen}
 
     def _cpu(self, e: Event) -> None:
@@ -379,13 +404,15 @@ class RankEvents:
         if end < start or not -_MAX_NS < start < _MAX_NS:
             raise ValueError("negative duration or a time outside any run")
         if name.startswith(_BACKWARD):
-            self.backward.extend((start, end))
+            self.backward.append(start)
+            self.backward.append(end)
             return
         if name.startswith(_SCALE_UPDATE):
             self.scale_updates.append(Span(start, end, 0, name))
             return
         if e.cat == "cpu_op" and not name.startswith(_NOT_COMPUTE):
-            self.cpu_compute.extend((start, end))
+            self.cpu_compute.append(start)
+            self.cpu_compute.append(end)
             return
         tid = e.tid if isinstance(e.tid, int) else hash(e.tid)
         if self.pid is None and isinstance(e.pid, int):

@@ -44,16 +44,15 @@ def merge(intervals: Iterable[Interval]) -> list[Interval]:
 
 def merge_pairs(flat: Sequence[int]) -> list[Interval]:
     """``merge`` of intervals stored flat (start, end, start, end, ...), as the reader keeps
-    them: a pass in start order over the array, without a tuple for every interval (a 50 MB
-    trace has ~60,000 backward ops; as tuples they would cost ~7 MiB for a moment)."""
-    if _in_order(flat, strict=True):  # in start order and apart (the usual case)
-        pairs = iter(flat)
-        return list(zip(pairs, pairs, strict=True))  # their own union
-    starts, ends = flat[0::2], flat[1::2]
-    if not _in_order(starts):  # (traces usually are)
+    them: passes in C over their starts and their ends, without a tuple for every interval
+    but those of the union (a 50 MB trace has ~60,000 backward ops, most of them touching:
+    as tuples they would cost ~7 MiB for a moment)."""
+    values = flat.tolist() if isinstance(flat, array) else list(flat)
+    starts, ends = values[0::2], values[1::2]  # (lists of ints: passes run fastest over them)
+    if starts != sorted(starts):  # (traces usually are in start order)
         order = sorted(range(len(starts)), key=starts.__getitem__)
-        starts = array("q", map(starts.__getitem__, order))
-        ends = array("q", map(ends.__getitem__, order))
+        starts = list(map(starts.__getitem__, order))
+        ends = list(map(ends.__getitem__, order))
     joined = _joined(starts, ends, 0, len(starts))  # (backward ops often touch: one run)
     if joined is not None:
         return list(zip(*joined, strict=True))
@@ -154,11 +153,15 @@ def _kernels_by_window(
     start order, as traces list them, are one slice per window, merged in one pass; others
     are sorted first (``_by_window``)."""
     spans_in_order = _in_order([lo for lo, _ in spans])
-    if width == 2 and spans_in_order and _in_order(kernels, strict=True):
-        # in start order and apart (one stream, as usual): each window's a slice of views
-        s, e = memoryview(kernels)[0::2], memoryview(kernels)[1::2]
-        yield from _slices(s, e, spans, lambda i, j: (s[i:j], e[i:j]))
-        return
+    if width == 2 and spans_in_order:
+        flat = kernels.tolist()  # (lists of ints: their passes run several times faster)
+        if flat == sorted(flat):
+            # in start order, none overlapping the next (one stream, as usual): each
+            # window's kernels are a slice, measured as they are (kernels that touch, or
+            # take no time, count what their union would)
+            s, e = flat[0::2], flat[1::2]
+            yield from _slices(s, e, spans, lambda i, j: (s[i:j], e[i:j]))
+            return
     starts, ends = kernels[0::width], kernels[1::width]
     if not spans_in_order or not _in_order(starts):
         for indices in _by_window(kernels, width, spans):
@@ -197,11 +200,11 @@ def _joined(starts: Sequence[int], ends: Sequence[int], i: int, j: int) -> Merge
     if not all(map(lt, s, e)):
         return None
     before, after = e[:-1], s[1:]
-    if all(map(lt, before, after)):
+    gaps = list(map(lt, before, after))  # True: interval k + 1 starts a new run
+    if all(gaps):
         return s, e
     if not all(map(le, before, after)):
         return None
-    gaps = list(map(lt, before, after))  # True: interval k + 1 starts a new run
     run_starts = [s[0], *compress(after, gaps)]
     run_ends = [*compress(before, gaps), e[-1]]
     return run_starts, run_ends

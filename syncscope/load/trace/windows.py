@@ -291,7 +291,7 @@ def _bounds(
 ) -> tuple[list[_Bound], int]:
     """Each window's (start, end, step): from the trace's start (or first collective) to the
     end of each step, and a trailing window for activity after the last; and the trace's end."""
-    extent = ev.extent() or (steps[0].start, steps[-1].end)
+    extent = ev.extent(backward) or (steps[0].start, steps[-1].end)
     first = min([extent[0], *(c.start for c in comms[:1])])
     bounds: list[_Bound] = []
     lo = first

@@ -164,17 +164,24 @@ def test_kernels_in_start_order_are_measured_as_in_any_order() -> None:
 
 
 def test_kernels_apart_are_measured_as_kernels_that_touch() -> None:
-    """Kernels in start order, each ending before the next starts (one stream, the usual
-    case), are measured as slices of the arrays; the same kernels with one pair made to
-    touch go through the merging path: the figures agree with a by-hand union."""
+    """Kernels in start order, none overlapping the next (one stream, the usual case), are
+    measured as slices of the arrays, including kernels that touch the next or take no
+    time; with one overlap they go through the merging path: every time, the figures agree
+    with a by-hand union."""
     rng = random.Random(5)
     for _ in range(50):
         spans = sorted((lo, lo + rng.randint(0, 90)) for lo in rng.sample(range(500), 3))
         starts = sorted(rng.sample(range(-20, 520, 4), 60))
         kernels = [(s, s + rng.randint(1, 3)) for s in starts]  # apart: gaps of 4, up to 3
-        for touching in (False, True):
-            if touching:
+        for change in ("apart", "touching", "no time", "overlapping"):
+            if change == "touching":
                 kernels[10] = (kernels[10][0], kernels[11][0])
+                kernels[3] = (kernels[3][0], kernels[4][0])
+            elif change == "no time":
+                kernels[5] = (kernels[5][0], kernels[5][0])
+                kernels[12] = (kernels[12][0], kernels[12][0])
+            elif change == "overlapping":
+                kernels[20] = (kernels[20][0], kernels[21][0] + 1)
             ev = RankEvents()
             ev.compute_kernels = array("q", [v for k in kernels for v in k])
             ev.comm_kernels = array("q", [v for i, k in enumerate(kernels[:8]) for v in (*k, i)])
@@ -187,6 +194,25 @@ def test_kernels_apart_are_measured_as_kernels_that_touch() -> None:
                 assert m.compute == total(mine)
                 assert m.comm == total(comm)
                 assert m.exposed == total(subtract(comm, mine))
+
+
+def test_each_communication_kernel_is_timed_from_its_launch() -> None:
+    """Launches are looked up by correlation id, in order or not, a twice-used id taking the
+    later launch: the same times as a by-hand dict of every launch."""
+    rng = random.Random(13)
+    for _ in range(100):
+        ids = sorted(rng.sample(range(1, 400), 60))
+        ids[7] = ids[6]  # an id launched twice
+        if rng.random() < 0.5:
+            rng.shuffle(ids)
+        times = [rng.uniform(0, 1e6) for _ in ids]
+        ev = RankEvents()
+        ev.launch_ids = array("q", ids)
+        ev.launch_times = array("d", times)
+        wanted = [*rng.sample(ids, 8), ids[6], 999]  # (999: a kernel whose launch is missing)
+        ev.comm_kernels = array("q", [v for i, c in enumerate(wanted) for v in (i, i + 1, c)])
+        by_hand = {c: int(t * 1000.0) for c, t in zip(ids, times, strict=True)}
+        assert ev.comm_launches() == {c: by_hand[c] for c in wanted if c in by_hand}
 
 
 def test_synthetic_job_mismatch_and_exposure(tmp_path: Path) -> None:
