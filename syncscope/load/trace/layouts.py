@@ -46,9 +46,12 @@ def model_layouts(windows: Sequence[Window]) -> dict[Layout, list[int]] | None:
     steady = [w for w in windows if w.complete][1:]
     if len(steady) < 2:
         return None
-    rounds = [_rounds(w) for w in steady]
-    layouts = set(rounds[0])
-    if len(layouts) < 2 or any(set(r) != layouts for r in rounds):
+    first = _rounds(steady[0])
+    layouts = set(first)
+    if len(layouts) < 2:  # one model (as most jobs): the other windows need not be read
+        return None
+    rounds = [first, *map(_rounds, steady[1:])]
+    if any(set(r) != layouts for r in rounds):
         return None
     return {layout: [r[layout] for r in rounds] for layout in sorted(layouts)}
 
