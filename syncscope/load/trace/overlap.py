@@ -19,7 +19,7 @@ from operator import itemgetter, le, lt
 from pathlib import Path
 from typing import Any
 
-from syncscope.load.trace.events import RankEvents
+from syncscope.load.trace.events import PART, RankEvents, in_order, ints
 
 Interval = tuple[int, int]
 # merged intervals (sorted, disjoint) as their starts and their ends: the form measured,
@@ -44,16 +44,38 @@ def merge(intervals: Iterable[Interval]) -> list[Interval]:
 
 def merge_pairs(flat: Sequence[int]) -> list[Interval]:
     """``merge`` of intervals stored flat (start, end, start, end, ...), as the reader keeps
-    them: passes in C over their starts and their ends, without a tuple for every interval
-    but those of the union (a 50 MB trace has ~60,000 backward ops, most of them touching:
-    as tuples they would cost ~7 MiB for a moment)."""
-    values = flat.tolist() if isinstance(flat, array) else list(flat)
-    starts, ends = values[0::2], values[1::2]  # (lists of ints: passes run fastest over them)
-    if starts != sorted(starts):  # (traces usually are in start order)
+    them. In start order with none overlapping the next (a thread's backward ops, as traces
+    list them), runs that touch are joined by passes in C over a part of them at a time
+    (``PART`` values: a 1 GB trace has a million backward ops, most of them touching);
+    else the merging loop, over them sorted."""
+    run_starts: list[int] = []
+    run_ends: list[int] = []
+    whole = len(flat) <= PART
+    for i in range(0, len(flat), PART):  # (PART is even: whole intervals)
+        values = ints(flat if whole else flat[i : i + PART])
+        starts, ends = values[0::2], values[1::2]
+        joined = _joined(starts, ends, 0, len(starts)) if starts == sorted(starts) else None
+        if joined is None:
+            return _merge_sorted(flat)
+        s, e = joined
+        if run_ends and s[0] <= run_ends[-1]:
+            if s[0] < run_ends[-1]:  # overlaps the part before
+                return _merge_sorted(flat)
+            run_ends[-1] = e[0]  # touches it: one run
+            s, e = s[1:], e[1:]
+        run_starts.extend(s)
+        run_ends.extend(e)
+    return list(zip(run_starts, run_ends, strict=True))
+
+
+def _merge_sorted(flat: Sequence[int]) -> list[Interval]:
+    """``merge_pairs`` of intervals out of order, or overlapping."""
+    starts, ends = flat[0::2], flat[1::2]
+    if not in_order(starts):
         order = sorted(range(len(starts)), key=starts.__getitem__)
-        starts = list(map(starts.__getitem__, order))
-        ends = list(map(ends.__getitem__, order))
-    joined = _joined(starts, ends, 0, len(starts))  # (backward ops often touch: one run)
+        starts = array("q", map(starts.__getitem__, order))
+        ends = array("q", map(ends.__getitem__, order))
+    joined = _joined(starts, ends, 0, len(starts))
     if joined is not None:
         return list(zip(*joined, strict=True))
     return _merge_loop(starts, ends, 0, len(starts))
@@ -119,13 +141,6 @@ def _view(values: Sequence[int]) -> Sequence[int]:
     return memoryview(values) if isinstance(values, array) else values
 
 
-def _in_order(values: Sequence[int], strict: bool = False) -> bool:
-    """Whether ``values`` never decrease (``strict``: only increase, which for intervals
-    stored flat says they are in start order and apart). One pass in C, over views."""
-    view = _view(values)
-    return all(map(lt if strict else le, view[:-1], view[1:]))
-
-
 def _by_window(kernels: array[int], width: int, spans: Sequence[Interval]) -> list[array[int]]:
     """Per window span, the indices (into the records of ``width`` values, start and end
     first) of the kernels that start in it: 8 bytes a kernel, where tuples for every kernel
@@ -152,29 +167,36 @@ def _kernels_by_window(
     last to its end): one window's at a time, as each is measured and let go. Kernels in
     start order, as traces list them, are one slice per window, merged in one pass; others
     are sorted first (``_by_window``)."""
-    spans_in_order = _in_order([lo for lo, _ in spans])
+    spans_in_order = in_order([lo for lo, _ in spans])
     if width == 2 and spans_in_order:
-        flat = kernels.tolist()  # (lists of ints: their passes run several times faster)
-        if flat == sorted(flat):
-            # in start order, none overlapping the next (one stream, as usual): each
-            # window's kernels are a slice, measured as they are (kernels that touch, or
-            # take no time, count what their union would)
+        # in start order, none overlapping the next (one stream, as usual): each window's
+        # kernels are a slice, measured as they are (kernels that touch, or take no time,
+        # count what their union would), as lists of ints: all at once up to PART values,
+        # else one window's at a time
+        flat = kernels.tolist() if len(kernels) <= PART else None
+        if flat is not None and flat == sorted(flat):
             s, e = flat[0::2], flat[1::2]
-            yield from _slices(s, e, spans, lambda i, j: (s[i:j], e[i:j]))
+            yield from _slices(s, spans, lambda i, j: (s[i:j], e[i:j]))
+            return
+        if flat is None and in_order(kernels):
+            with memoryview(kernels) as view:
+
+                def window(i: int, j: int) -> Merged:
+                    part = view[2 * i : 2 * j].tolist()
+                    return part[0::2], part[1::2]
+
+                yield from _slices(view[0::2], spans, window)
             return
     starts, ends = kernels[0::width], kernels[1::width]
-    if not spans_in_order or not _in_order(starts):
+    if not spans_in_order or not in_order(starts):
         for indices in _by_window(kernels, width, spans):
             yield _intervals(kernels, width, indices)
         return
-    yield from _slices(starts, ends, spans, partial(_merged_columns, starts, ends))
+    yield from _slices(starts, spans, partial(_merged_columns, starts, ends))
 
 
 def _slices(
-    starts: Sequence[int],
-    ends: Sequence[int],
-    spans: Sequence[Interval],
-    merged: Callable[[int, int], Merged],
+    starts: Sequence[int], spans: Sequence[Interval], merged: Callable[[int, int], Merged]
 ) -> Iterator[Merged]:
     """``merged(i, j)`` of each window's kernels ``i`` to ``j``, their starts in order."""
     cuts = [bisect_left(starts, lo) for lo, _ in spans[1:]]

@@ -16,8 +16,8 @@ import pytest
 from syncscope.analysis.crossrank import collective_mismatch
 from syncscope.analysis.exposed import exposed_communication
 from syncscope.errors import BadTrace
-from syncscope.load.trace import worker
-from syncscope.load.trace.events import RankEvents
+from syncscope.load.trace import events, overlap, worker
+from syncscope.load.trace.events import RankEvents, in_order
 from syncscope.load.trace.overlap import measure_windows, merge, merge_pairs, subtract, total
 from syncscope.load.traces import load_traces
 from syncscope.model import figures
@@ -25,6 +25,15 @@ from tests.helpers.synth_traces import Shape, write_job, write_rank
 
 ROOT = Path(__file__).resolve().parents[3]
 SAMPLES = ROOT / "sample_traces"
+
+
+@pytest.fixture(params=[None, 4, 6], ids=["whole", "parts of 4", "parts of 6"])
+def parts(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Intervals and times read a part at a time (``events.PART`` values): small parts put
+    part boundaries between intervals that touch, overlap or fall out of order."""
+    if request.param is not None:
+        monkeypatch.setattr(events, "PART", request.param)
+        monkeypatch.setattr(overlap, "PART", request.param)
 
 
 def _rewrite(path: Path, **info: object) -> None:
@@ -96,6 +105,19 @@ def test_interval_arithmetic() -> None:
     assert total(subtract(comm, comp)) == 11
 
 
+@pytest.mark.usefixtures("parts")
+def test_values_in_order_are_told_from_values_out_of_order_across_parts() -> None:
+    rng = random.Random(17)
+    for _ in range(200):
+        values = sorted(rng.randint(0, 50) for _ in range(rng.randint(0, 30)))
+        assert in_order(values) and in_order(array("q", values))
+        if len(values) > 1:
+            k = rng.randrange(1, len(values))
+            values[k - 1], values[k] = values[k] + 1, values[k - 1]  # one step down
+            assert not in_order(values) and not in_order(array("q", values))
+
+
+@pytest.mark.usefixtures("parts")
 def test_merging_flat_pairs_equals_merging_tuples() -> None:
     rng = random.Random(7)
     for _ in range(200):
@@ -107,10 +129,17 @@ def test_merging_flat_pairs_equals_merging_tuples() -> None:
     assert merge_pairs(array("q")) == []
 
 
+@pytest.mark.usefixtures("parts")
 def test_intervals_that_touch_are_joined_as_merging_joins_them() -> None:
     """A thread's backward ops follow one another, each starting where the last ended or
     later: runs that touch are joined without the merging loop, to the same union; one
     overlap (or an empty interval) among them takes the loop, to the same union again."""
+    for pairs in (
+        [(0, 2), (2, 10), (5, 6)],  # (parts of 4 values: the third within the run before)
+        [(0, 2), (2, 10), (10, 12), (11, 20)],
+        [(0, 2), (3, 4), (4, 5), (1, 9)],  # out of order, in the next part
+    ):
+        assert merge_pairs(array("q", [v for pair in pairs for v in pair])) == merge(pairs)
     rng = random.Random(3)
     for _ in range(300):
         pairs, at = [], rng.randint(0, 50)
@@ -127,6 +156,7 @@ def test_intervals_that_touch_are_joined_as_merging_joins_them() -> None:
         assert merge_pairs(flat) == merge(pairs)
 
 
+@pytest.mark.usefixtures("parts")
 def test_kernels_in_start_order_are_measured_as_in_any_order() -> None:
     """A window's kernels are those that start from its start to the next window's (the
     last: to its end); kernels in start order are cut into slices, others sorted first:
@@ -163,6 +193,7 @@ def test_kernels_in_start_order_are_measured_as_in_any_order() -> None:
                     assert figures_of[0] == total(merge(mine))
 
 
+@pytest.mark.usefixtures("parts")
 def test_kernels_apart_are_measured_as_kernels_that_touch() -> None:
     """Kernels in start order, none overlapping the next (one stream, the usual case), are
     measured as slices of the arrays, including kernels that touch the next or take no
@@ -196,6 +227,7 @@ def test_kernels_apart_are_measured_as_kernels_that_touch() -> None:
                 assert m.exposed == total(subtract(comm, mine))
 
 
+@pytest.mark.usefixtures("parts")
 def test_each_communication_kernel_is_timed_from_its_launch() -> None:
     """Launches are looked up by correlation id, in order or not, a twice-used id taking the
     later launch: the same times as a by-hand dict of every launch."""
