@@ -25,6 +25,7 @@ KINETO = ROOT.parent / "shared" / "data" / "kineto"
 SAMPLES = ("nccl_parser_config", "trace_filter")
 SHARED = ("df_index_resolver", "ns_resolution_trace")
 SCALE_TITLE = "### Scale: 16k ranks and 1 GB files"
+SYNCSCOPE_RUNS = 3  # runs of syncscope analyze per set: a row is the median, with the range
 # what the scale table leaves out (HTA's load of 8 x 256 MB), as the page names it
 HTA_BIG = (
     "python benchmarks/bench_scale.py --dir DIR --ranks '' --big-files 8 --big-mb 256 "
@@ -47,7 +48,8 @@ def parse_speed_args(quick: bool) -> list[str]:
         sets = ["--ranks", "16", "--rank-windows", "1", "--big-files", "2", "--big-mb", "4"]
         return [*sets, "--real", *real_traces(quick), "--hta", "--hta-max-mb", "4"]
     sets = ["--ranks", "512", "--rank-windows", "3", "--big-files", "8", "--big-mb", "256"]
-    return [*sets, "--real", *real_traces(quick), "--hta", "--hta-max-mb", "350"]
+    runs = ["--syncscope-runs", str(SYNCSCOPE_RUNS)]
+    return [*sets, *runs, "--real", *real_traces(quick), "--hta", "--hta-max-mb", "350"]
 
 
 def scale_args(quick: bool, capture: Path) -> list[str]:
@@ -77,7 +79,17 @@ def scale_args(quick: bool, capture: Path) -> list[str]:
         "compact",
         "--no-json-alone",
     ]
-    return [*sets, "--run-dir-ranks", "16384", "--v1-ranks", "2048", "--capture", str(capture)]
+    runs = ["--syncscope-runs", str(SYNCSCOPE_RUNS)]
+    return [
+        *sets,
+        *runs,
+        "--run-dir-ranks",
+        "16384",
+        "--v1-ranks",
+        "2048",
+        "--capture",
+        str(capture),
+    ]
 
 
 def _bench_scale(

@@ -207,17 +207,26 @@ def compile_package() -> None:
     subprocess.run([sys.executable, "-m", "compileall", "-q", str(ROOT / "syncscope")], check=True)
 
 
-Row = tuple[str, float, str, float, float, float, float, int]
+# name, GB, tool, wall s, peak RSS MiB, CPU s, load, events, and the CPU s of every run
+# where the row is the median of several
+Row = tuple[str, float, str, float, float, float, float, int, list[float]]
 ROWS: list[Row] = []  # what --doc writes
+SYNCSCOPE_RUNS = [1]  # ``--syncscope-runs``: runs of syncscope analyze per set
 
 
 def _line(
-    name: str, traces: Path, wall: float, rss: float, cpu: float, tool: str = "syncscope"
+    name: str,
+    traces: Path,
+    wall: float,
+    rss: float,
+    cpu: float,
+    tool: str = "syncscope",
+    runs: list[float] | None = None,
 ) -> None:
     load = os.getloadavg()[0]
     size = _size_gb(traces)
     events = _events(traces)
-    ROWS.append((name, size, tool, wall, rss, cpu, load, events))
+    ROWS.append((name, size, tool, wall, rss, cpu, load, events, runs or []))
     past = (
         f"{_rate(size * 1e3, cpu - STARTUP[0]):>7} MB/CPU-s past start-up "
         if tool == "syncscope"
@@ -225,11 +234,29 @@ def _line(
     )
     print(
         f"{name:<40} {size * 1e3:8.1f} MB parsed | {tool:<12} {wall:8.2f} s wall {cpu:8.2f} CPU-s "
-        f"{size * 1e3 / max(cpu, 1e-9):7.1f} MB/CPU-s {past}"
+        f"{_mb_per_cpu(size, cpu, runs)} MB/CPU-s {past}"
         f"{_per_cpu(events, cpu):>7} events/CPU-s {rss:8.0f} MiB "
         f"| load {load:.1f} on {os.cpu_count()} cores",
         flush=True,
     )
+
+
+def _mb_per_cpu(size: float, cpu: float, runs: list[float] | None) -> str:
+    """MB per CPU-second of ``cpu`` (the median run), with the range over ``runs``."""
+    rate = f"{size * 1e3 / max(cpu, 1e-9):7.1f}"
+    if runs and len(runs) > 1:
+        rates = sorted(size * 1e3 / max(c, 1e-9) for c in runs)
+        rate += f" ({rates[0]:.1f}-{rates[-1]:.1f})"
+    return rate
+
+
+def _median_run(name: str, traces: Path, out: Path, given: Path | None = None) -> None:
+    """``SYNCSCOPE_RUNS`` runs of syncscope analyze on ``given`` (default: ``traces``, the
+    files measured), one after another: the median run (by CPU time) as the row, every
+    run's CPU time beside it."""
+    runs = [analyze(given or traces, out) for _ in range(SYNCSCOPE_RUNS[0])]
+    wall, _, cpu = sorted(runs, key=lambda r: r[2])[(len(runs) - 1) // 2]
+    _line(name, traces, wall, max(r[1] for r in runs), cpu, "syncscope", [r[2] for r in runs])
 
 
 def _per_cpu(events: int, cpu: float) -> str:
@@ -289,7 +316,7 @@ def _both(
     turn (each meets the same machine load); every run printed."""
     env = dict(os.environ, PYTHONPATH=str(ROOT))
     for _ in range(reps):
-        _line(name, traces, *analyze(traces, out))
+        _median_run(name, traces, out)
         if reader:
             _line(name, traces, *reader_alone(traces, env), "reader alone")
         if JSON_ALONE_ROWS[0] and any(is_trace_file(p) for p in traces.iterdir()):
@@ -327,7 +354,14 @@ def write_doc(path: Path, argv: list[str], windows: int = RANK_WINDOWS) -> None:
         "worth reading only where the CPU time is several times the start-up, whose own "
         "variation between runs otherwise dominates it. *load*: the 1-minute load average when "
         "the row ended (above the core count, other jobs were running: wall times are then "
-        "upper bounds). *reader alone* (real traces): syncscope's reading of the same files "
+        "upper bounds). *syncscope* rows: "
+        + (
+            f"the median of {SYNCSCOPE_RUNS[0]} runs one after another (by CPU time), the "
+            "range of their MB/CPU-s in parentheses, the highest peak RSS; "
+            if SYNCSCOPE_RUNS[0] > 1
+            else "one run; "
+        )
+        + "*reader alone* (real traces): syncscope's reading of the same files "
         "(parse, keep, cut into windows) in one process, its start-up left out: the median of "
         "three passes, timed inside the process. *JSON alone*: the same files' events parsed by orjson in the pieces "
         "syncscope reads and dropped, in one fresh process (its start-up included): what "
@@ -347,11 +381,11 @@ def write_doc(path: Path, argv: list[str], windows: int = RANK_WINDOWS) -> None:
         "| peak RSS MiB | load |",
         "|---|---:|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
-    for name, size, tool, wall, rss, cpu, load, events in ROWS:
+    for name, size, tool, wall, rss, cpu, load, events, runs in ROWS:
         past = _rate(size * 1e3, cpu - STARTUP[0]) if tool == "syncscope" else ""
         lines.append(
             f"| {name} | {size * 1e3:.1f} | {tool} | {wall:.2f} | {cpu:.2f} | "
-            f"{size * 1e3 / max(cpu, 1e-9):.1f} | {past} | "
+            f"{_mb_per_cpu(size, cpu, runs).strip()} | {past} | "
             f"{_per_cpu(events, cpu)} | {rss:.0f} | {load:.1f} |"
         )
     path.write_text("\n".join(lines) + "\n")
@@ -378,6 +412,9 @@ def main() -> int:
                         help="HTA holds every event in pandas (~16x the files): larger sets "
                         "are left to syncscope alone")  # fmt: skip
     parser.add_argument("--reps", type=int, default=1, help="runs of each tool, in turn")
+    parser.add_argument("--syncscope-runs", type=int, default=1,
+                        help="runs of syncscope analyze per set, one after another: the row "
+                        "is the median run, with the range of MB/CPU-s")  # fmt: skip
     parser.add_argument("--scheduler", help="also analyze on this Dask scheduler")
     parser.add_argument("--run-dir-ranks", default="", help="run directories of N ranks")
     parser.add_argument("--v1-ranks", default="", help="the same, as format 1 wrote them")
@@ -391,6 +428,7 @@ def main() -> int:
 
     layouts = [x for x in args.layouts.split(",") if x]
     JSON_ALONE_ROWS[0] = not args.no_json_alone
+    SYNCSCOPE_RUNS[0] = max(1, args.syncscope_runs)
     compile_package()
     measure_startup(args.dir)
     for real in args.real:
@@ -410,7 +448,7 @@ def main() -> int:
             if args.capture is None:
                 raise SystemExit("--run-dir-ranks/--v1-ranks need --capture RUN_DIR")
             run = write_run_dir(args.dir / f"run-{fmt}-{n}", args.capture, n, fmt == "v2")
-            _line(f"run dir {fmt}, {n} ranks", run / "ranks", *analyze(run, out))
+            _median_run(f"run dir {fmt}, {n} ranks", run / "ranks", out, run)
     if not args.no_big:
         for layout in layouts:
             where = args.dir / f"big-{args.big_files}x{args.big_mb}-{layout}"

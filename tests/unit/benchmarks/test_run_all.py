@@ -246,3 +246,31 @@ def test_only_measures_the_named_sections_and_keeps_the_others() -> None:
     # and a name that is no section is refused in one line
     with pytest.raises(argparse.ArgumentTypeError, match=r"unknown section\(s\) nope"):
         run_all._sections("scale,nope")
+
+
+def test_a_syncscope_row_is_the_median_of_its_runs_with_their_range(
+    monkeypatch: pytest.MonkeyPatch, tmp_path: Path
+) -> None:
+    # GIVEN three runs of syncscope analyze on one set: (wall s, peak RSS MiB, CPU s)
+    scale = _module("bench_scale")
+    runs = iter([(1.5, 40.0, 3.0), (1.0, 50.0, 2.0), (2.0, 45.0, 4.0)])
+    monkeypatch.setattr(scale, "analyze", lambda traces, out, extra=(): next(runs))
+    monkeypatch.setattr(scale, "SYNCSCOPE_RUNS", [3])
+    monkeypatch.setattr(scale, "ROWS", [])
+    monkeypatch.setattr(scale, "_size_gb", lambda path: 0.3)
+    monkeypatch.setattr(scale, "_events", lambda path: 1000)
+    # WHEN they make the set's row
+    scale._median_run("set", tmp_path, tmp_path)
+    # THEN the row is the median run by CPU time, the highest peak RSS, every run's CPU kept
+    ((name, _, tool, wall, rss, cpu, _, _, cpus),) = scale.ROWS
+    assert (name, tool, wall, rss, cpu, cpus) == (
+        "set",
+        "syncscope",
+        1.5,
+        50.0,
+        3.0,
+        [3.0, 2.0, 4.0],
+    )
+    # and its MB/CPU-s is the median run's, with the range over the runs
+    assert scale._mb_per_cpu(0.3, cpu, cpus).strip() == "100.0 (75.0-150.0)"
+    assert scale._mb_per_cpu(0.3, cpu, [cpu]).strip() == "100.0"
