@@ -5,9 +5,10 @@ from __future__ import annotations
 import gc
 import json
 import os
+import shutil
 import subprocess
 import sys
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -23,15 +24,21 @@ PROFILE_TIMEOUT = int(os.environ.get("SYNCSCOPE_TEST_TIMEOUT", "180"))
 TEARDOWN_ABORT = "terminate called without an active exception"
 
 
-def torchrun(script: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def torchrun(
+    script: Path, *args: str, writes: Sequence[Path] = ()
+) -> subprocess.CompletedProcess[str]:
     """``script`` under plain torchrun on 2 local ranks (one thread each, this tree's
     syncscope importable); a job that torch's teardown aborted is run again, up to 3 runs
-    in all (two aborts in a row happened in a clean-clone CI run, 2026-11-24)."""
+    in all (two aborts in a row happened in a clean-clone CI run, 2026-11-24). ``writes``:
+    directories the job writes, removed before each run, so a job run again leaves only its
+    own files (an aborted run's traces beside them read as a second job)."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     env = dict(os.environ, PYTHONPATH=path, OMP_NUM_THREADS="1", PYTHONUNBUFFERED="1")
     command = [sys.executable, "-m", "torch.distributed.run", "--standalone"]
     command += ["--nproc-per-node", "2", str(script), *args]
     for _ in range(3):
+        for directory in writes:
+            shutil.rmtree(directory, ignore_errors=True)
         proc = subprocess.run(
             command, capture_output=True, text=True, timeout=PROFILE_TIMEOUT, cwd=ROOT, env=env
         )

@@ -293,7 +293,8 @@ def cycle_traces(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
     base = tmp_path_factory.mktemp("cycles")
     for name in ("one", "second"):
-        done = torchrun(RECIPES / "profiler_cycles.py", str(base / name), "--pause", "2")
+        out = base / name
+        done = torchrun(RECIPES / "profiler_cycles.py", str(out), "--pause", "2", writes=[out])
         assert done.returncode == 0, done.stderr[-3000:]
     (base / "two").mkdir()
     for name in ("one", "second"):

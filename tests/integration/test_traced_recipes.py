@@ -31,7 +31,9 @@ def _traced(tmp: Path, recipe: str, *args: str) -> tuple[dict[str, Any], dict[in
     traces, truth_dir, out = tmp / "traces", tmp / "truth", tmp / "report"
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("BUG_TRUTH_DIR", str(truth_dir))
-        proc = torchrun(RECIPES / "traced.py", str(traces), recipe, *args)
+        proc = torchrun(
+            RECIPES / "traced.py", str(traces), recipe, *args, writes=[traces, truth_dir]
+        )
     assert proc.returncode == 0, proc.stderr[-3000:]
     done = run_syncscope("analyze", str(traces), "--out", str(out), "--quiet")
     assert done.returncode in (0, 1), done.stdout + done.stderr
