@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from array import array
 from bisect import bisect_right
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
 from itertools import compress
 from typing import Any
@@ -66,22 +66,24 @@ def in_order(values: Sequence[int]) -> bool:
     """Whether ``values`` never decrease: passes in C over lists of at most ``PART`` of them
     (an array's values become objects a part at a time)."""
     last: int | None = None
-    whole = len(values) <= PART
-    for i in range(0, len(values), PART):
-        items = ints(values if whole else values[i : i + PART])
+    for items in parts(values):
         if items != sorted(items) or (last is not None and items[0] < last):
             return False
         last = items[-1]
     return True
 
 
-def ints(values: Sequence[int]) -> list[int]:
-    """``values`` as a list (as it is where it is one)."""
-    if isinstance(values, list):
-        return values
-    if isinstance(values, array | memoryview):
-        return values.tolist()  # type: ignore[no-any-return]
-    return list(values)
+def parts(values: Sequence[int]) -> Iterator[list[int]]:
+    """``values`` as lists of at most ``PART`` of them, in turn (a list that fits: as it is)."""
+    whole = len(values) <= PART
+    for i in range(0, len(values), PART):
+        part = values if whole else values[i : i + PART]
+        if isinstance(part, list):
+            yield part
+        elif isinstance(part, array | memoryview):
+            yield part.tolist()
+        else:
+            yield list(part)
 
 
 def dtype_bytes(dtype: str) -> int | None:

@@ -19,7 +19,7 @@ from operator import itemgetter, le, lt
 from pathlib import Path
 from typing import Any
 
-from syncscope.load.trace.events import PART, RankEvents, in_order, ints
+from syncscope.load.trace.events import RankEvents, in_order, parts
 
 Interval = tuple[int, int]
 # merged intervals (sorted, disjoint) as their starts and their ends: the form measured,
@@ -50,9 +50,7 @@ def merge_pairs(flat: Sequence[int]) -> list[Interval]:
     else the merging loop, over them sorted."""
     run_starts: list[int] = []
     run_ends: list[int] = []
-    whole = len(flat) <= PART
-    for i in range(0, len(flat), PART):  # (PART is even: whole intervals)
-        values = ints(flat if whole else flat[i : i + PART])
+    for values in parts(flat):  # (PART is even: whole intervals)
         starts, ends = values[0::2], values[1::2]
         joined = _joined(starts, ends, 0, len(starts)) if starts == sorted(starts) else None
         if joined is None:
@@ -168,25 +166,18 @@ def _kernels_by_window(
     start order, as traces list them, are one slice per window, merged in one pass; others
     are sorted first (``_by_window``)."""
     spans_in_order = in_order([lo for lo, _ in spans])
-    if width == 2 and spans_in_order:
+    if width == 2 and spans_in_order and in_order(kernels):
         # in start order, none overlapping the next (one stream, as usual): each window's
         # kernels are a slice, measured as they are (kernels that touch, or take no time,
-        # count what their union would), as lists of ints: all at once up to PART values,
-        # else one window's at a time
-        flat = kernels.tolist() if len(kernels) <= PART else None
-        if flat is not None and flat == sorted(flat):
-            s, e = flat[0::2], flat[1::2]
-            yield from _slices(s, spans, lambda i, j: (s[i:j], e[i:j]))
-            return
-        if flat is None and in_order(kernels):
-            with memoryview(kernels) as view:
+        # count what their union would), made a list of ints one window at a time
+        with memoryview(kernels) as view:
 
-                def window(i: int, j: int) -> Merged:
-                    part = view[2 * i : 2 * j].tolist()
-                    return part[0::2], part[1::2]
+            def window(i: int, j: int) -> Merged:
+                flat = view[2 * i : 2 * j].tolist()
+                return flat[0::2], flat[1::2]
 
-                yield from _slices(view[0::2], spans, window)
-            return
+            yield from _slices(view[0::2], spans, window)
+        return
     starts, ends = kernels[0::width], kernels[1::width]
     if not spans_in_order or not in_order(starts):
         for indices in _by_window(kernels, width, spans):

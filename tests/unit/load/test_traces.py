@@ -16,7 +16,7 @@ import pytest
 from syncscope.analysis.crossrank import collective_mismatch
 from syncscope.analysis.exposed import exposed_communication
 from syncscope.errors import BadTrace
-from syncscope.load.trace import events, overlap, worker
+from syncscope.load.trace import events, worker
 from syncscope.load.trace.events import RankEvents, in_order
 from syncscope.load.trace.overlap import measure_windows, merge, merge_pairs, subtract, total
 from syncscope.load.traces import load_traces
@@ -33,7 +33,6 @@ def parts(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> No
     part boundaries between intervals that touch, overlap or fall out of order."""
     if request.param is not None:
         monkeypatch.setattr(events, "PART", request.param)
-        monkeypatch.setattr(overlap, "PART", request.param)
 
 
 def _rewrite(path: Path, **info: object) -> None:
