@@ -11,7 +11,6 @@ from rich.console import Console, Group, RenderableType
 from rich.panel import Panel
 from rich.segment import Segment
 from rich.style import Style
-from rich.syntax import Syntax
 from rich.table import Table
 from rich.text import Text
 
@@ -298,6 +297,8 @@ def finding_panel(f: Finding) -> Panel:
     if f.fix is not None:
         body.append(VisibleText("fix: " + plain_text(f.fix.summary), style="green"))
         language = "diff" if f.fix.diff else "python"  # fix's own rewrite, or the form to write
+        from rich.syntax import Syntax  # pygments: imported by a summary that shows a fix only
+
         body.append(Syntax(f.fix.snippet, language, theme="ansi_dark", background_color="default"))
     title = f"[{SEVERITY_STYLE[f.severity]}]{f.severity}[/] {f.kind} ({f.cause})"
     return Panel(

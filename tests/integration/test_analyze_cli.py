@@ -100,6 +100,26 @@ def test_analyze_imports_only_what_it_runs(tmp_path: Path) -> None:
     assert status in ("0", "1") and loaded.strip() == "[]"
 
 
+def test_a_summary_without_a_fix_loads_no_syntax_highlighter(tmp_path: Path) -> None:
+    # pygments (rich.syntax) is a fifth of a small analyze's start-up: only a summary that
+    # shows a fix's code loads it (trace_filter's findings carry none)
+    code = (
+        "import sys, io, contextlib\n"
+        "from syncscope.cli import main\n"
+        "with contextlib.redirect_stdout(io.StringIO()):\n"
+        f"    status = main(['analyze', {str(SAMPLES / 'trace_filter')!r},\n"
+        f"                   '--out', {str(tmp_path / 'r')!r}])\n"
+        "print(status, 'rich.console' in sys.modules,\n"
+        "      sorted(m for m in sys.modules if m.startswith(('pygments', 'rich.syntax'))))\n"
+    )
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.split() == ["0", "True", "[]"]
+
+
 def test_traces_of_unnamed_groups_are_compared_op_by_op(tmp_path: Path) -> None:
     """trace_filter's ranks interleave their all-to-alls (other process groups,
     which the old-style trace does not name) and gradient all-reduces differently: no fault,
