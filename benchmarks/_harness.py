@@ -14,6 +14,7 @@ benchmarks/workloads/NAME.py.
 from __future__ import annotations
 
 import json
+import math
 import os
 import signal
 import socket
@@ -267,19 +268,75 @@ def _wait(proc: subprocess.Popen[str]) -> str:
     return text
 
 
+LEVEL = 0.90  # the coverage asked of a median's interval (Spread.of)
+MIN_LEVEL = 0.75  # verdict: an interval of less coverage (under 3 values) tells nothing
+
+
+def median_interval(values: Sequence[float], level: float = LEVEL) -> tuple[float, float, float]:
+    """A distribution-free interval for the median of ``values``: the narrowest pair of
+    order statistics (k-th lowest, k-th highest) whose coverage, ``1 - 2 P(Bin(n, 1/2) < k)``,
+    is at least ``level``; below about 5 values none is, and the whole range is returned
+    with the coverage it has (n=4: 0.875). Returns (low, high, coverage)."""
+    ordered = sorted(values)
+    n = len(ordered)
+    if n == 0:
+        raise ValueError("no values")
+
+    def coverage(k: int) -> float:  # of [ordered[k-1], ordered[n-k]]
+        return 1 - 2 * sum(math.comb(n, i) for i in range(k)) / 2**n
+
+    k = 1
+    while k + 1 <= (n + 1) // 2 and coverage(k + 1) >= level:
+        k += 1
+    return ordered[k - 1], ordered[n - k], coverage(k)
+
+
 @dataclass(frozen=True)
 class Spread:
+    """A figure over repetitions: the median, the min-max, and the median's interval
+    (``median_interval``: ``ci_low``-``ci_high`` at coverage ``ci_level``; None where read
+    back from results written before it was kept)."""
+
     median: float
     low: float
     high: float
     n: int
+    ci_low: float | None = None
+    ci_high: float | None = None
+    ci_level: float | None = None
 
     @classmethod
     def of(cls, values: Sequence[float]) -> Spread:
-        return cls(statistics.median(values), min(values), max(values), len(values))
+        lo, hi, level = median_interval(values)
+        return cls(statistics.median(values), min(values), max(values), len(values), lo, hi, level)
 
     def contains(self, value: float) -> bool:
         return self.low <= value <= self.high
+
+
+def verdict(spread: dict[str, Any] | Spread, limit: float) -> str:
+    """How a ratio's median stands against ``limit``, told by the median's interval: within
+    it (the whole interval at or under), above it (the whole interval over), or not resolved
+    at this noise (the limit inside the interval). Without an interval, by the median."""
+    s = spread if isinstance(spread, dict) else spread.__dict__
+    lo, hi = s.get("ci_low"), s.get("ci_high")
+    if lo is None or hi is None:
+        return "within the limit" if s["median"] <= limit else "ABOVE the limit"
+    if s["ci_level"] < MIN_LEVEL:
+        return "not resolved (too few repetitions for an interval)"
+    if hi <= limit:
+        return "within the limit"
+    if lo > limit:
+        return "ABOVE the limit"
+    return "not resolved at this noise (the limit lies inside the median's interval)"
+
+
+def interval_text(spread: dict[str, Any] | Spread) -> str:
+    """``the median's 90% interval 0.981-1.032`` (empty without one)."""
+    s = spread if isinstance(spread, dict) else spread.__dict__
+    if s.get("ci_low") is None:
+        return ""
+    return f"the median's {s['ci_level'] * 100:.0f}% interval {s['ci_low']:.3f}-{s['ci_high']:.3f}"
 
 
 def per_micro_batch(record: dict[str, Any]) -> float:

@@ -13,7 +13,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from _harness import Spread
+from _harness import Spread, interval_text, verdict
 from _report_prediction import prediction_section
 from _report_small_steps import small_steps_section
 from _trace_speed import HTA_BIG
@@ -193,16 +193,17 @@ def _accelerate(results: dict[str, Any]) -> list[str]:
 
 def _capture(results: dict[str, Any]) -> list[str]:
     cap = results["capture"]
-    ratio = cap["ratio"]["profile"]
-    verdict = "within" if ratio <= cap["limit"] else "ABOVE"
+    paired = cap["paired"]["profile"]
+    within = interval_text(paired)
     lines = [
         "## 2. Capture cost",
         "",
         *made_by(results, "capture"),
-        f"**Counting-mode capture (`syncscope profile`): window time x{ratio:.3f} of plain "
-        f"torchrun (median of the paired per-repetition ratios, min-max: "
-        f"x{ratio_text(cap['paired']['profile'])}); the limit is x{cap['limit']:.2f}: "
-        f"{verdict} the limit.** CPU time of the rank process per window: "
+        f"**Counting-mode capture (`syncscope profile`): window time x{paired.median:.3f} of "
+        f"plain torchrun, the median of the paired per-repetition ratios (min-max "
+        f"{paired.low:.3f}-{paired.high:.3f}{'; ' + within if within else ''}); the limit is "
+        f"x{cap['limit']:.2f}: {verdict(paired, cap['limit'])}.** Ratio of the medians: "
+        f"x{cap['ratio']['profile']:.3f}. CPU time of the rank process per window: "
         f"x{cap['cpu_ratio']['profile']:.3f}"
         + (
             f" (paired x{ratio_text(cap['paired_cpu']['profile'])})."

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 from typing import Any
 
+from _harness import interval_text, verdict
+
 _SHAPE_TEXT = {
     "transformer": "a nanoGPT-shaped DDP loop (`workloads/small_transformer.py`: 2 blocks, "
     "64 wide)",
@@ -38,6 +40,11 @@ def small_steps_section(results: dict[str, Any]) -> list[str]:
         "alone. *One after another*: the runs in a rotated order, as a user would compare "
         "them; *side by side*: each plain job and its profiled twin at once, their windows "
         "timed over the same seconds (the cores shared: read the CPU-time ratios). "
+        "Each paired ratio is judged against the limit by the median's interval: the "
+        "narrowest pair of order statistics that holds the true median with at least 90% "
+        "probability, whatever the noise's distribution (the whole range where there are too "
+        "few repetitions, with the coverage it has): *within the limit* when all of it is at "
+        "or under, *above* when all of it is over, else *not resolved at this noise*. "
         "`benchmarks/internals/hook_time.py` gives the time inside the recorder per window, which "
         "noise does not blur.",
         "",
@@ -58,6 +65,7 @@ def _modes(runs: list[dict[str, Any]], first: dict[str, Any]) -> str:
 
 
 def _small_steps_run(small: dict[str, Any], titled: bool) -> list[str]:
+    limit = float(small.get("limit", 1.03))
     # results written before the MLP shape was added hold the transformer's figures alone
     shapes = small.get("shapes") or {"transformer": small}
     method = small.get("method", "one after another")
@@ -105,4 +113,14 @@ def _small_steps_run(small: dict[str, Any], titled: bool) -> list[str]:
                 + "; training thread paired "
                 + (f"x{pt['median']:.3f} ({pt['low']:.3f}-{pt['high']:.3f})" if pt else "-")
             )
+            if p.get("ci_low") is not None:  # results kept before the interval was
+                lines[-1] += (
+                    f". Against the limit x{limit:.2f}: wall, {interval_text(p)}, "
+                    f"**{verdict(p, limit)}**"
+                    + (
+                        f"; training thread, {interval_text(pt)}, {verdict(pt, limit)}"
+                        if pt
+                        else ""
+                    )
+                )
     return [*lines, ""]

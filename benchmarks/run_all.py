@@ -297,7 +297,7 @@ def _git_rev() -> str:
 def _respread(value: Any) -> Any:
     """``value`` read back from results.json with its spreads made ``Spread`` again."""
     if isinstance(value, dict):
-        if set(value) == {"median", "low", "high", "n"}:
+        if {"median", "low", "high", "n"} <= set(value) <= set(Spread.__dataclass_fields__):
             return Spread(**value)
         return {k: _respread(v) for k, v in value.items()}
     if isinstance(value, list):

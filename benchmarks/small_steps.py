@@ -53,7 +53,7 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from _harness import Launch, Spread, rotated, side_by_side, workload
+from _harness import Launch, Spread, interval_text, rotated, side_by_side, verdict, workload
 
 LIMIT = 1.03
 # shape -> (workload, timed windows, warm-up windows)
@@ -216,6 +216,11 @@ def _report_shape(shape: str, result: dict[str, Any], backend: str, limit: float
             f"x{pc['median']:.3f} ({pc['low']:.3f}-{pc['high']:.3f}); training thread CPU "
             f"paired x{pt['median']:.3f} ({pt['low']:.3f}-{pt['high']:.3f}); limit x{limit:.2f}"
         )
+        if p.get("ci_low") is not None:
+            lines.append(
+                f"    wall paired: {interval_text(p)}: {verdict(p, limit)}; "
+                f"training thread: {interval_text(pt)}: {verdict(pt, limit)}"
+            )
     return lines
 
 

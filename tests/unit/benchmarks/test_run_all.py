@@ -274,3 +274,67 @@ def test_a_syncscope_row_is_the_median_of_its_runs_with_their_range(
     # and its MB/CPU-s is the median run's, with the range over the runs
     assert scale._mb_per_cpu(0.3, cpu, cpus).strip() == "100.0 (75.0-150.0)"
     assert scale._mb_per_cpu(0.3, cpu, [cpu]).strip() == "100.0"
+
+
+def test_a_medians_interval_is_the_narrowest_pair_of_order_statistics_that_covers() -> None:
+    interval = _module("_harness").median_interval
+    # 8 values: the 2nd lowest and 2nd highest cover the median 93% of the time (1 - 18/256)
+    assert interval([5, 1, 8, 3, 2, 7, 4, 6]) == (2, 7, 1 - 2 * 9 / 256)
+    # 11 values: the 3rd from each end (93.5%); 4 values: no pair covers 90%, so the range
+    assert interval(list(range(11)))[:2] == (2, 8)
+    assert interval([1.0, 1.1, 0.9, 1.2]) == (0.9, 1.2, 0.875)
+    assert interval([1.0]) == (1.0, 1.0, 0.0)
+
+
+def test_a_ratio_is_judged_against_its_limit_by_its_medians_interval() -> None:
+    harness = _module("_harness")
+    spread = harness.Spread.of
+    # GIVEN paired ratios all under the limit, all over it, and straddling it
+    under = spread([1.00, 1.01, 1.02, 0.99, 1.01, 1.00, 1.02, 1.01])
+    over = spread([1.05, 1.06, 1.04, 1.08, 1.05, 1.07, 1.09, 1.04])
+    straddling = spread([0.95, 1.05, 1.00, 1.10, 0.98, 1.02, 1.04, 1.01])
+    # THEN the verdict is within, above, or not resolved at this noise
+    assert harness.verdict(under, 1.03) == "within the limit"
+    assert harness.verdict(over, 1.03) == "ABOVE the limit"
+    assert harness.verdict(straddling, 1.03).startswith("not resolved at this noise")
+    # a median under the limit whose interval reaches over it is not called within
+    assert straddling.median < 1.03 < (straddling.ci_high or 0)
+    # one or two repetitions give no interval worth a verdict
+    assert harness.verdict(spread([1.0, 1.01]), 1.03).startswith("not resolved (too few")
+    # a spread kept before intervals were (results.json) is judged by its median
+    assert harness.verdict({"median": 1.02, "low": 1.0, "high": 1.1, "n": 8}, 1.03) == (
+        "within the limit"
+    )
+
+
+def test_the_capture_headline_gives_the_paired_median_its_interval_and_verdict() -> None:
+    harness, report = _module("_harness"), _report()
+    paired = harness.Spread.of([0.95, 1.05, 1.00, 1.10, 0.98, 1.02, 1.04, 1.01])
+    cap = {"limit": 1.03, "ratio": {"profile": 1.057}, "cpu_ratio": {"profile": 1.01},
+           "paired": {"profile": paired}, "modes": [], "args": [], "runs": [{"rep": 7}],
+           "window": {}, "cpu": {}}  # fmt: skip
+    lines = report._capture({"capture": cap})
+    headline = next(line for line in lines if line.startswith("**Counting-mode"))
+    # the median of the paired ratios is the figure, named as such; the ratio of the
+    # medians is told apart from it
+    assert f"window time x{paired.median:.3f} of plain torchrun, the median of the paired" in (
+        headline
+    )
+    assert "the median's 93% interval 0.980-1.050" in headline
+    assert "not resolved at this noise" in headline and "Ratio of the medians: x1.057" in headline
+
+
+def test_small_steps_give_each_paired_ratio_its_interval_and_verdict() -> None:
+    harness = _module("_harness")
+    spread = {"median": 0.02, "low": 0.01, "high": 0.03, "n": 3}
+    paired = harness.Spread.of([1.00, 1.01, 1.02, 0.99, 1.01, 1.00, 1.02, 1.01]).__dict__
+    mode = {"ratio": 1.01, "cpu_ratio": 1.0, "paired": paired, "paired_cpu": paired,
+            "paired_thread": paired}  # fmt: skip
+    figures = {"configs": {"plain eager": {"window": spread, "cpu": spread, "thread": spread}},
+               "eager": mode}  # fmt: skip
+    small = {"method": "side by side", "backend": "aot_eager", "limit": 1.03,
+             "shapes": {"mlp": figures}}  # fmt: skip
+    lines = _small_steps({"small_steps": [small]})
+    line = next(line for line in lines if line.startswith("- mlp, eager:"))
+    assert "Against the limit x1.03: wall, the median's 93% interval 1.000-1.020, " in line
+    assert "**within the limit**" in line
