@@ -48,3 +48,19 @@ def test_a_plain_torch_loop_names_no_framework() -> None:
 
 def test_the_page_header_names_it_too() -> None:
     assert "<span>lightning 2.5.0</span>" in render_html(_run("lightning", "2.5.0"), [])
+
+
+def test_a_findings_fix_is_shown_as_highlighted_code() -> None:
+    # the highlighter is imported where a fix is shown (not by every summary): shown, it
+    # still renders the snippet, with colour on a colour terminal
+    from syncscope.model import Finding, Fix
+    from syncscope.render.terminal import finding_panel
+
+    fix = Fix("ddp-no_sync", "sync once per window", "with model.no_sync():\n    loss.backward()")
+    finding = Finding(
+        "redundant-sync", "error", "sync-every-microbatch", "m", (0, 1), (1,), fix=fix
+    )
+    console = Console(record=True, width=120, color_system="truecolor", force_terminal=True)
+    console.print(finding_panel(finding))
+    assert "with model.no_sync():" in console.export_text(clear=False)
+    assert "\x1b[" in console.export_text(styles=True)
