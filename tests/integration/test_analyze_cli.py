@@ -74,6 +74,17 @@ def test_subprocess(tmp_path: Path) -> None:
     assert (tmp_path / "r" / "report.json").is_file()
 
 
+def _fresh_python(code: str) -> str:
+    """What ``code`` prints, run by a fresh interpreter with this checkout on its path (what
+    a module imports is seen only there: this process has imported everything already)."""
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
+    )
+    assert proc.returncode == 0, proc.stderr
+    return proc.stdout
+
+
 def test_analyze_imports_only_what_it_runs(tmp_path: Path) -> None:
     # Memory is part of analyze's contract (2x the largest trace file at most), and a small
     # trace is mostly interpreter and imports: the other commands' modules, and the standard
@@ -91,12 +102,7 @@ def test_analyze_imports_only_what_it_runs(tmp_path: Path) -> None:
         "new = set(sys.modules) - before\n"
         "print(status, sorted(m for m in new if m.startswith(unwanted)))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
-    )
-    assert proc.returncode == 0, proc.stderr
-    status, loaded = proc.stdout.split(" ", 1)
+    status, loaded = _fresh_python(code).split(" ", 1)
     assert status in ("0", "1") and loaded.strip() == "[]"
 
 
@@ -112,12 +118,7 @@ def test_a_summary_without_a_fix_loads_no_syntax_highlighter(tmp_path: Path) -> 
         "print(status, 'rich.console' in sys.modules,\n"
         "      sorted(m for m in sys.modules if m.startswith(('pygments', 'rich.syntax'))))\n"
     )
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    proc = subprocess.run(
-        [sys.executable, "-c", code], capture_output=True, text=True, env=env, timeout=120
-    )
-    assert proc.returncode == 0, proc.stderr
-    assert proc.stdout.split() == ["0", "True", "[]"]
+    assert _fresh_python(code).split() == ["0", "True", "[]"]
 
 
 def test_traces_of_unnamed_groups_are_compared_op_by_op(tmp_path: Path) -> None:
