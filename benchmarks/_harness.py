@@ -314,11 +314,16 @@ class Spread:
         return self.low <= value <= self.high
 
 
+def _fields(spread: dict[str, Any] | Spread) -> dict[str, Any]:
+    """A spread's fields: as kept in results (a dict) or as measured (a ``Spread``)."""
+    return spread if isinstance(spread, dict) else spread.__dict__
+
+
 def verdict(spread: dict[str, Any] | Spread, limit: float) -> str:
     """How a ratio's median stands against ``limit``, told by the median's interval: within
     it (the whole interval at or under), above it (the whole interval over), or not resolved
     at this noise (the limit inside the interval). Without an interval, by the median."""
-    s = spread if isinstance(spread, dict) else spread.__dict__
+    s = _fields(spread)
     lo, hi = s.get("ci_low"), s.get("ci_high")
     if lo is None or hi is None:
         return "within the limit" if s["median"] <= limit else "ABOVE the limit"
@@ -333,7 +338,7 @@ def verdict(spread: dict[str, Any] | Spread, limit: float) -> str:
 
 def interval_text(spread: dict[str, Any] | Spread) -> str:
     """``the median's 90% interval 0.981-1.032`` (empty without one)."""
-    s = spread if isinstance(spread, dict) else spread.__dict__
+    s = _fields(spread)
     if s.get("ci_low") is None:
         return ""
     return f"the median's {s['ci_level'] * 100:.0f}% interval {s['ci_low']:.3f}-{s['ci_high']:.3f}"
